@@ -1,0 +1,383 @@
+//! The controller as a network service: answers registration, heartbeats, id blocks,
+//! placement and location queries; detects dead nodes and tells everyone.
+
+use crate::state::{ControllerConfig, RegisterError, State};
+use crate::ControllerError;
+use granule_transport::{
+    serve, Connection, Handler, Identity, Listener, Responder, TransportConfig,
+};
+use granule_wire::{Frame, Msg, NodeId, RemoteError, Role};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::Notify;
+
+/// Shared by the request handler, the failure sweeper and the handle.
+pub(crate) struct Inner {
+    state: Mutex<State>,
+    /// Registered hosts' connections, by node.
+    hosts: Mutex<HashMap<NodeId, Arc<Connection>>>,
+    /// Which node a connection registered as (keyed by the connection's address in memory).
+    by_conn: Mutex<HashMap<usize, NodeId>>,
+    stop: Notify,
+}
+
+fn conn_key(c: &Arc<Connection>) -> usize {
+    Arc::as_ptr(c) as usize
+}
+
+impl Inner {
+    fn registered_node(&self, c: &Arc<Connection>) -> Option<NodeId> {
+        self.by_conn.lock().get(&conn_key(c)).copied()
+    }
+
+    /// Declare nodes dead and tell every live host.
+    fn declare_dead(&self, dead: &[NodeId], why: &str) {
+        let mut newly = Vec::new();
+        {
+            let mut st = self.state.lock();
+            for n in dead {
+                if st.mark_dead(*n) {
+                    newly.push(*n);
+                }
+            }
+        }
+        if newly.is_empty() {
+            return;
+        }
+        let hosts: Vec<(NodeId, Arc<Connection>)> = self
+            .hosts
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        for n in &newly {
+            tracing::warn!(node = %n, "node declared dead: {why}");
+            for (id, c) in &hosts {
+                if id == n {
+                    let _ = c.notify(
+                        &Msg::Shutdown {
+                            reason: format!("the controller declared this node dead: {why}"),
+                        },
+                        &[],
+                    );
+                } else {
+                    let _ = c.notify(&Msg::NodeDown { node: *n }, &[]);
+                }
+            }
+        }
+        let mut h = self.hosts.lock();
+        for n in &newly {
+            h.remove(n);
+        }
+    }
+
+    fn answer(&self, conn: &Arc<Connection>, msg: Msg) -> Result<Msg, RemoteError> {
+        let now = Instant::now();
+        let host = self.registered_node(conn);
+        let need_host = || {
+            host.ok_or_else(|| {
+                RemoteError::Unauthorized("register as a node before sending this".into())
+            })
+        };
+        match msg {
+            Msg::Register {
+                role,
+                spec,
+                addr,
+                pid,
+                binary,
+                program,
+            } => {
+                if host.is_some() {
+                    return Err(RemoteError::Protocol("already registered".into()));
+                }
+                let r = self
+                    .state
+                    .lock()
+                    .register(role, spec, addr, pid, binary, &program, now);
+                match r {
+                    Ok(node) => {
+                        self.hosts.lock().insert(node, conn.clone());
+                        self.by_conn.lock().insert(conn_key(conn), node);
+                        let cfg = self.state.lock().config.clone();
+                        tracing::info!(%node, ?role, cores = spec.cores, mem = spec.mem_bytes, "node registered");
+                        Ok(Msg::Registered {
+                            node,
+                            heartbeat_ms: cfg.heartbeat.as_millis() as u64,
+                            failure_timeout_ms: cfg.failure_timeout.as_millis() as u64,
+                        })
+                    }
+                    Err(RegisterError::BinaryMismatch(m)) | Err(RegisterError::Invalid(m)) => {
+                        tracing::warn!("registration refused: {m}");
+                        Err(RemoteError::Refused(m))
+                    }
+                }
+            }
+            Msg::Heartbeat { node, usage } => {
+                if need_host()? != node {
+                    return Err(RemoteError::Unauthorized(
+                        "heartbeat for another node".into(),
+                    ));
+                }
+                let mut st = self.state.lock();
+                if st.heartbeat(node, usage, now) {
+                    Ok(Msg::HeartbeatAck {
+                        members_version: st.members_version(),
+                    })
+                } else {
+                    Err(RemoteError::NodeDown(node))
+                }
+            }
+            Msg::AllocIds { count } => {
+                need_host()?;
+                let (start, end) = self.state.lock().alloc_ids(count);
+                Ok(Msg::IdBlock { start, end })
+            }
+            Msg::Place {
+                proclet,
+                kind,
+                mem_hint,
+            } => {
+                need_host()?;
+                match self.state.lock().place(proclet, kind, mem_hint) {
+                    Some(location) => Ok(Msg::Located {
+                        location,
+                        alive: true,
+                    }),
+                    None => Err(RemoteError::Refused(
+                        "no alive node to place the proclet on".into(),
+                    )),
+                }
+            }
+            Msg::SetLocation {
+                proclet,
+                location,
+                kind,
+            } => {
+                need_host()?;
+                self.state
+                    .lock()
+                    .set_location(proclet, location.node, location.epoch, kind);
+                Ok(Msg::Done)
+            }
+            Msg::Locate { proclet } => match self.state.lock().locate(proclet) {
+                Some((location, alive)) => Ok(Msg::Located { location, alive }),
+                None => Err(RemoteError::Gone),
+            },
+            Msg::Forget { proclet } => {
+                need_host()?;
+                self.state.lock().forget(proclet);
+                Ok(Msg::Done)
+            }
+            Msg::ListNodes => Ok(Msg::Nodes(self.state.lock().list(now))),
+            other => Err(RemoteError::Protocol(format!(
+                "the controller does not handle {}",
+                other.name()
+            ))),
+        }
+    }
+
+    /// Ask a proclet's host to move it to `to` and wait for the move to finish.
+    async fn move_proclet(
+        self: Arc<Self>,
+        proclet: granule_wire::ProcletId,
+        to: NodeId,
+    ) -> Result<Msg, RemoteError> {
+        let (loc, alive, dest) = {
+            let st = self.state.lock();
+            let (loc, alive) = st.locate(proclet).ok_or(RemoteError::Gone)?;
+            let dest = st
+                .node(to)
+                .filter(|n| n.state == granule_wire::NodeState::Alive)
+                .map(|n| n.addr.clone())
+                .ok_or_else(|| RemoteError::Refused(format!("node {to} is not alive")))?;
+            (loc, alive, dest)
+        };
+        if !alive {
+            return Err(RemoteError::NodeDown(loc.node));
+        }
+        if loc.node == to {
+            return Ok(Msg::Done);
+        }
+        let host = self
+            .hosts
+            .lock()
+            .get(&loc.node)
+            .cloned()
+            .ok_or(RemoteError::NodeDown(loc.node))?;
+        let req = Msg::MoveOut {
+            proclet,
+            to: granule_wire::Location {
+                node: to,
+                addr: dest,
+                epoch: loc.epoch + 1,
+            },
+        };
+        match host.request(&req, &[]).await {
+            Ok(f) => match f.msg {
+                Msg::Error(e) => Err(e),
+                _ => Ok(Msg::Done),
+            },
+            Err(e) => Err(RemoteError::Internal(format!(
+                "host {} did not answer the move: {e}",
+                loc.node
+            ))),
+        }
+    }
+}
+
+struct ControllerHandler(Arc<Inner>);
+
+impl Handler for ControllerHandler {
+    fn on_request(&self, conn: &Arc<Connection>, frame: Frame, reply: Responder) {
+        if let Msg::MoveProclet { proclet, to } = frame.msg {
+            let inner = self.0.clone();
+            tokio::spawn(async move {
+                match inner.move_proclet(proclet, to).await {
+                    Ok(m) => {
+                        let _ = reply.send(&m, &[]);
+                    }
+                    Err(e) => reply.error(e),
+                }
+            });
+            return;
+        }
+        match self.0.answer(conn, frame.msg) {
+            Ok(m) => {
+                let _ = reply.send(&m, &[]);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn on_close(&self, conn: &Arc<Connection>) {
+        let node = self.0.by_conn.lock().remove(&conn_key(conn));
+        if let Some(node) = node {
+            let reason = conn.close_reason().unwrap_or_default();
+            self.0
+                .declare_dead(&[node], &format!("its connection closed ({reason})"));
+        }
+    }
+}
+
+/// A running controller. Dropping the handle does not stop it; call [`ControllerHandle::shutdown`].
+pub struct ControllerHandle {
+    addr: SocketAddr,
+    inner: Arc<Inner>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ControllerHandle {
+    /// Start a controller on its own thread (embedded in a driver) listening on `listen`.
+    pub fn start(
+        listen: &str,
+        config: ControllerConfig,
+    ) -> Result<ControllerHandle, ControllerError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                ControllerError::Io(format!("cannot start the controller runtime: {e}"))
+            })?;
+        let listener = rt
+            .block_on(Listener::bind(listen))
+            .map_err(|e| ControllerError::Io(e.to_string()))?;
+        let addr = listener.local_addr();
+        let inner = new_inner(config);
+        let run = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("granule-controller".into())
+            .spawn(move || rt.block_on(run_controller(listener, run)))
+            .map_err(|e| ControllerError::Io(format!("cannot start the controller thread: {e}")))?;
+        Ok(ControllerHandle {
+            addr,
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address nodes and tools connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Tell every host to leave, then stop serving.
+    pub fn shutdown(&mut self) {
+        let hosts: Vec<Arc<Connection>> = self.inner.hosts.lock().values().cloned().collect();
+        for c in hosts {
+            let _ = c.notify(
+                &Msg::Shutdown {
+                    reason: "the cluster is shutting down".into(),
+                },
+                &[],
+            );
+        }
+        self.inner.stop.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Number of proclets in the location map (for tests and status).
+    pub fn proclet_count(&self) -> usize {
+        self.inner.state.lock().locations_len()
+    }
+}
+
+impl Drop for ControllerHandle {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.shutdown();
+        }
+    }
+}
+
+fn new_inner(config: ControllerConfig) -> Arc<Inner> {
+    Arc::new(Inner {
+        state: Mutex::new(State::new(config)),
+        hosts: Mutex::new(HashMap::new()),
+        by_conn: Mutex::new(HashMap::new()),
+        stop: Notify::new(),
+    })
+}
+
+async fn run_controller(listener: Listener, inner: Arc<Inner>) {
+    let identity = Arc::new(Identity::tool(Role::Controller, "granule-controller"));
+    let tconfig = Arc::new(TransportConfig::default());
+    let handler: Arc<dyn Handler> = Arc::new(ControllerHandler(inner.clone()));
+    let sweep = inner.clone();
+    let period = {
+        let st = inner.state.lock();
+        (st.config.heartbeat / 2).max(std::time::Duration::from_millis(10))
+    };
+    let sweeper = async move {
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tick.tick().await;
+            let overdue = sweep.state.lock().overdue(Instant::now());
+            if !overdue.is_empty() {
+                sweep.declare_dead(&overdue, "no heartbeat within the failure timeout");
+            }
+        }
+    };
+    tokio::select! {
+        _ = serve(listener, identity, tconfig, handler) => {}
+        _ = sweeper => {}
+        _ = inner.stop.notified() => {}
+    }
+}
+
+/// Run a controller on the current tokio runtime until the process ends (the standalone
+/// `granule controller` command).
+pub async fn run_standalone(listen: &str, config: ControllerConfig) -> Result<(), ControllerError> {
+    let listener = Listener::bind(listen)
+        .await
+        .map_err(|e| ControllerError::Io(e.to_string()))?;
+    tracing::info!("controller listening on {}", listener.local_addr());
+    println!("granule controller listening on {}", listener.local_addr());
+    run_controller(listener, new_inner(config)).await;
+    Ok(())
+}

@@ -1,0 +1,458 @@
+//! The controller's state and the decisions made on it (registration, placement, the
+//! location map, failure detection). Pure logic, no I/O: the server wraps it in a lock.
+//!
+//! Placement policy (documented in the README):
+//! - **compute** proclets go to the node with the most idle cores: spec cores − cores busy
+//!   in its last heartbeat − 0.25 for each compute proclet placed on it since;
+//! - **memory** proclets go to the node with the most free memory: spec memory − resident
+//!   memory in its last heartbeat − the memory hints of proclets placed on it since;
+//! - **hybrid** proclets go to the node with the largest sum of both, each as a fraction of
+//!   the node's spec.
+//!
+//! Ties go to the node hosting fewer proclets of that kind, then to the lower node id.
+//! Only alive nodes are candidates, and the driver only when no other node is alive (it
+//! runs the application's own thread; a proclet can still be put there by naming it).
+
+use granule_wire::{
+    BinaryHash, Epoch, Kind, Location, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, Role,
+    Usage,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+/// Cores assumed taken by each compute proclet placed since a node's last heartbeat.
+const PROVISIONAL_CORES: f64 = 0.25;
+
+/// Tunables.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// How often nodes send heartbeats.
+    pub heartbeat: Duration,
+    /// A node silent for longer is declared dead.
+    pub failure_timeout: Duration,
+    /// Largest id block handed out at once.
+    pub max_id_block: u32,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            heartbeat: Duration::from_millis(100),
+            failure_timeout: Duration::from_millis(1000),
+            max_id_block: 1 << 16,
+        }
+    }
+}
+
+struct NodeEntry {
+    info: NodeInfo,
+    last_seen: Instant,
+    /// Placed since the last heartbeat (not yet visible in `usage`).
+    provisional_cores: f64,
+    provisional_mem: u64,
+    /// Proclets placed on the node by kind (placements minus forgets seen here).
+    placed: [u32; 3],
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RegisterError {
+    BinaryMismatch(String),
+    Invalid(String),
+}
+
+/// The controller's whole state.
+pub struct State {
+    pub config: ControllerConfig,
+    nodes: BTreeMap<NodeId, NodeEntry>,
+    cluster_binary: Option<(BinaryHash, String)>,
+    next_node: u32,
+    next_proclet: u64,
+    locations: HashMap<ProcletId, (NodeId, Epoch, Kind)>,
+    members_version: u64,
+}
+
+impl State {
+    pub fn new(config: ControllerConfig) -> Self {
+        State {
+            config,
+            nodes: BTreeMap::new(),
+            cluster_binary: None,
+            next_node: 1,
+            next_proclet: 1,
+            locations: HashMap::new(),
+            members_version: 1,
+        }
+    }
+
+    pub fn members_version(&self) -> u64 {
+        self.members_version
+    }
+
+    /// Admit a node. Proclet hosts must present the cluster's binary hash; the first host
+    /// to register fixes it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn register(
+        &mut self,
+        role: Role,
+        spec: NodeSpec,
+        addr: String,
+        pid: u32,
+        binary: Option<BinaryHash>,
+        program: &str,
+        now: Instant,
+    ) -> Result<NodeId, RegisterError> {
+        if !role.hosts_proclets() {
+            return Err(RegisterError::Invalid(format!(
+                "a {role:?} cannot register as a node"
+            )));
+        }
+        if !(spec.cores > 0.0 && spec.cores.is_finite()) || spec.mem_bytes == 0 {
+            return Err(RegisterError::Invalid(format!(
+                "bad node spec: cpu={} mem={} (cpu must be > 0 and mem > 0)",
+                spec.cores, spec.mem_bytes
+            )));
+        }
+        let Some(hash) = binary else {
+            return Err(RegisterError::Invalid(
+                "a proclet host must present the hash of its executable".into(),
+            ));
+        };
+        match &self.cluster_binary {
+            None => self.cluster_binary = Some((hash, program.to_string())),
+            Some((h, first)) if *h != hash => {
+                return Err(RegisterError::BinaryMismatch(format!(
+                    "binary mismatch: {program} is not the executable this cluster runs \
+                     ({first}); every node must run the identical binary because shipped \
+                     closures are offsets into it. Start the node from the driver's build."
+                )))
+            }
+            Some(_) => {}
+        }
+        let id = NodeId(self.next_node);
+        self.next_node += 1;
+        self.nodes.insert(
+            id,
+            NodeEntry {
+                info: NodeInfo {
+                    id,
+                    role,
+                    addr,
+                    pid,
+                    spec,
+                    usage: Usage::default(),
+                    state: NodeState::Alive,
+                    last_seen_ms: 0,
+                },
+                last_seen: now,
+                provisional_cores: 0.0,
+                provisional_mem: 0,
+                placed: [0; 3],
+            },
+        );
+        self.members_version += 1;
+        Ok(id)
+    }
+
+    /// Record a heartbeat. Returns false if the node is unknown or already declared dead
+    /// (it must then leave: its proclets are considered lost).
+    pub fn heartbeat(&mut self, node: NodeId, usage: Usage, now: Instant) -> bool {
+        match self.nodes.get_mut(&node) {
+            Some(e) if e.info.state == NodeState::Alive => {
+                e.info.usage = usage;
+                e.last_seen = now;
+                e.provisional_cores = 0.0;
+                e.provisional_mem = 0;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Hand out `count` fresh proclet ids.
+    pub fn alloc_ids(&mut self, count: u32) -> (u64, u64) {
+        let count = count.clamp(1, self.config.max_id_block) as u64;
+        let start = self.next_proclet;
+        self.next_proclet += count;
+        (start, self.next_proclet)
+    }
+
+    fn alive(&self) -> impl Iterator<Item = &NodeEntry> {
+        self.nodes
+            .values()
+            .filter(|e| e.info.state == NodeState::Alive)
+    }
+
+    /// Choose a node for a new proclet (see the module doc) and record its location.
+    pub fn place(&mut self, proclet: ProcletId, kind: Kind, mem_hint: u64) -> Option<Location> {
+        let any_node = self.alive().any(|e| e.info.role == Role::Node);
+        let score = |e: &NodeEntry| -> f64 {
+            let spec = e.info.spec;
+            let idle = spec.cores - e.info.usage.cores_busy - e.provisional_cores;
+            let free =
+                spec.mem_bytes as f64 - e.info.usage.mem_used as f64 - e.provisional_mem as f64;
+            match kind {
+                Kind::Compute => idle,
+                Kind::Memory => free,
+                Kind::Hybrid => idle / spec.cores + free / spec.mem_bytes as f64,
+            }
+        };
+        let best = self
+            .alive()
+            .filter(|e| !any_node || e.info.role == Role::Node)
+            .max_by(|a, b| {
+                score(a)
+                    .partial_cmp(&score(b))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then(b.placed[kind.index()].cmp(&a.placed[kind.index()]))
+                    .then(b.info.id.cmp(&a.info.id))
+            })?
+            .info
+            .id;
+        let e = self.nodes.get_mut(&best)?;
+        match kind {
+            Kind::Compute => e.provisional_cores += PROVISIONAL_CORES,
+            Kind::Memory => e.provisional_mem += mem_hint,
+            Kind::Hybrid => {
+                e.provisional_cores += PROVISIONAL_CORES;
+                e.provisional_mem += mem_hint;
+            }
+        }
+        e.placed[kind.index()] += 1;
+        let loc = Location {
+            node: best,
+            addr: e.info.addr.clone(),
+            epoch: 1,
+        };
+        self.locations.insert(proclet, (best, 1, kind));
+        Some(loc)
+    }
+
+    /// Record a location unless a newer epoch is already known. Returns whether it was
+    /// recorded.
+    pub fn set_location(
+        &mut self,
+        proclet: ProcletId,
+        node: NodeId,
+        epoch: Epoch,
+        kind: Kind,
+    ) -> bool {
+        if !self.nodes.contains_key(&node) {
+            return false;
+        }
+        match self.locations.get(&proclet) {
+            Some((_, e, _)) if *e > epoch => false,
+            _ => {
+                if let Some((old, _, k)) = self.locations.insert(proclet, (node, epoch, kind)) {
+                    if let Some(o) = self.nodes.get_mut(&old) {
+                        o.placed[k.index()] = o.placed[k.index()].saturating_sub(1);
+                    }
+                }
+                if let Some(n) = self.nodes.get_mut(&node) {
+                    n.placed[kind.index()] += 1;
+                }
+                true
+            }
+        }
+    }
+
+    /// Where a proclet is, and whether its node is alive.
+    pub fn locate(&self, proclet: ProcletId) -> Option<(Location, bool)> {
+        let (node, epoch, _) = *self.locations.get(&proclet)?;
+        let e = self.nodes.get(&node)?;
+        Some((
+            Location {
+                node,
+                addr: e.info.addr.clone(),
+                epoch,
+            },
+            e.info.state == NodeState::Alive,
+        ))
+    }
+
+    pub fn forget(&mut self, proclet: ProcletId) {
+        if let Some((node, _, kind)) = self.locations.remove(&proclet) {
+            if let Some(n) = self.nodes.get_mut(&node) {
+                n.placed[kind.index()] = n.placed[kind.index()].saturating_sub(1);
+            }
+        }
+    }
+
+    pub fn node(&self, id: NodeId) -> Option<&NodeInfo> {
+        self.nodes.get(&id).map(|e| &e.info)
+    }
+
+    /// Every node the controller knows (alive and dead), with its age.
+    pub fn list(&self, now: Instant) -> Vec<NodeInfo> {
+        self.nodes
+            .values()
+            .map(|e| {
+                let mut i = e.info.clone();
+                i.last_seen_ms = now.saturating_duration_since(e.last_seen).as_millis() as u64;
+                i
+            })
+            .collect()
+    }
+
+    /// Declare a node dead. Returns true if it was alive.
+    pub fn mark_dead(&mut self, node: NodeId) -> bool {
+        match self.nodes.get_mut(&node) {
+            Some(e) if e.info.state == NodeState::Alive => {
+                e.info.state = NodeState::Dead;
+                self.members_version += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Nodes silent for longer than the failure timeout (still marked alive).
+    pub fn overdue(&self, now: Instant) -> Vec<NodeId> {
+        self.alive()
+            .filter(|e| now.saturating_duration_since(e.last_seen) > self.config.failure_timeout)
+            .map(|e| e.info.id)
+            .collect()
+    }
+
+    pub fn alive_ids(&self) -> Vec<NodeId> {
+        self.alive().map(|e| e.info.id).collect()
+    }
+
+    pub fn locations_len(&self) -> usize {
+        self.locations.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn st() -> (State, Instant) {
+        (State::new(ControllerConfig::default()), Instant::now())
+    }
+
+    fn reg(s: &mut State, role: Role, cores: f64, mem: u64, now: Instant) -> NodeId {
+        s.register(
+            role,
+            NodeSpec {
+                cores,
+                mem_bytes: mem,
+            },
+            "a:1".into(),
+            1,
+            Some([1; 32]),
+            "/p",
+            now,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn binary_mismatch_is_refused() {
+        let (mut s, now) = st();
+        reg(&mut s, Role::Driver, 1.0, GIB, now);
+        let e = s
+            .register(
+                Role::Node,
+                NodeSpec {
+                    cores: 1.0,
+                    mem_bytes: GIB,
+                },
+                "b:1".into(),
+                2,
+                Some([2; 32]),
+                "/other",
+                now,
+            )
+            .unwrap_err();
+        assert!(matches!(e, RegisterError::BinaryMismatch(m) if m.contains("identical binary")));
+        let e = s
+            .register(
+                Role::Node,
+                NodeSpec {
+                    cores: 0.0,
+                    mem_bytes: GIB,
+                },
+                "b:1".into(),
+                2,
+                Some([1; 32]),
+                "/p",
+                now,
+            )
+            .unwrap_err();
+        assert!(matches!(e, RegisterError::Invalid(_)));
+    }
+
+    #[test]
+    fn memory_goes_to_most_free_memory_and_compute_to_idle_cores() {
+        let (mut s, now) = st();
+        let _d = reg(&mut s, Role::Driver, 1.0, 8 * GIB, now);
+        let a = reg(&mut s, Role::Node, 1.0, GIB, now);
+        let b = reg(&mut s, Role::Node, 2.0, 2 * GIB, now);
+        assert_eq!(
+            s.place(ProcletId(1), Kind::Memory, 0).unwrap().node,
+            b,
+            "driver is skipped"
+        );
+        s.heartbeat(
+            b,
+            Usage {
+                cores_busy: 1.9,
+                mem_used: 0,
+                ..Default::default()
+            },
+            now,
+        );
+        assert_eq!(s.place(ProcletId(2), Kind::Compute, 0).unwrap().node, a);
+        // Placements since the last heartbeat count provisionally: compute spreads.
+        s.heartbeat(a, Usage::default(), now);
+        s.heartbeat(b, Usage::default(), now);
+        let picks: Vec<NodeId> = (10..16)
+            .map(|i| s.place(ProcletId(i), Kind::Compute, 0).unwrap().node)
+            .collect();
+        assert!(picks.contains(&a) && picks.contains(&b), "{picks:?}");
+    }
+
+    #[test]
+    fn dead_nodes_are_not_candidates_and_locations_say_so() {
+        let (mut s, now) = st();
+        let a = reg(&mut s, Role::Node, 1.0, GIB, now);
+        let b = reg(&mut s, Role::Node, 1.0, GIB, now);
+        let l = s.place(ProcletId(7), Kind::Memory, 0).unwrap();
+        assert!(s.mark_dead(l.node));
+        let other = if l.node == a { b } else { a };
+        assert_eq!(s.place(ProcletId(8), Kind::Memory, 0).unwrap().node, other);
+        let (_, alive) = s.locate(ProcletId(7)).unwrap();
+        assert!(!alive);
+        assert!(
+            !s.heartbeat(l.node, Usage::default(), now),
+            "a dead node is fenced"
+        );
+    }
+
+    #[test]
+    fn epochs_only_move_forward_and_ids_are_unique() {
+        let (mut s, now) = st();
+        let a = reg(&mut s, Role::Node, 1.0, GIB, now);
+        let b = reg(&mut s, Role::Node, 1.0, GIB, now);
+        assert!(s.set_location(ProcletId(1), a, 3, Kind::Memory));
+        assert!(!s.set_location(ProcletId(1), b, 2, Kind::Memory));
+        assert_eq!(s.locate(ProcletId(1)).unwrap().0.node, a);
+        s.forget(ProcletId(1));
+        assert!(s.locate(ProcletId(1)).is_none());
+        let (x0, x1) = s.alloc_ids(100);
+        let (y0, _) = s.alloc_ids(100);
+        assert_eq!(x1 - x0, 100);
+        assert_eq!(y0, x1);
+    }
+
+    #[test]
+    fn overdue_nodes_are_found() {
+        let (mut s, now) = st();
+        let a = reg(&mut s, Role::Node, 1.0, GIB, now);
+        let later = now + Duration::from_secs(5);
+        assert_eq!(s.overdue(later), vec![a]);
+    }
+}

@@ -1,0 +1,33 @@
+//! Granule: one program spread over many machines, in units of state and compute
+//! (*proclets*) that run wherever CPU or memory is free and move when it is not.
+//!
+//! This is the crate applications depend on. It re-exports the proclet API and the
+//! cluster entry points from the layers below (`granule-runtime` for proclets and the
+//! local cluster, `granule-wire` for the ids and specs they use); it owns no logic itself.
+//!
+//! ```no_run
+//! use granule::{Cluster, Kind, Proclet};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize, Default)]
+//! struct Counter { n: u64 }
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // An in-process controller plus node processes of this executable
+//!     // (GRANULE_NODES="cpu=1,mem=512MiB;cpu=1,mem=512MiB" by default).
+//!     let cluster = Cluster::start()?;
+//!     let c = Proclet::new(Kind::Memory, Counter::default())?;      // placed by the controller
+//!     let n = c.run(5u64, |c: &mut Counter, x: u64| { c.n += x; c.n })?;  // runs where c lives
+//!     println!("counter = {n}, on node {}", c.location()?);
+//!     c.destroy()?;
+//!     cluster.shutdown();
+//!     Ok(())
+//! }
+//! ```
+#![forbid(unsafe_code)]
+
+pub use granule_runtime::{
+    binary_hash, config, init_logging, run, run_node, CallError, Cluster, ClusterBuilder,
+    ClusterConfig, ClusterError, Kind, NodeArgs, NodeId, NodeInfo, NodeSpec, NodeState, Proclet,
+    ProcletBuilder, ProcletId, ProcletState, Wire,
+};

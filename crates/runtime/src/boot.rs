@@ -1,0 +1,128 @@
+//! Running a process as a node: started by a driver (through the environment, before
+//! `main`) or by hand (`granule node --controller ADDR`).
+
+use crate::context;
+use crate::error::ClusterError;
+use crate::node::{Node, NodeOptions};
+use crate::shipping;
+use granule_wire::{NodeSpec, Role};
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::io::Read;
+
+/// Environment variable through which a driver starts one of its node processes.
+pub(crate) const BOOT_ENV: &str = "GRANULE_NODE_BOOT";
+
+/// What a driver tells a node process it spawns.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub(crate) struct BootConfig {
+    pub controller: String,
+    pub spec: NodeSpec,
+    pub listen_host: String,
+    pub index: usize,
+}
+
+/// How to run a node by hand.
+#[derive(Clone, Debug)]
+pub struct NodeArgs {
+    /// The controller to join (`host:port`).
+    pub controller: String,
+    /// Cores and memory this node offers.
+    pub spec: NodeSpec,
+    /// Address to listen on for other nodes (port chosen freely).
+    pub listen_host: String,
+}
+
+/// Install the `GRANULE_LOG` log filter (default `warn`) once per process.
+pub fn init_logging() {
+    let filter = std::env::var("GRANULE_LOG").unwrap_or_else(|_| "warn".into());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
+        eprintln!("granule: ignoring GRANULE_LOG={filter}: {e}");
+        tracing_subscriber::EnvFilter::new("warn")
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Run this process as a node until the cluster tells it to leave (or it loses the
+/// controller). Returns why it left. Errors (unreachable controller, refused
+/// registration such as a binary mismatch) come back before the node serves anything.
+pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
+    init_logging();
+    let node = Node::start(NodeOptions {
+        role: Role::Node,
+        spec: args.spec,
+        controller: args.controller,
+        listen_host: args.listen_host,
+    })?;
+    context::offer_default_node(&node.inner);
+    eprintln!(
+        "granule node {} serving on {} (cpu={}, mem={} MiB)",
+        node.inner.id,
+        node.inner.addr,
+        args.spec.cores,
+        args.spec.mem_bytes >> 20
+    );
+    let reason = node.inner.wait_shutdown();
+    Ok(reason)
+}
+
+/// Entry from the pre-`main` hook: parse the boot config, run, exit. Never returns.
+pub(crate) fn run_node_process_from_env(raw: OsString) -> ! {
+    shipping::ignore_sigpipe();
+    // Children of this node (e.g. helper tools) must not boot as nodes too. Still
+    // single-threaded here, so changing the environment is safe.
+    std::env::remove_var(BOOT_ENV);
+    let outcome = std::panic::catch_unwind(|| {
+        let raw = raw.to_string_lossy().into_owned();
+        let boot: BootConfig = match serde_json::from_str(&raw) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("granule node: bad {BOOT_ENV} ({e}); this variable is set by a Granule driver, not by hand");
+                return 2;
+            }
+        };
+        // The driver holds the other end of our stdin: when it exits, for any reason
+        // (even SIGKILL), we read EOF and leave.
+        std::thread::Builder::new()
+            .name("granule-lifeline".into())
+            .spawn(|| {
+                let mut buf = [0u8; 64];
+                let mut stdin = std::io::stdin();
+                loop {
+                    match stdin.read(&mut buf) {
+                        Ok(0) | Err(_) => std::process::exit(0),
+                        Ok(_) => {}
+                    }
+                }
+            })
+            .ok();
+        let args = NodeArgs {
+            controller: boot.controller,
+            spec: boot.spec,
+            listen_host: boot.listen_host,
+        };
+        init_logging();
+        match Node::start(NodeOptions {
+            role: Role::Node,
+            spec: args.spec,
+            controller: args.controller,
+            listen_host: args.listen_host,
+        }) {
+            Ok(node) => {
+                context::offer_default_node(&node.inner);
+                let reason = node.inner.wait_shutdown();
+                tracing::info!("node {} leaving: {reason}", node.inner.id);
+                0
+            }
+            Err(e) => {
+                eprintln!("granule node {}: cannot start: {e}", boot.index);
+                3
+            }
+        }
+    });
+    let code = outcome.unwrap_or(101);
+    std::process::exit(code)
+}

@@ -1,0 +1,240 @@
+//! Per-thread execution context: the current call chain, the node a thread belongs to,
+//! and blocking on futures without stalling a node's cores.
+//!
+//! - The *chain* identifies a top-level call and everything it calls, directly or
+//!   transitively. Closures run with their chain set, so nested calls carry it and the
+//!   slot lock can recognise re-entry (see `slot`).
+//! - The *current node* is the runtime a thread acts through: a node's worker threads
+//!   belong to it; the thread that started a `Cluster` belongs to its driver node; other
+//!   threads fall back to the process's default node (the first cluster started).
+//! - [`block_on`] waits for a future on the calling thread: it polls, spins briefly (a
+//!   reply often arrives within microseconds, and a sleeping thread costs ~50–100 µs to
+//!   wake on this class of VM), then parks. On a node worker thread it first hands the
+//!   worker's core to another thread (`tokio::task::block_in_place`), so a worker blocked
+//!   on a nested call never holds one of the node's cores: with `cpu=1`, A→B→A works.
+
+use crate::node::NodeInner;
+use granule_wire::ChainId;
+use parking_lot::RwLock;
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+thread_local! {
+    static CHAIN: Cell<ChainId> = const { Cell::new(0) };
+    static NODE: RefCell<Option<Arc<NodeCell>>> = const { RefCell::new(None) };
+    static ON_WORKER: Cell<bool> = const { Cell::new(false) };
+}
+
+static DEFAULT_NODE: RwLock<Weak<NodeInner>> = RwLock::new(Weak::new());
+
+/// The chain of the call running on this thread, if any.
+pub(crate) fn current_chain() -> Option<ChainId> {
+    let c = CHAIN.with(|c| c.get());
+    (c != 0).then_some(c)
+}
+
+/// A fresh, process- and cluster-unique chain id.
+pub(crate) fn new_chain() -> ChainId {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let seed = *SEED.get_or_init(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        t ^ ((std::process::id() as u64) << 32)
+    });
+    // splitmix64 of (seed + counter): unique within the process, random across processes.
+    let mut z = seed.wrapping_add(
+        NEXT.fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) | 1
+}
+
+/// The chain to use for a call made from this thread now.
+pub(crate) fn chain_for_call() -> ChainId {
+    current_chain().unwrap_or_else(new_chain)
+}
+
+/// Sets the current chain (and node) while a closure runs; restores on drop.
+pub(crate) struct ChainScope {
+    prev: ChainId,
+}
+
+impl ChainScope {
+    pub(crate) fn enter(chain: ChainId) -> ChainScope {
+        ChainScope {
+            prev: CHAIN.with(|c| c.replace(chain)),
+        }
+    }
+}
+
+impl Drop for ChainScope {
+    fn drop(&mut self) {
+        CHAIN.with(|c| c.set(self.prev));
+    }
+}
+
+/// A node's identity cell: filled once the node has registered. Worker threads are
+/// started before that, so they keep the cell rather than the node itself.
+pub(crate) type NodeCell = OnceLock<Weak<NodeInner>>;
+
+/// Make the node in `cell` this thread's node.
+pub(crate) fn set_thread_node(cell: &Arc<NodeCell>) {
+    NODE.with(|n| *n.borrow_mut() = Some(cell.clone()));
+}
+
+/// Mark this thread as one of a node's worker threads.
+pub(crate) fn mark_worker() {
+    ON_WORKER.with(|w| w.set(true));
+}
+
+/// Make `node` the process default if there is none (alive).
+pub(crate) fn offer_default_node(node: &Arc<NodeInner>) {
+    let mut d = DEFAULT_NODE.write();
+    if d.upgrade().is_none_or(|n| n.is_stopped()) {
+        *d = Arc::downgrade(node);
+    }
+}
+
+/// The node this thread acts through.
+pub(crate) fn current_node() -> Option<Arc<NodeInner>> {
+    let mine = NODE.with(|n| n.borrow().as_ref().and_then(|c| c.get()?.upgrade()));
+    if let Some(n) = mine {
+        if !n.is_stopped() {
+            return Some(n);
+        }
+    }
+    DEFAULT_NODE.read().upgrade().filter(|n| !n.is_stopped())
+}
+
+/// How long [`block_on`] spins before parking.
+fn spin_time() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| {
+        std::env::var("GRANULE_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_micros)
+            .unwrap_or(Duration::from_micros(30))
+    })
+}
+
+struct ThreadWaker {
+    thread: Thread,
+    notified: AtomicBool,
+}
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        if !self.notified.swap(true, Ordering::AcqRel) {
+            self.thread.unpark();
+        }
+    }
+}
+
+thread_local! {
+    static WAKER: (Arc<ThreadWaker>, Waker) = {
+        let tw = Arc::new(ThreadWaker { thread: std::thread::current(), notified: AtomicBool::new(false) });
+        let w = Waker::from(tw.clone());
+        (tw, w)
+    };
+}
+
+fn park_on<F: Future>(fut: F, deadline: Option<Instant>) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    let out = WAKER.with(|(tw, waker)| {
+        let mut cx = Context::from_waker(waker);
+        loop {
+            tw.notified.store(false, Ordering::Release);
+            if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                return Some(v);
+            }
+            let spin_until = Instant::now() + spin_time();
+            while !tw.notified.load(Ordering::Acquire) && Instant::now() < spin_until {
+                std::hint::spin_loop();
+            }
+            while !tw.notified.load(Ordering::Acquire) {
+                match deadline {
+                    Some(d) => {
+                        let now = Instant::now();
+                        if now >= d {
+                            return None;
+                        }
+                        std::thread::park_timeout(d - now);
+                    }
+                    None => std::thread::park(),
+                }
+            }
+        }
+    });
+    // A block_on nested inside another one's poll (a closure run by a local call inside an
+    // async call) shares this thread's waker and may have consumed a wake-up meant for the
+    // outer one: leave the flag set so the outer future is polled again.
+    WAKER.with(|(tw, _)| tw.notified.store(true, Ordering::Release));
+    out
+}
+
+/// Block the calling thread until `fut` completes or `deadline` passes (`None` = timed
+/// out). On a node worker thread the worker's core is handed off first.
+pub(crate) fn block_on<F: Future>(fut: F, deadline: Option<Instant>) -> Option<F::Output> {
+    if ON_WORKER.with(|w| w.get()) {
+        tokio::task::block_in_place(|| park_on(fut, deadline))
+    } else {
+        park_on(fut, deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chains_are_unique_and_nonzero() {
+        let mut v: Vec<ChainId> = (0..10_000).map(|_| new_chain()).collect();
+        assert!(v.iter().all(|c| *c != 0));
+        v.sort_unstable();
+        v.dedup();
+        assert_eq!(v.len(), 10_000);
+    }
+
+    #[test]
+    fn chain_scope_nests_and_restores() {
+        assert_eq!(current_chain(), None);
+        {
+            let _a = ChainScope::enter(5);
+            assert_eq!(current_chain(), Some(5));
+            {
+                let _b = ChainScope::enter(6);
+                assert_eq!(chain_for_call(), 6);
+            }
+            assert_eq!(current_chain(), Some(5));
+        }
+        assert_eq!(current_chain(), None);
+    }
+
+    #[test]
+    fn block_on_waits_for_another_thread_and_times_out() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            let _ = tx.send(7);
+        });
+        assert_eq!(block_on(rx, None).unwrap().unwrap(), 7);
+        let (_tx, rx) = tokio::sync::oneshot::channel::<u32>();
+        let t = Instant::now();
+        assert!(block_on(rx, Some(Instant::now() + Duration::from_millis(30))).is_none());
+        assert!(t.elapsed() >= Duration::from_millis(30));
+    }
+}

@@ -1,0 +1,93 @@
+//! Typed errors of the proclet API and of starting a cluster.
+
+use granule_controller::ControllerError;
+use granule_wire::{NodeId, ProcletId, RemoteError};
+use std::time::Duration;
+use thiserror::Error;
+
+/// Why a proclet call (or creation, or destroy) failed.
+///
+/// Calls are at-most-once: an error never means the closure ran twice, and the runtime
+/// only retries a call when the remote side proved it did not run it (a stale location).
+/// After [`CallError::NodeUnreachable`] or [`CallError::Timeout`] the closure may or may
+/// not have run.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum CallError {
+    /// The proclet was destroyed (or never existed).
+    #[error("proclet {0} is gone (destroyed or never created)")]
+    ProcletGone(ProcletId),
+    /// The proclet's node died or cannot be reached; its state is lost.
+    #[error("node {node} is unreachable: {reason}")]
+    NodeUnreachable { node: NodeId, reason: String },
+    /// No answer within the call's timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The peer runs a different executable, so code cannot be shipped to it.
+    #[error("{0}")]
+    BinaryMismatch(String),
+    /// An argument, state or return value could not be decoded (or encoded).
+    #[error("decode failure: {0}")]
+    Decode(String),
+    /// The closure panicked. The proclet stays alive with its state as the closure left
+    /// it at the panic, and the node keeps serving.
+    #[error("closure on proclet {proclet} panicked: {message}")]
+    RemotePanic { proclet: ProcletId, message: String },
+    /// The call would re-enter a proclet that its own call chain already holds in a way
+    /// that can never be granted (an exclusive call inside a call on the same proclet):
+    /// it would deadlock, so it fails at once instead. The closure did not run.
+    #[error("call re-enters proclet {0}, which its own call chain holds; it would deadlock")]
+    Reentrant(ProcletId),
+    /// Shipped code failed a safety check on the receiving node and was not run.
+    #[error("shipped code refused: {0}")]
+    CodeRefused(String),
+    /// The controller could not be reached or refused the request.
+    #[error(transparent)]
+    Controller(#[from] ControllerError),
+    /// There is no Granule runtime in this process (no `Cluster` was started, or it shut
+    /// down).
+    #[error("no Granule cluster in this process: start one with granule::Cluster::start() first")]
+    NoCluster,
+    /// The request was refused (bad node named, no node to place on, ...).
+    #[error("refused: {0}")]
+    Refused(String),
+    /// Something that should not happen; the message says what.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl CallError {
+    pub(crate) fn from_remote(e: RemoteError, proclet: ProcletId) -> CallError {
+        match e {
+            RemoteError::Gone => CallError::ProcletGone(proclet),
+            RemoteError::NodeDown(node) => CallError::NodeUnreachable {
+                node,
+                reason: "the controller declared it dead".into(),
+            },
+            RemoteError::Panic(message) => CallError::RemotePanic { proclet, message },
+            RemoteError::Decode(m) => CallError::Decode(m),
+            RemoteError::CodeMismatch(m) => CallError::CodeRefused(m),
+            RemoteError::Reentrant(p) => CallError::Reentrant(p),
+            RemoteError::Unauthorized(m) if m.contains("binary") => CallError::BinaryMismatch(m),
+            RemoteError::Unauthorized(m) | RemoteError::Refused(m) => CallError::Refused(m),
+            RemoteError::NotHere { .. } => {
+                CallError::Internal("proclet location kept changing; gave up".into())
+            }
+            RemoteError::Protocol(m) | RemoteError::Internal(m) => CallError::Internal(m),
+        }
+    }
+}
+
+/// Why a cluster (or a node) could not start.
+#[derive(Debug, Error)]
+pub enum ClusterError {
+    #[error("bad configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Controller(#[from] ControllerError),
+    #[error("cannot start node processes: {0}")]
+    Spawn(String),
+    #[error("{0}")]
+    Startup(String),
+    #[error("{0}")]
+    Io(String),
+}

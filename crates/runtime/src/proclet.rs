@@ -1,0 +1,649 @@
+//! The proclet API: [`Proclet<S>`] handles, creation, calls, destroy.
+//!
+//! A proclet is a unit of state plus the computation run on it, living on one node of the
+//! cluster (possibly this one) and reachable from anywhere through a handle.
+//!
+//! ```no_run
+//! use granule_runtime::{Cluster, Kind, Proclet};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Counter { n: u64 }
+//!
+//! let _cluster = Cluster::start()?;
+//! let c = Proclet::create(Kind::Memory, 10u64, |start: u64| Counter { n: start })?;
+//! let now = c.run(5u64, |c: &mut Counter, x: u64| { c.n += x; c.n })?;
+//! assert_eq!(now, 15);
+//! let seen = c.run_ref((), |c: &Counter, ()| c.n)?;
+//! assert_eq!(seen, 15);
+//! c.destroy()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Rules for the closures given to `create`, `run`, `run_ref` and their async forms:
+//! - they capture nothing (checked at compile time: the closure type must be zero-sized);
+//!   everything they need travels in the argument, which is serialized when the proclet
+//!   is remote and moved as is when it is local;
+//! - the argument comes first and the closure last, everywhere in Granule's API;
+//! - `run` closures get `&mut S` and are serialized per proclet; `run_ref` closures get
+//!   `&S` and run concurrently with each other (see the crate docs for re-entry);
+//! - a panic in a closure is returned as [`CallError::RemotePanic`]; the proclet keeps
+//!   the state the closure left behind and its node keeps serving.
+
+use crate::context;
+use crate::error::CallError;
+use crate::node::{NewProclet, NodeInner, Remote};
+use crate::shipping::{self, panic_message, ErasedState};
+use crate::slot::{Guard, LockError, TryLock};
+use granule_wire::{CallMode, ChainId, Kind, Location, NodeId, ProcletId};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a proclet's state must be: serializable (to move between nodes), and shareable
+/// between threads (calls on it may come from any thread; `run_ref` calls share it).
+pub trait ProcletState: Serialize + DeserializeOwned + Send + Sync + 'static {}
+impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> ProcletState for T {}
+
+/// What arguments and return values must be.
+pub trait Wire: Serialize + DeserializeOwned + Send + 'static {}
+impl<T: Serialize + DeserializeOwned + Send + 'static> Wire for T {}
+
+/// A handle to a proclet with state `S`.
+///
+/// Handles are plain values: clone them, send them to other threads, pass them as
+/// arguments to closures running on other proclets (they serialize as the proclet's id
+/// plus a location hint). A handle does not keep its proclet alive or destroy it when
+/// dropped; call [`Proclet::destroy`].
+pub struct Proclet<S> {
+    id: ProcletId,
+    hint: Option<Location>,
+    node: Option<Arc<NodeInner>>,
+    timeout: Option<Duration>,
+    _state: PhantomData<fn() -> S>,
+}
+
+impl<S> Clone for Proclet<S> {
+    fn clone(&self) -> Self {
+        Proclet {
+            id: self.id,
+            hint: self.hint.clone(),
+            node: self.node.clone(),
+            timeout: self.timeout,
+            _state: PhantomData,
+        }
+    }
+}
+
+impl<S> fmt::Debug for Proclet<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Proclet<{}>({})", std::any::type_name::<S>(), self.id)
+    }
+}
+
+impl<S> PartialEq for Proclet<S> {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+impl<S> Eq for Proclet<S> {}
+
+#[derive(Serialize, Deserialize)]
+struct HandleRepr {
+    id: ProcletId,
+    hint: Option<Location>,
+}
+
+impl<S> Serialize for Proclet<S> {
+    fn serialize<Ser: Serializer>(&self, ser: Ser) -> Result<Ser::Ok, Ser::Error> {
+        let node = self.node.clone().or_else(context::current_node);
+        let hint = node
+            .as_ref()
+            .and_then(|n| {
+                if n.local_slot(self.id).is_some() {
+                    Some(Location {
+                        node: n.id,
+                        addr: n.addr.clone(),
+                        epoch: n.local_slot(self.id).map(|s| s.epoch).unwrap_or(1),
+                    })
+                } else {
+                    n.cached_location(self.id)
+                }
+            })
+            .or_else(|| self.hint.clone());
+        HandleRepr { id: self.id, hint }.serialize(ser)
+    }
+}
+
+impl<'de, S> Deserialize<'de> for Proclet<S> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        let r = HandleRepr::deserialize(de)?;
+        let node = context::current_node();
+        if let (Some(n), Some(h)) = (&node, &r.hint) {
+            if h.node != n.id {
+                n.learn_location(r.id, h);
+            }
+        }
+        Ok(Proclet {
+            id: r.id,
+            hint: r.hint,
+            node,
+            timeout: None,
+            _state: PhantomData,
+        })
+    }
+}
+
+/// Options for creating a proclet; see [`Proclet::builder`].
+pub struct ProcletBuilder<S> {
+    kind: Kind,
+    on: Option<NodeId>,
+    mem_hint: u64,
+    _state: PhantomData<fn() -> S>,
+}
+
+fn node_or_current(node: &Option<Arc<NodeInner>>) -> Result<Arc<NodeInner>, CallError> {
+    match node {
+        Some(n) if !n.is_stopped() => Ok(n.clone()),
+        _ => context::current_node().ok_or(CallError::NoCluster),
+    }
+}
+
+fn encode<T: Serialize>(v: &T, what: &str) -> Result<Vec<u8>, CallError> {
+    postcard::to_allocvec(v).map_err(|e| {
+        CallError::Decode(format!(
+            "cannot encode the {what} ({}): {e}",
+            std::any::type_name::<T>()
+        ))
+    })
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, CallError> {
+    postcard::from_bytes(bytes).map_err(|e| {
+        CallError::Decode(format!(
+            "cannot decode the {what} as {}: {e}",
+            std::any::type_name::<T>()
+        ))
+    })
+}
+
+fn run_ctor<S, A, F>(ctor: &F, arg: A, on: NodeId) -> Result<Box<ErasedState>, CallError>
+where
+    S: ProcletState,
+    F: Fn(A) -> S,
+{
+    catch_unwind(AssertUnwindSafe(|| ctor(arg)))
+        .map(|s| Box::new(s) as Box<ErasedState>)
+        .map_err(|p| {
+            CallError::Internal(format!(
+                "the constructor panicked on {on}: {}",
+                panic_message(p)
+            ))
+        })
+}
+
+impl<S: ProcletState> ProcletBuilder<S> {
+    /// Create the proclet on this node instead of where the controller would place it.
+    pub fn on(mut self, node: NodeId) -> Self {
+        self.on = Some(node);
+        self
+    }
+
+    /// Expected memory footprint in bytes (placement takes it into account).
+    pub fn mem_hint(mut self, bytes: u64) -> Self {
+        self.mem_hint = bytes;
+        self
+    }
+
+    /// Create the proclet: `ctor(arg)` runs on the chosen node and builds the state.
+    pub fn create<A, F>(self, arg: A, ctor: F) -> Result<Proclet<S>, CallError>
+    where
+        A: Wire,
+        F: Fn(A) -> S + Send + Sync + 'static,
+    {
+        const {
+            assert!(
+                std::mem::size_of::<F>() == 0,
+                "a proclet constructor must capture nothing: pass what it needs in the argument"
+            )
+        };
+        let node = context::current_node().ok_or(CallError::NoCluster)?;
+        let n = node.clone();
+        node.block(
+            create_flow(n, self.kind, self.on, self.mem_hint, arg, ctor),
+            None,
+        )
+        .unwrap_or_else(|| Err(CallError::Internal("interrupted".into())))
+    }
+
+    /// [`ProcletBuilder::create`], as a future.
+    pub fn create_async<A, F>(
+        self,
+        arg: A,
+        ctor: F,
+    ) -> impl Future<Output = Result<Proclet<S>, CallError>> + Send + 'static
+    where
+        A: Wire,
+        F: Fn(A) -> S + Send + Sync + 'static,
+    {
+        const {
+            assert!(
+                std::mem::size_of::<F>() == 0,
+                "a proclet constructor must capture nothing: pass what it needs in the argument"
+            )
+        };
+        let node = context::current_node().ok_or(CallError::NoCluster);
+        let (kind, on, mem_hint) = (self.kind, self.on, self.mem_hint);
+        async move { create_flow(node?, kind, on, mem_hint, arg, ctor).await }
+    }
+}
+
+async fn create_flow<S, A, F>(
+    node: Arc<NodeInner>,
+    kind: Kind,
+    on: Option<NodeId>,
+    mem_hint: u64,
+    arg: A,
+    ctor: F,
+) -> Result<Proclet<S>, CallError>
+where
+    S: ProcletState,
+    A: Wire,
+    F: Fn(A) -> S + Send + Sync + 'static,
+{
+    let new: NewProclet = node.prepare_create(kind, on, mem_hint).await?;
+    let state_desc = shipping::state_desc::<S>();
+    let result = if new.loc.node == node.id {
+        let built = {
+            let _scope = context::ChainScope::enter(context::chain_for_call());
+            run_ctor(&ctor, arg, node.id)
+        };
+        match built {
+            Ok(s) => node.create_here(&new, state_desc, s).await,
+            Err(e) => Err(e),
+        }
+    } else {
+        match encode(&arg, "constructor argument") {
+            Ok(bytes) => {
+                node.create_remote(&new, shipping::ctor_desc::<F, S, A>(), state_desc, &bytes)
+                    .await
+            }
+            Err(e) => Err(e),
+        }
+    };
+    if let Err(e) = result {
+        node.abort_create(&new).await;
+        return Err(e);
+    }
+    Ok(Proclet {
+        id: new.id,
+        hint: Some(new.loc),
+        node: Some(node),
+        timeout: None,
+        _state: PhantomData,
+    })
+}
+
+/// The argument of a call, by value until it has to be encoded.
+enum ArgState<A> {
+    Value(A),
+    Encoded(Vec<u8>),
+}
+
+impl<A: Wire> ArgState<A> {
+    fn into_value(self) -> Result<A, CallError> {
+        match self {
+            ArgState::Value(a) => Ok(a),
+            ArgState::Encoded(b) => decode(&b, "argument"),
+        }
+    }
+    fn bytes(&mut self) -> Result<&[u8], CallError> {
+        if let ArgState::Value(a) = self {
+            *self = ArgState::Encoded(encode(a, "argument")?);
+        }
+        match self {
+            ArgState::Encoded(b) => Ok(b),
+            ArgState::Value(_) => Err(CallError::Internal("argument not encoded".into())),
+        }
+    }
+}
+
+fn lock_error(id: ProcletId, e: LockError) -> Option<CallError> {
+    match e {
+        LockError::Reentrant => Some(CallError::Reentrant(id)),
+        LockError::Destroyed => Some(CallError::ProcletGone(id)),
+        // Moved away: the caller falls through to the remote path.
+        LockError::Moved(_) => None,
+    }
+}
+
+impl<S: ProcletState> Proclet<S> {
+    /// Create a proclet whose state `ctor(arg)` builds on the node the controller chooses
+    /// for `kind` (compute: most idle cores; memory: most free memory).
+    pub fn create<A, F>(kind: Kind, arg: A, ctor: F) -> Result<Proclet<S>, CallError>
+    where
+        A: Wire,
+        F: Fn(A) -> S + Send + Sync + 'static,
+    {
+        Self::builder(kind).create(arg, ctor)
+    }
+
+    /// Create a proclet from a state built here (it is shipped to the chosen node).
+    pub fn new(kind: Kind, state: S) -> Result<Proclet<S>, CallError> {
+        Self::builder(kind).create(state, |s: S| s)
+    }
+
+    /// Options: the node to create on, a memory hint.
+    pub fn builder(kind: Kind) -> ProcletBuilder<S> {
+        ProcletBuilder {
+            kind,
+            on: None,
+            mem_hint: 0,
+            _state: PhantomData,
+        }
+    }
+
+    /// The proclet's id.
+    pub fn id(&self) -> ProcletId {
+        self.id
+    }
+
+    /// A handle whose calls fail with [`CallError::Timeout`] after `timeout`. A call that
+    /// timed out may still run (calls are at-most-once, not exactly-once).
+    pub fn with_timeout(&self, timeout: Duration) -> Proclet<S> {
+        let mut p = self.clone();
+        p.timeout = Some(timeout);
+        p
+    }
+
+    /// The node the proclet lives on now.
+    pub fn location(&self) -> Result<NodeId, CallError> {
+        let node = node_or_current(&self.node)?;
+        if node.local_slot(self.id).is_some() {
+            return Ok(node.id);
+        }
+        if let Some(l) = node.cached_location(self.id) {
+            return Ok(l.node);
+        }
+        let n = node.clone();
+        let id = self.id;
+        let loc = node
+            .block(async move { n.controller.locate(id).await }, None)
+            .ok_or_else(|| CallError::Internal("interrupted".into()))??;
+        match loc {
+            Some((l, true)) => Ok(l.node),
+            Some((l, false)) => Err(CallError::NodeUnreachable {
+                node: l.node,
+                reason: "the controller declared it dead".into(),
+            }),
+            None => Err(CallError::ProcletGone(self.id)),
+        }
+    }
+
+    /// Run `f(&mut state, arg)` on the proclet, wherever it is, and return its result.
+    /// Calls with `&mut S` are serialized per proclet.
+    pub fn run<A, R, F>(&self, arg: A, f: F) -> Result<R, CallError>
+    where
+        A: Wire,
+        R: Wire,
+        F: Fn(&mut S, A) -> R + Send + Sync + 'static,
+    {
+        const {
+            assert!(
+                std::mem::size_of::<F>() == 0,
+                "a closure run on a proclet must capture nothing: pass what it needs in the argument"
+            )
+        };
+        let code = || shipping::code_ref(shipping::call_mut_desc::<F, S, A, R>());
+        self.call_sync(CallMode::Exclusive, arg, code, |g: &Guard, a: A| {
+            g.with_mut(|s| {
+                let s = s
+                    .downcast_mut::<S>()
+                    .ok_or_else(|| CallError::Internal("state type changed".into()))?;
+                catch_unwind(AssertUnwindSafe(|| f(s, a))).map_err(|p| CallError::RemotePanic {
+                    proclet: g.slot().id,
+                    message: panic_message(p),
+                })
+            })
+        })
+    }
+
+    /// Run `f(&state, arg)`: a read-only call. Read-only calls on a proclet run
+    /// concurrently with each other (never with a `run`).
+    pub fn run_ref<A, R, F>(&self, arg: A, f: F) -> Result<R, CallError>
+    where
+        A: Wire,
+        R: Wire,
+        F: Fn(&S, A) -> R + Send + Sync + 'static,
+    {
+        const {
+            assert!(
+                std::mem::size_of::<F>() == 0,
+                "a closure run on a proclet must capture nothing: pass what it needs in the argument"
+            )
+        };
+        let code = || shipping::code_ref(shipping::call_ref_desc::<F, S, A, R>());
+        self.call_sync(CallMode::Shared, arg, code, |g: &Guard, a: A| {
+            g.with_ref(|s| {
+                let s = s
+                    .downcast_ref::<S>()
+                    .ok_or_else(|| CallError::Internal("state type changed".into()))?;
+                catch_unwind(AssertUnwindSafe(|| f(s, a))).map_err(|p| CallError::RemotePanic {
+                    proclet: g.slot().id,
+                    message: panic_message(p),
+                })
+            })
+        })
+    }
+
+    /// [`Proclet::run`] as a future (runs on whatever executor polls it; a local proclet
+    /// is called inline, a remote one through the node's connections).
+    pub fn run_async<A, R, F>(
+        &self,
+        arg: A,
+        f: F,
+    ) -> impl Future<Output = Result<R, CallError>> + Send + 'static
+    where
+        A: Wire,
+        R: Wire,
+        F: Fn(&mut S, A) -> R + Send + Sync + 'static,
+    {
+        const {
+            assert!(
+                std::mem::size_of::<F>() == 0,
+                "a closure run on a proclet must capture nothing: pass what it needs in the argument"
+            )
+        };
+        let code = shipping::code_ref(shipping::call_mut_desc::<F, S, A, R>());
+        self.call_async(CallMode::Exclusive, arg, code, move |g: &Guard, a: A| {
+            g.with_mut(|s| {
+                let s = s
+                    .downcast_mut::<S>()
+                    .ok_or_else(|| CallError::Internal("state type changed".into()))?;
+                catch_unwind(AssertUnwindSafe(|| f(s, a))).map_err(|p| CallError::RemotePanic {
+                    proclet: g.slot().id,
+                    message: panic_message(p),
+                })
+            })
+        })
+    }
+
+    /// [`Proclet::run_ref`] as a future.
+    pub fn run_ref_async<A, R, F>(
+        &self,
+        arg: A,
+        f: F,
+    ) -> impl Future<Output = Result<R, CallError>> + Send + 'static
+    where
+        A: Wire,
+        R: Wire,
+        F: Fn(&S, A) -> R + Send + Sync + 'static,
+    {
+        const {
+            assert!(
+                std::mem::size_of::<F>() == 0,
+                "a closure run on a proclet must capture nothing: pass what it needs in the argument"
+            )
+        };
+        let code = shipping::code_ref(shipping::call_ref_desc::<F, S, A, R>());
+        self.call_async(CallMode::Shared, arg, code, move |g: &Guard, a: A| {
+            g.with_ref(|s| {
+                let s = s
+                    .downcast_ref::<S>()
+                    .ok_or_else(|| CallError::Internal("state type changed".into()))?;
+                catch_unwind(AssertUnwindSafe(|| f(s, a))).map_err(|p| CallError::RemotePanic {
+                    proclet: g.slot().id,
+                    message: panic_message(p),
+                })
+            })
+        })
+    }
+
+    /// Free the proclet everywhere. Calls waiting on it, and every later call through any
+    /// handle, fail with [`CallError::ProcletGone`].
+    pub fn destroy(&self) -> Result<(), CallError> {
+        let node = node_or_current(&self.node)?;
+        let n = node.clone();
+        let (id, hint, chain) = (self.id, self.hint.clone(), context::chain_for_call());
+        let deadline = self.timeout.map(|t| Instant::now() + t);
+        node.block(
+            async move { n.destroy(id, hint.as_ref(), chain).await },
+            deadline,
+        )
+        .unwrap_or(Err(CallError::Timeout(self.timeout.unwrap_or_default())))
+    }
+
+    /// The common synchronous path: local fast path (no encoding) or remote call.
+    fn call_sync<A, R>(
+        &self,
+        mode: CallMode,
+        arg: A,
+        code: impl Fn() -> granule_wire::CodeRef,
+        local: impl Fn(&Guard, A) -> Result<R, CallError>,
+    ) -> Result<R, CallError>
+    where
+        A: Wire,
+        R: Wire,
+    {
+        let tmp;
+        let node: &Arc<NodeInner> = match &self.node {
+            Some(n) if !n.is_stopped() => n,
+            _ => {
+                tmp = context::current_node().ok_or(CallError::NoCluster)?;
+                &tmp
+            }
+        };
+        let chain: ChainId = context::chain_for_call();
+        let deadline = self.timeout.map(|t| Instant::now() + t);
+        let timeout_err = || CallError::Timeout(self.timeout.unwrap_or_default());
+        let mut arg = ArgState::Value(arg);
+        loop {
+            if let Some(slot) = node.local_slot(self.id) {
+                let guard = match slot.lock(chain, mode) {
+                    Ok(TryLock::Granted(g)) => Some(g),
+                    Ok(TryLock::Wait(w)) => match node.block(w, deadline) {
+                        None => return Err(timeout_err()),
+                        Some(Ok(g)) => Some(g),
+                        Some(Err(e)) => match lock_error(self.id, e) {
+                            Some(err) => return Err(err),
+                            None => None,
+                        },
+                    },
+                    Err(e) => match lock_error(self.id, e) {
+                        Some(err) => return Err(err),
+                        None => None,
+                    },
+                };
+                if let Some(g) = guard {
+                    let _scope = context::ChainScope::enter(chain);
+                    let r = local(&g, arg.into_value()?);
+                    drop(g);
+                    node.calls_served.fetch_add(1, Ordering::Relaxed);
+                    return r;
+                }
+            }
+            let bytes = arg.bytes()?;
+            let fut = node.call_remote(self.id, self.hint.as_ref(), code(), mode, chain, bytes);
+            match node.block(fut, deadline) {
+                None => return Err(timeout_err()),
+                Some(Ok(Remote::Value(b))) => return decode(&b, "return value"),
+                Some(Ok(Remote::Local)) => continue,
+                Some(Err(e)) => return Err(e),
+            }
+        }
+    }
+
+    fn call_async<A, R, L>(
+        &self,
+        mode: CallMode,
+        arg: A,
+        code: granule_wire::CodeRef,
+        local: L,
+    ) -> impl Future<Output = Result<R, CallError>> + Send + 'static
+    where
+        A: Wire,
+        R: Wire,
+        L: Fn(&Guard, A) -> Result<R, CallError> + Send + 'static,
+    {
+        let node = node_or_current(&self.node);
+        let chain = context::chain_for_call();
+        let id = self.id;
+        let hint = self.hint.clone();
+        let timeout = self.timeout;
+        let sleep = match (&node, timeout) {
+            (Ok(n), Some(t)) => {
+                let _enter = n.handle.enter();
+                Some(tokio::time::sleep(t))
+            }
+            _ => None,
+        };
+        let work = async move {
+            let node = node?;
+            let mut arg = ArgState::Value(arg);
+            loop {
+                if let Some(slot) = node.local_slot(id) {
+                    let guard = match slot.acquire(chain, mode).await {
+                        Ok(g) => Some(g),
+                        Err(e) => match lock_error(id, e) {
+                            Some(err) => return Err(err),
+                            None => None,
+                        },
+                    };
+                    if let Some(g) = guard {
+                        let r = {
+                            let _scope = context::ChainScope::enter(chain);
+                            local(&g, arg.into_value()?)
+                        };
+                        drop(g);
+                        node.calls_served.fetch_add(1, Ordering::Relaxed);
+                        return r;
+                    }
+                }
+                let bytes = arg.bytes()?;
+                match node
+                    .call_remote(id, hint.as_ref(), code, mode, chain, bytes)
+                    .await?
+                {
+                    Remote::Value(b) => return decode(&b, "return value"),
+                    Remote::Local => continue,
+                }
+            }
+        };
+        async move {
+            match sleep {
+                None => work.await,
+                Some(sleep) => {
+                    tokio::select! {
+                        r = work => r,
+                        _ = sleep => Err(CallError::Timeout(timeout.unwrap_or_default())),
+                    }
+                }
+            }
+        }
+    }
+}

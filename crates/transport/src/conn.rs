@@ -1,0 +1,713 @@
+//! One TCP connection: handshake, request/response matching, coalesced writes, flow
+//! control and closing.
+
+use crate::handshake::{judge_hello, Identity};
+use crate::{Handler, TransportConfig, TransportError};
+use bytes::{Bytes, BytesMut};
+use granule_wire::{
+    decode_frame, encode_frame, encode_frame_with, peek_frame_len, Frame, FrameKind, Msg, NodeId,
+    RemoteError, Role, WireError,
+};
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+
+/// Id of the hello request on client connections (ids start at 1).
+const HELLO_ID: u64 = 1;
+/// Frames at least this big are written on their own instead of being copied into the
+/// coalescing buffer.
+const LARGE_FRAME: usize = 32 << 10;
+/// Upper bound of one coalesced write.
+const COALESCE_LIMIT: usize = 256 << 10;
+
+/// The other end of a connection, as established by the handshake.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    pub role: Role,
+    pub node: Option<NodeId>,
+    /// Both ends host proclets and run the identical binary: the peer may ship code.
+    pub verified: bool,
+    pub program: String,
+    pub addr: SocketAddr,
+}
+
+type Reply = oneshot::Sender<Result<Frame, TransportError>>;
+
+struct Pending {
+    map: HashMap<u64, Reply>,
+    closed: bool,
+}
+
+struct Outbox {
+    queue: VecDeque<Bytes>,
+    /// The writer task owns the socket's write side until it drains the queue.
+    writer_active: bool,
+    /// Close the connection once the queue is written (used after a refusal).
+    close_after: bool,
+    closed: bool,
+}
+
+/// A connection to another Granule process. Cheap to share (`Arc`); every method takes
+/// `&self` and may be called from any thread.
+pub struct Connection {
+    stream: TcpStream,
+    peer_addr: SocketAddr,
+    is_client: bool,
+    identity: Arc<Identity>,
+    config: Arc<TransportConfig>,
+    handler: Arc<dyn Handler>,
+    peer: OnceLock<PeerInfo>,
+    outbox: Mutex<Outbox>,
+    write_wake: Notify,
+    pending: Mutex<Pending>,
+    next_id: AtomicU64,
+    in_flight: Arc<Semaphore>,
+    incoming: Arc<Semaphore>,
+    closed: AtomicBool,
+    close_reason: Mutex<Option<String>>,
+    /// Set on client connections when the server refuses the hello.
+    refusal: Mutex<Option<TransportError>>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer_addr", &self.peer_addr)
+            .field("peer", &self.peer.get())
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+impl Connection {
+    fn new(
+        stream: TcpStream,
+        peer_addr: SocketAddr,
+        is_client: bool,
+        identity: Arc<Identity>,
+        config: Arc<TransportConfig>,
+        handler: Arc<dyn Handler>,
+    ) -> Arc<Self> {
+        let _ = stream.set_nodelay(true);
+        Arc::new(Connection {
+            stream,
+            peer_addr,
+            is_client,
+            in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
+            incoming: Arc::new(Semaphore::new(config.max_incoming)),
+            identity,
+            config,
+            handler,
+            peer: OnceLock::new(),
+            outbox: Mutex::new(Outbox {
+                queue: VecDeque::new(),
+                writer_active: false,
+                close_after: false,
+                closed: false,
+            }),
+            write_wake: Notify::new(),
+            pending: Mutex::new(Pending {
+                map: HashMap::new(),
+                closed: false,
+            }),
+            next_id: AtomicU64::new(HELLO_ID),
+            closed: AtomicBool::new(false),
+            close_reason: Mutex::new(None),
+            refusal: Mutex::new(None),
+        })
+    }
+
+    fn start(self: &Arc<Self>) {
+        tokio::spawn(self.clone().read_loop());
+        tokio::spawn(self.clone().write_loop());
+    }
+
+    /// Accept side: wrap an accepted socket; the peer must send a hello first.
+    pub(crate) fn accepted(
+        stream: TcpStream,
+        peer_addr: SocketAddr,
+        identity: Arc<Identity>,
+        config: Arc<TransportConfig>,
+        handler: Arc<dyn Handler>,
+    ) -> Arc<Self> {
+        let conn = Connection::new(stream, peer_addr, false, identity, config, handler);
+        conn.start();
+        let timeout = conn.config.handshake_timeout;
+        let watch = conn.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            if watch.peer.get().is_none() {
+                watch.close("no hello within the handshake timeout");
+            }
+        });
+        conn
+    }
+
+    /// Connect to `addr`, exchange hellos and return the ready connection.
+    pub async fn connect(
+        addr: &str,
+        identity: Arc<Identity>,
+        config: Arc<TransportConfig>,
+        handler: Arc<dyn Handler>,
+    ) -> Result<Arc<Connection>, TransportError> {
+        let timeout = config.handshake_timeout;
+        let connect_err = |reason: String| TransportError::Connect {
+            addr: addr.to_string(),
+            reason,
+        };
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(connect_err(e.to_string())),
+            Err(_) => return Err(connect_err(format!("no answer within {timeout:?}"))),
+        };
+        let peer_addr = stream.peer_addr().map_err(|e| connect_err(e.to_string()))?;
+        let conn = Connection::new(stream, peer_addr, true, identity.clone(), config, handler);
+        conn.start();
+        let hello = Msg::Hello {
+            role: identity.role,
+            node: identity.node,
+            binary: identity.binary,
+            program: identity.program.clone(),
+        };
+        let result = tokio::time::timeout(timeout, conn.request(&hello, &[])).await;
+        match result {
+            Err(_) => {
+                conn.close("handshake timed out");
+                Err(TransportError::HandshakeTimeout(addr.to_string()))
+            }
+            Ok(Err(e)) => {
+                conn.close("handshake failed");
+                Err(conn.refusal.lock().take().unwrap_or(e))
+            }
+            Ok(Ok(frame)) => {
+                if conn.peer.get().is_some() {
+                    return Ok(conn);
+                }
+                conn.close("handshake refused");
+                if let Some(e) = conn.refusal.lock().take() {
+                    return Err(e);
+                }
+                Err(match frame.msg {
+                    Msg::Error(RemoteError::Refused(m)) => {
+                        if m.contains("binary mismatch") {
+                            TransportError::BinaryMismatch(m)
+                        } else {
+                            TransportError::Refused(m)
+                        }
+                    }
+                    other => TransportError::Refused(format!(
+                        "{addr} answered the hello with {}",
+                        other.name()
+                    )),
+                })
+            }
+        }
+    }
+
+    /// The peer, once the handshake completed.
+    pub fn peer(&self) -> Option<&PeerInfo> {
+        self.peer.get()
+    }
+
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub fn close_reason(&self) -> Option<String> {
+        self.close_reason.lock().clone()
+    }
+
+    fn closed_error(&self) -> TransportError {
+        TransportError::Closed {
+            peer: self.peer_addr.to_string(),
+            reason: self.close_reason().unwrap_or_else(|| "closed".to_string()),
+        }
+    }
+
+    /// Send a request and wait for its response.
+    pub async fn request(
+        self: &Arc<Self>,
+        msg: &Msg,
+        tail: &[u8],
+    ) -> Result<Frame, TransportError> {
+        self.request_with(|id| encode_frame(FrameKind::Request, id, msg, tail))
+            .await
+    }
+
+    /// Send a request whose frame `build` encodes for the given request id (so a caller
+    /// can serialize its payload straight into the frame), and wait for its response.
+    pub async fn request_with<F>(self: &Arc<Self>, build: F) -> Result<Frame, TransportError>
+    where
+        F: FnOnce(u64) -> Result<Vec<u8>, WireError>,
+    {
+        let _permit = match self.in_flight.acquire().await {
+            Ok(p) => p,
+            Err(_) => return Err(self.closed_error()),
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut p = self.pending.lock();
+            if p.closed {
+                return Err(self.closed_error());
+            }
+            p.map.insert(id, tx);
+        }
+        let guard = PendingGuard { conn: self, id };
+        let bytes = build(id)?;
+        self.send_frame(bytes)?;
+        let out = rx.await;
+        drop(guard);
+        match out {
+            Ok(r) => r,
+            Err(_) => Err(self.closed_error()),
+        }
+    }
+
+    /// Send a one-way notification.
+    pub fn notify(self: &Arc<Self>, msg: &Msg, tail: &[u8]) -> Result<(), TransportError> {
+        let bytes = encode_frame(FrameKind::Notify, 0, msg, tail)?;
+        self.send_frame(bytes)
+    }
+
+    /// Queue an encoded frame. Written at once from this thread when the socket is idle;
+    /// otherwise it joins the queue the writer task is draining (and is coalesced with the
+    /// frames queued beside it).
+    pub fn send_frame(self: &Arc<Self>, frame: Vec<u8>) -> Result<(), TransportError> {
+        let mut ob = self.outbox.lock();
+        if ob.closed {
+            drop(ob);
+            return Err(self.closed_error());
+        }
+        if !ob.writer_active && ob.queue.is_empty() {
+            match self.stream.try_write(&frame) {
+                Ok(n) if n == frame.len() => return Ok(()),
+                Ok(n) => ob.queue.push_back(Bytes::from(frame).slice(n..)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    ob.queue.push_back(Bytes::from(frame))
+                }
+                Err(e) => {
+                    drop(ob);
+                    self.close(format!("write failed: {e}"));
+                    return Err(self.closed_error());
+                }
+            }
+        } else {
+            ob.queue.push_back(Bytes::from(frame));
+        }
+        if !ob.writer_active {
+            ob.writer_active = true;
+            drop(ob);
+            self.write_wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Queue a last frame and close the connection once it is written.
+    fn send_then_close(self: &Arc<Self>, frame: Vec<u8>, reason: &str) {
+        *self.close_reason.lock() = Some(reason.to_string());
+        {
+            let mut ob = self.outbox.lock();
+            ob.close_after = true;
+        }
+        if self.send_frame(frame).is_err() {
+            return;
+        }
+        let mut ob = self.outbox.lock();
+        if !ob.writer_active {
+            // Written directly: nothing left to flush. Wake the writer so it closes.
+            ob.writer_active = true;
+            drop(ob);
+            self.write_wake.notify_one();
+        }
+    }
+
+    /// Close the connection: fail every pending request, stop both tasks, shut the socket.
+    pub fn close(self: &Arc<Self>, reason: impl Into<String>) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        {
+            let mut r = self.close_reason.lock();
+            if r.is_none() {
+                *r = Some(reason.into());
+            }
+        }
+        let err = self.closed_error();
+        let waiters: Vec<Reply> = {
+            let mut p = self.pending.lock();
+            p.closed = true;
+            p.map.drain().map(|(_, tx)| tx).collect()
+        };
+        for tx in waiters {
+            let _ = tx.send(Err(err.clone()));
+        }
+        self.outbox.lock().closed = true;
+        self.in_flight.close();
+        let _ = socket2::SockRef::from(&self.stream).shutdown(std::net::Shutdown::Both);
+        self.write_wake.notify_one();
+        tracing::debug!(peer = %self.peer_addr, reason = ?self.close_reason(), "connection closed");
+        self.handler.on_close(self);
+    }
+
+    async fn write_loop(self: Arc<Self>) {
+        let mut scratch: Vec<u8> = Vec::with_capacity(COALESCE_LIMIT);
+        loop {
+            self.write_wake.notified().await;
+            loop {
+                let batch: Vec<Bytes> = {
+                    let mut ob = self.outbox.lock();
+                    if ob.closed {
+                        return;
+                    }
+                    if ob.queue.is_empty() {
+                        ob.writer_active = false;
+                        if ob.close_after {
+                            drop(ob);
+                            let reason = self.close_reason().unwrap_or_default();
+                            self.close(reason);
+                            return;
+                        }
+                        break;
+                    }
+                    ob.queue.drain(..).collect()
+                };
+                if let Err(e) = self.write_batch(&batch, &mut scratch).await {
+                    self.close(format!("write failed: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn write_batch(&self, batch: &[Bytes], scratch: &mut Vec<u8>) -> io::Result<()> {
+        scratch.clear();
+        for frame in batch {
+            if frame.len() >= LARGE_FRAME {
+                if !scratch.is_empty() {
+                    self.write_all(scratch).await?;
+                    scratch.clear();
+                }
+                self.write_all(frame).await?;
+            } else {
+                if scratch.len() + frame.len() > COALESCE_LIMIT {
+                    self.write_all(scratch).await?;
+                    scratch.clear();
+                }
+                scratch.extend_from_slice(frame);
+            }
+        }
+        if !scratch.is_empty() {
+            self.write_all(scratch).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            self.stream.writable().await?;
+            match self.stream.try_write(buf) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    async fn read_loop(self: Arc<Self>) {
+        let mut buf = BytesMut::with_capacity(64 << 10);
+        loop {
+            // Dispatch every complete frame in the buffer.
+            loop {
+                let max = if self.peer.get().is_some() {
+                    self.config.max_frame
+                } else {
+                    self.config.max_hello_frame
+                };
+                let total = match peek_frame_len(&buf, max) {
+                    Ok(Some(t)) => t,
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.close(format!("bad frame from peer: {e}"));
+                        return;
+                    }
+                };
+                if buf.len() < total {
+                    buf.reserve(total - buf.len());
+                    break;
+                }
+                let bytes = buf.split_to(total).freeze();
+                let frame = match decode_frame(bytes, max) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        self.close(format!("bad frame from peer: {e}"));
+                        return;
+                    }
+                };
+                if !self.dispatch(frame).await {
+                    return;
+                }
+            }
+            if buf.capacity() - buf.len() < 4096 {
+                buf.reserve(64 << 10);
+            }
+            if self.is_closed() {
+                return;
+            }
+            if let Err(e) = self.stream.readable().await {
+                self.close(format!("read failed: {e}"));
+                return;
+            }
+            match self.stream.try_read_buf(&mut buf) {
+                Ok(0) => {
+                    self.close("peer closed the connection");
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    self.close(format!("read failed: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Handle one frame; false means stop reading.
+    async fn dispatch(self: &Arc<Self>, frame: Frame) -> bool {
+        if self.peer.get().is_none() {
+            return self.handshake_frame(frame);
+        }
+        match frame.kind {
+            FrameKind::Response => {
+                let tx = self.pending.lock().map.remove(&frame.id);
+                if let Some(tx) = tx {
+                    let _ = tx.send(Ok(frame));
+                }
+                true
+            }
+            FrameKind::Request => {
+                if let Msg::Ping = frame.msg {
+                    if let Ok(bytes) = encode_frame(FrameKind::Response, frame.id, &Msg::Pong, &[])
+                    {
+                        let _ = self.send_frame(bytes);
+                    }
+                    return true;
+                }
+                let permit = match self.incoming.clone().acquire_owned().await {
+                    Ok(p) => p,
+                    Err(_) => return false,
+                };
+                let reply = Responder {
+                    conn: self.clone(),
+                    id: frame.id,
+                    done: false,
+                    _permit: permit,
+                };
+                self.handler.on_request(self, frame, reply);
+                true
+            }
+            FrameKind::Notify => {
+                self.handler.on_notify(self, frame);
+                true
+            }
+        }
+    }
+
+    /// Frames before the handshake completes.
+    fn handshake_frame(self: &Arc<Self>, frame: Frame) -> bool {
+        if self.is_client {
+            // The only thing a client expects before the handshake is the hello's answer.
+            if frame.kind == FrameKind::Response && frame.id == HELLO_ID {
+                if let Msg::HelloOk {
+                    role,
+                    node,
+                    binary,
+                    program,
+                    verified,
+                } = &frame.msg
+                {
+                    match judge_hello(&self.identity, *role, binary, program) {
+                        Ok(v) => {
+                            let _ = self.peer.set(PeerInfo {
+                                role: *role,
+                                node: *node,
+                                verified: v && *verified,
+                                program: program.clone(),
+                                addr: self.peer_addr,
+                            });
+                        }
+                        Err(m) => {
+                            *self.refusal.lock() = Some(TransportError::BinaryMismatch(m));
+                        }
+                    }
+                }
+                let tx = self.pending.lock().map.remove(&frame.id);
+                if let Some(tx) = tx {
+                    let _ = tx.send(Ok(frame));
+                }
+                return true;
+            }
+            self.close(format!(
+                "peer sent {} before answering the hello",
+                frame.msg.name()
+            ));
+            return false;
+        }
+        let Msg::Hello {
+            role,
+            node,
+            binary,
+            program,
+        } = &frame.msg
+        else {
+            let msg = Msg::Error(RemoteError::Unauthorized(
+                "the first frame on a connection must be a hello".into(),
+            ));
+            if let Ok(bytes) = encode_frame(FrameKind::Response, frame.id, &msg, &[]) {
+                self.send_then_close(bytes, "no hello");
+            } else {
+                self.close("no hello");
+            }
+            return false;
+        };
+        if frame.kind != FrameKind::Request {
+            self.close("hello must be a request");
+            return false;
+        }
+        match judge_hello(&self.identity, *role, binary, program) {
+            Ok(verified) => {
+                let _ = self.peer.set(PeerInfo {
+                    role: *role,
+                    node: *node,
+                    verified,
+                    program: program.clone(),
+                    addr: self.peer_addr,
+                });
+                let ok = Msg::HelloOk {
+                    role: self.identity.role,
+                    node: self.identity.node,
+                    binary: self.identity.binary,
+                    program: self.identity.program.clone(),
+                    verified,
+                };
+                match encode_frame(FrameKind::Response, frame.id, &ok, &[]) {
+                    Ok(bytes) => self.send_frame(bytes).is_ok(),
+                    Err(_) => false,
+                }
+            }
+            Err(explanation) => {
+                tracing::warn!(peer = %self.peer_addr, "{explanation}");
+                let msg = Msg::Error(RemoteError::Refused(explanation));
+                if let Ok(bytes) = encode_frame(FrameKind::Response, frame.id, &msg, &[]) {
+                    self.send_then_close(bytes, "binary mismatch");
+                } else {
+                    self.close("binary mismatch");
+                }
+                false
+            }
+        }
+    }
+}
+
+/// Removes a request's pending entry if its future is dropped before the response.
+struct PendingGuard<'a> {
+    conn: &'a Connection,
+    id: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.conn.pending.lock().map.remove(&self.id);
+    }
+}
+
+/// The right (and duty) to answer one incoming request. Dropping it unanswered sends an
+/// internal error, so the caller never waits forever.
+pub struct Responder {
+    conn: Arc<Connection>,
+    id: u64,
+    done: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Responder {
+    /// The connection the request came on.
+    pub fn connection(&self) -> &Arc<Connection> {
+        &self.conn
+    }
+
+    /// The peer that sent the request.
+    pub fn peer(&self) -> Option<&PeerInfo> {
+        self.conn.peer()
+    }
+
+    /// Id of the request (needed to encode a response frame by hand).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Answer with a complete, already encoded response frame (built with
+    /// `granule_wire::begin_frame(FrameKind::Response, self.id(), ..)`).
+    pub fn send_raw(mut self, frame: Vec<u8>) -> Result<(), TransportError> {
+        self.done = true;
+        self.conn.send_frame(frame)
+    }
+
+    /// Answer with a message and a raw tail.
+    pub fn send(mut self, msg: &Msg, tail: &[u8]) -> Result<(), TransportError> {
+        self.done = true;
+        let bytes = encode_frame(FrameKind::Response, self.id, msg, tail)?;
+        self.conn.send_frame(bytes)
+    }
+
+    /// Answer with a message whose tail `fill` appends to the frame. If `fill` fails, the
+    /// caller gets a decode error instead.
+    pub fn send_with(
+        mut self,
+        msg: &Msg,
+        tail_hint: usize,
+        fill: impl FnOnce(&mut Vec<u8>) -> Result<(), WireError>,
+    ) -> Result<(), TransportError> {
+        self.done = true;
+        match encode_frame_with(FrameKind::Response, self.id, msg, tail_hint, fill) {
+            Ok(bytes) => self.conn.send_frame(bytes),
+            Err(e) => {
+                let err = Msg::Error(RemoteError::Decode(format!(
+                    "cannot encode the response: {e}"
+                )));
+                let bytes = encode_frame(FrameKind::Response, self.id, &err, &[])?;
+                self.conn.send_frame(bytes)
+            }
+        }
+    }
+
+    /// Answer with an error.
+    pub fn error(self, e: RemoteError) {
+        let _ = self.send(&Msg::Error(e), &[]);
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        if !self.done {
+            let msg = Msg::Error(RemoteError::Internal(
+                "the request was dropped without an answer".into(),
+            ));
+            if let Ok(bytes) = encode_frame(FrameKind::Response, self.id, &msg, &[]) {
+                let _ = self.conn.send_frame(bytes);
+            }
+        }
+    }
+}

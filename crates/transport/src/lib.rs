@@ -1,0 +1,80 @@
+//! Granule's transport: TCP connections that carry framed requests, responses and
+//! notifications between Granule processes.
+//!
+//! This crate owns sockets and their life cycle: connecting and accepting, the hello
+//! handshake (including the identical-binary check between proclet hosts), request ids
+//! and matching responses to requests, coalescing small frames into larger writes,
+//! per-connection flow control (a limit on requests in flight in each direction) and
+//! closing. It does not interpret messages beyond the handshake: incoming requests are
+//! handed to a [`Handler`] supplied by the runtime or the controller.
+//!
+//! Threading: every connection has a reader task and a writer task on the tokio runtime it
+//! was created on. A frame is written straight from the sending thread when nothing is
+//! queued (no hand-off to another thread on the common path); while a write is in
+//! progress, later frames queue up and go out together in one vectored write.
+#![forbid(unsafe_code)]
+
+mod conn;
+mod error;
+mod handshake;
+mod server;
+
+pub use conn::{Connection, PeerInfo, Responder};
+pub use error::TransportError;
+pub use handshake::{judge_hello, Identity};
+pub use server::{serve, Listener};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Tunables of a connection.
+#[derive(Clone, Debug)]
+pub struct TransportConfig {
+    /// Largest frame accepted after the handshake.
+    pub max_frame: usize,
+    /// Largest frame accepted before the handshake completes (a hello is small; this
+    /// keeps a stranger from making us buffer a large claimed frame).
+    pub max_hello_frame: usize,
+    /// Outgoing requests that may await a response at once on one connection; further
+    /// requests wait for a slot.
+    pub max_in_flight: usize,
+    /// Incoming requests being served at once on one connection; beyond it the reader
+    /// stops reading, which pushes back on the sender through TCP.
+    pub max_incoming: usize,
+    /// Time allowed for connecting and for the hello exchange.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig {
+            max_frame: granule_wire::DEFAULT_MAX_FRAME,
+            max_hello_frame: 64 << 10,
+            max_in_flight: 4096,
+            max_incoming: 4096,
+            handshake_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Receives what a connection's peer sends that is not a response.
+///
+/// Called on the connection's reader task: implementations must not block. Work that can
+/// block (running a proclet's closure, calling other nodes) belongs in a spawned task that
+/// owns the [`Responder`].
+pub trait Handler: Send + Sync + 'static {
+    /// A request arrived; answer it through `reply` (dropping `reply` unanswered sends an
+    /// internal error to the caller, so a request never hangs).
+    fn on_request(&self, conn: &Arc<Connection>, frame: granule_wire::Frame, reply: Responder);
+
+    /// A one-way notification arrived.
+    fn on_notify(&self, conn: &Arc<Connection>, frame: granule_wire::Frame) {
+        let _ = (conn, frame);
+    }
+
+    /// The connection closed (either side, any reason). Pending requests have already
+    /// been failed.
+    fn on_close(&self, conn: &Arc<Connection>) {
+        let _ = conn;
+    }
+}

@@ -1,0 +1,246 @@
+//! The message vocabulary: every request, response and notification Granule processes
+//! exchange. One enum keeps the encoding in one place; which messages a peer may send is
+//! decided by the receiving side (runtime or controller), not here.
+
+use crate::types::{
+    BinaryHash, CallMode, ChainId, CodeRef, Epoch, Kind, Location, NodeId, NodeInfo, NodeSpec,
+    ProcletId, Role, Usage,
+};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// One message. Variants marked *tail* carry a raw byte tail after the encoded message.
+#[derive(Clone, PartialEq, Serialize, Deserialize, Debug)]
+pub enum Msg {
+    // ---- handshake: the first request on every connection ------------------------------
+    /// Opens a connection. Proclet hosts (driver, nodes) must present the hash of their
+    /// executable; a host only accepts code-carrying frames from peers whose hash equals
+    /// its own.
+    Hello {
+        role: Role,
+        node: Option<NodeId>,
+        binary: Option<BinaryHash>,
+        /// Human-readable program path, for error messages.
+        program: String,
+    },
+    /// Handshake accepted. `verified` says whether the peer may ship code.
+    HelloOk {
+        role: Role,
+        node: Option<NodeId>,
+        binary: Option<BinaryHash>,
+        program: String,
+        verified: bool,
+    },
+
+    // ---- liveness ----------------------------------------------------------------------
+    Ping,
+    Pong,
+
+    // ---- proclets, between hosts ------------------------------------------------------
+    /// Run shipped code on a proclet. *tail*: the encoded argument.
+    Call {
+        proclet: ProcletId,
+        code: CodeRef,
+        mode: CallMode,
+        chain: ChainId,
+    },
+    /// Construct a proclet here. `ctor` builds the state from the argument; `state`
+    /// describes the state type (for later moves). *tail*: the encoded constructor argument.
+    Create {
+        proclet: ProcletId,
+        kind: Kind,
+        ctor: CodeRef,
+        state: CodeRef,
+        epoch: Epoch,
+        chain: ChainId,
+        /// Whether the host must record the location at the controller itself
+        /// (false when the controller already recorded it during placement).
+        register: bool,
+    },
+    /// Free a proclet.
+    Destroy {
+        proclet: ProcletId,
+    },
+    /// Install a proclet moved from another node. *tail*: the encoded state.
+    Install {
+        proclet: ProcletId,
+        kind: Kind,
+        state: CodeRef,
+        epoch: Epoch,
+    },
+    /// Ask the host of a proclet to move it to another node (sent by the controller).
+    MoveOut {
+        proclet: ProcletId,
+        to: Location,
+    },
+    /// Generic success without a value.
+    Done,
+    /// Successful call. *tail*: the encoded return value.
+    Value,
+    /// A request failed on the remote side.
+    Error(RemoteError),
+
+    // ---- controller ------------------------------------------------------------------
+    /// Join the cluster (after Hello). Proclet hosts must send their binary hash.
+    Register {
+        role: Role,
+        spec: NodeSpec,
+        addr: String,
+        pid: u32,
+        binary: Option<BinaryHash>,
+        program: String,
+    },
+    Registered {
+        node: NodeId,
+        heartbeat_ms: u64,
+        failure_timeout_ms: u64,
+    },
+    Heartbeat {
+        node: NodeId,
+        usage: Usage,
+    },
+    /// Reply to a heartbeat: the controller's current membership version (a node refreshes
+    /// its peer list when it changes).
+    HeartbeatAck {
+        members_version: u64,
+    },
+    AllocIds {
+        count: u32,
+    },
+    IdBlock {
+        start: u64,
+        end: u64,
+    },
+    /// Choose a node for a new proclet and record its location (epoch 1).
+    Place {
+        proclet: ProcletId,
+        kind: Kind,
+        mem_hint: u64,
+    },
+    /// Record where a proclet is (creation on a named node, or the end of a move).
+    SetLocation {
+        proclet: ProcletId,
+        location: Location,
+        kind: Kind,
+    },
+    Locate {
+        proclet: ProcletId,
+    },
+    Located {
+        location: Location,
+        alive: bool,
+    },
+    /// Drop a destroyed proclet from the location map.
+    Forget {
+        proclet: ProcletId,
+    },
+    ListNodes,
+    Nodes(Vec<NodeInfo>),
+    /// Move a proclet to a node (admin API; the controller asks the host to do it).
+    MoveProclet {
+        proclet: ProcletId,
+        to: NodeId,
+    },
+    /// Controller → hosts: a node was declared dead.
+    NodeDown {
+        node: NodeId,
+    },
+    /// Controller → hosts: leave now (cluster shutting down, or you were declared dead).
+    Shutdown {
+        reason: String,
+    },
+}
+
+impl Msg {
+    /// Short name for logs and error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::Hello { .. } => "Hello",
+            Msg::HelloOk { .. } => "HelloOk",
+            Msg::Ping => "Ping",
+            Msg::Pong => "Pong",
+            Msg::Call { .. } => "Call",
+            Msg::Create { .. } => "Create",
+            Msg::Destroy { .. } => "Destroy",
+            Msg::Install { .. } => "Install",
+            Msg::MoveOut { .. } => "MoveOut",
+            Msg::Done => "Done",
+            Msg::Value => "Value",
+            Msg::Error(_) => "Error",
+            Msg::Register { .. } => "Register",
+            Msg::Registered { .. } => "Registered",
+            Msg::Heartbeat { .. } => "Heartbeat",
+            Msg::HeartbeatAck { .. } => "HeartbeatAck",
+            Msg::AllocIds { .. } => "AllocIds",
+            Msg::IdBlock { .. } => "IdBlock",
+            Msg::Place { .. } => "Place",
+            Msg::SetLocation { .. } => "SetLocation",
+            Msg::Locate { .. } => "Locate",
+            Msg::Located { .. } => "Located",
+            Msg::Forget { .. } => "Forget",
+            Msg::ListNodes => "ListNodes",
+            Msg::Nodes(_) => "Nodes",
+            Msg::MoveProclet { .. } => "MoveProclet",
+            Msg::NodeDown { .. } => "NodeDown",
+            Msg::Shutdown { .. } => "Shutdown",
+        }
+    }
+}
+
+/// Why a request failed on the remote side.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, Debug)]
+pub enum RemoteError {
+    /// The proclet is not hosted here (it moved, or the route was stale). `hint` is its
+    /// new location when this node knows it. The call did not run: retrying is safe.
+    NotHere { hint: Option<Location> },
+    /// The proclet was destroyed, or never existed.
+    Gone,
+    /// The proclet's node is known to be dead.
+    NodeDown(NodeId),
+    /// The shipped closure panicked; the message is the panic payload.
+    Panic(String),
+    /// An argument, state or return value could not be decoded.
+    Decode(String),
+    /// Shipped code failed a safety check (offset outside the code, fingerprint or state
+    /// type mismatch). The call did not run.
+    CodeMismatch(String),
+    /// The call would re-enter a proclet its own call chain already holds in a way that
+    /// can never be granted (it would deadlock). The call did not run.
+    Reentrant(ProcletId),
+    /// The peer may not do this (e.g. ship code without a verified binary).
+    Unauthorized(String),
+    /// The receiver refused the request (bad registration, binary mismatch, no capacity).
+    Refused(String),
+    /// The peer sent a message that makes no sense here.
+    Protocol(String),
+    /// Anything else that went wrong on the remote side.
+    Internal(String),
+}
+
+impl fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RemoteError::NotHere { hint: Some(l) } => {
+                write!(
+                    f,
+                    "proclet not here (now on {} at epoch {})",
+                    l.node, l.epoch
+                )
+            }
+            RemoteError::NotHere { hint: None } => write!(f, "proclet not here"),
+            RemoteError::Gone => write!(f, "proclet destroyed or unknown"),
+            RemoteError::NodeDown(n) => write!(f, "node {n} is down"),
+            RemoteError::Panic(m) => write!(f, "closure panicked: {m}"),
+            RemoteError::Decode(m) => write!(f, "decode failure: {m}"),
+            RemoteError::CodeMismatch(m) => write!(f, "shipped code refused: {m}"),
+            RemoteError::Reentrant(p) => write!(
+                f,
+                "call re-enters proclet {p} which its own call chain holds; it would deadlock"
+            ),
+            RemoteError::Unauthorized(m) => write!(f, "unauthorized: {m}"),
+            RemoteError::Refused(m) => write!(f, "refused: {m}"),
+            RemoteError::Protocol(m) => write!(f, "protocol error: {m}"),
+            RemoteError::Internal(m) => write!(f, "internal error: {m}"),
+        }
+    }
+}
