@@ -29,7 +29,7 @@ use granule_wire::RemoteError;
 use thiserror::Error;
 
 /// Errors talking to or running a controller.
-#[derive(Debug, Error, Clone, PartialEq)]
+#[derive(Debug, Error, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ControllerError {
     #[error("controller at {addr} is unreachable: {reason} (is it running? check GRANULE_CONTROLLER / --controller)")]
     Unreachable { addr: String, reason: String },

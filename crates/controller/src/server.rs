@@ -22,6 +22,8 @@ pub(crate) struct Inner {
     /// Which node a connection registered as (keyed by the connection's address in memory).
     by_conn: Mutex<HashMap<usize, NodeId>>,
     stop: Notify,
+    /// Set when the cluster is being torn down: node departures are expected then.
+    quiet: std::sync::atomic::AtomicBool,
 }
 
 fn conn_key(c: &Arc<Connection>) -> usize {
@@ -53,8 +55,13 @@ impl Inner {
             .iter()
             .map(|(k, v)| (*k, v.clone()))
             .collect();
+        let quiet = self.quiet.load(std::sync::atomic::Ordering::Relaxed);
         for n in &newly {
-            tracing::warn!(node = %n, "node declared dead: {why}");
+            if quiet {
+                tracing::debug!(node = %n, "node left during shutdown: {why}");
+            } else {
+                tracing::warn!(node = %n, "node declared dead: {why}");
+            }
             for (id, c) in &hosts {
                 if id == n {
                     let _ = c.notify(
@@ -304,8 +311,15 @@ impl ControllerHandle {
         self.addr
     }
 
+    /// The cluster is being torn down: nodes leaving from now on are expected, not
+    /// failures (logged at debug level only).
+    pub fn quiesce(&self) {
+        self.inner.quiet.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Tell every host to leave, then stop serving.
     pub fn shutdown(&mut self) {
+        self.quiesce();
         let hosts: Vec<Arc<Connection>> = self.inner.hosts.lock().values().cloned().collect();
         for c in hosts {
             let _ = c.notify(
@@ -341,6 +355,7 @@ fn new_inner(config: ControllerConfig) -> Arc<Inner> {
         hosts: Mutex::new(HashMap::new()),
         by_conn: Mutex::new(HashMap::new()),
         stop: Notify::new(),
+        quiet: std::sync::atomic::AtomicBool::new(false),
     })
 }
 

@@ -9,7 +9,10 @@
 //! - **hybrid** proclets go to the node with the largest sum of both, each as a fraction of
 //!   the node's spec.
 //!
-//! Ties go to the node hosting fewer proclets of that kind, then to the lower node id.
+//! Nodes close to the best (within 0.25 idle cores, 5 % of the largest node's memory, or
+//! 0.1 for hybrid scores) count as equally good; among them the node hosting the fewest
+//! proclets of that kind wins, then the better score, then the lower node id. So
+//! proclets whose size is unknown spread evenly over similar nodes.
 //! Only alive nodes are candidates, and the driver only when no other node is alive (it
 //! runs the application's own thread; a proclet can still be put there by naming it).
 
@@ -22,6 +25,13 @@ use std::time::{Duration, Instant};
 
 /// Cores assumed taken by each compute proclet placed since a node's last heartbeat.
 const PROVISIONAL_CORES: f64 = 0.25;
+/// Nodes within this many idle cores of the best count as equally good for compute.
+const COMPUTE_SLACK: f64 = 0.25;
+/// Nodes within this fraction of the largest node's memory of the best count as equally
+/// good for memory.
+const MEMORY_SLACK: f64 = 0.05;
+/// Same for hybrid scores (a sum of two fractions).
+const HYBRID_SLACK: f64 = 0.1;
 
 /// Tunables.
 #[derive(Clone, Debug)]
@@ -197,15 +207,33 @@ impl State {
                 Kind::Hybrid => idle / spec.cores + free / spec.mem_bytes as f64,
             }
         };
-        let best = self
+        let candidates: Vec<&NodeEntry> = self
             .alive()
             .filter(|e| !any_node || e.info.role == Role::Node)
-            .max_by(|a, b| {
-                score(a)
-                    .partial_cmp(&score(b))
-                    .unwrap_or(std::cmp::Ordering::Equal)
-                    .then(b.placed[kind.index()].cmp(&a.placed[kind.index()]))
-                    .then(b.info.id.cmp(&a.info.id))
+            .collect();
+        let top = candidates
+            .iter()
+            .map(|e| score(e))
+            .fold(f64::NEG_INFINITY, f64::max);
+        let slack = match kind {
+            Kind::Compute => COMPUTE_SLACK,
+            Kind::Memory => {
+                MEMORY_SLACK
+                    * candidates
+                        .iter()
+                        .map(|e| e.info.spec.mem_bytes as f64)
+                        .fold(0.0, f64::max)
+            }
+            Kind::Hybrid => HYBRID_SLACK,
+        };
+        let best = candidates
+            .iter()
+            .filter(|e| score(e) >= top - slack)
+            .min_by(|a, b| {
+                a.placed[kind.index()]
+                    .cmp(&b.placed[kind.index()])
+                    .then(score(b).partial_cmp(&score(a)).unwrap_or(std::cmp::Ordering::Equal))
+                    .then(a.info.id.cmp(&b.info.id))
             })?
             .info
             .id;

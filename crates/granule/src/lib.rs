@@ -27,7 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub use granule_runtime::{
-    binary_hash, config, init_logging, run, run_node, CallError, Cluster, ClusterBuilder,
+    binary_hash, block_on, config, here, init_logging, run, run_node, CallError, Cluster, ClusterBuilder,
     ClusterConfig, ClusterError, Kind, NodeArgs, NodeId, NodeInfo, NodeSpec, NodeState, Proclet,
     ProcletBuilder, ProcletId, ProcletState, Wire,
 };

@@ -324,6 +324,9 @@ impl Cluster {
     }
 
     fn stop(&mut self) {
+        if let Some(c) = &self.controller {
+            c.quiesce();
+        }
         let mut sp = self.spawned.lock();
         if let Some(pg) = self.pgid.take() {
             let _ = killpg(pg, Signal::SIGKILL);

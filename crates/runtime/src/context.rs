@@ -238,3 +238,22 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(30));
     }
 }
+
+/// The node the calling code runs on: inside a closure, the proclet's node; on the
+/// driver's threads, the driver. `None` outside any cluster.
+pub fn here() -> Option<granule_wire::NodeId> {
+    current_node().map(|n| n.id)
+}
+
+/// Wait for a future from synchronous code, Granule's way: inside a closure running on
+/// a node, the worker's core is handed to another thread while waiting, so nested calls
+/// (including ones back to this node) keep being served. Use it instead of other
+/// executors' `block_on` inside closures.
+pub fn block_on_public<F: Future>(fut: F) -> F::Output {
+    let node = current_node();
+    let _enter = node.as_ref().map(|n| n.handle.enter());
+    match block_on(fut, None) {
+        Some(v) => v,
+        None => unreachable!("block_on without a deadline always completes"),
+    }
+}

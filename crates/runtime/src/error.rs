@@ -3,15 +3,17 @@
 use granule_controller::ControllerError;
 use granule_wire::{NodeId, ProcletId, RemoteError};
 use std::time::Duration;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// Why a proclet call (or creation, or destroy) failed.
+/// Why a proclet call (or creation, or destroy) failed. Serializable, so a closure can
+/// return the outcome of a nested call to its own caller.
 ///
 /// Calls are at-most-once: an error never means the closure ran twice, and the runtime
 /// only retries a call when the remote side proved it did not run it (a stale location).
 /// After [`CallError::NodeUnreachable`] or [`CallError::Timeout`] the closure may or may
 /// not have run.
-#[derive(Debug, Error, Clone, PartialEq)]
+#[derive(Debug, Error, Clone, PartialEq, Serialize, Deserialize)]
 pub enum CallError {
     /// The proclet was destroyed (or never existed).
     #[error("proclet {0} is gone (destroyed or never created)")]

@@ -16,6 +16,7 @@
 #![deny(unsafe_code)]
 
 mod boot;
+mod busy;
 mod cluster;
 pub mod config;
 mod context;
@@ -29,6 +30,7 @@ mod usage;
 pub use boot::{init_logging, run_node, NodeArgs};
 pub use cluster::{run, Cluster, ClusterBuilder};
 pub use config::ClusterConfig;
+pub use context::{block_on_public as block_on, here};
 pub use error::{CallError, ClusterError};
 pub use granule_wire::{Kind, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId};
 pub use proclet::{Proclet, ProcletBuilder, ProcletState, Wire};

@@ -14,6 +14,7 @@
 //!   separate so a node whose cores are saturated by long closures still heartbeats and is
 //!   not declared dead.
 
+use crate::busy::BusyBoard;
 use crate::context::{self, NodeCell};
 use crate::error::{CallError, ClusterError};
 use crate::shipping::{self, Descriptor, Entry, ErasedState, Expect};
@@ -96,6 +97,8 @@ pub(crate) struct NodeInner {
     stopped: AtomicBool,
     shutdown: (Mutex<Option<String>>, Condvar),
     handler: Arc<NodeHandler>,
+    /// Which workers are inside closures (for the I/O watchdog).
+    pub(crate) busy: Arc<BusyBoard>,
 }
 
 /// Owns a node's runtimes; stopping it stops the node.
@@ -115,6 +118,8 @@ impl Node {
         let cell: Arc<NodeCell> = Arc::new(OnceLock::new());
         let workers_n = (opts.spec.cores.ceil() as usize).max(1);
         let wcell = cell.clone();
+        let busy = Arc::new(BusyBoard::new());
+        let wbusy = busy.clone();
         let workers = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers_n)
             .thread_name("granule-worker")
@@ -122,6 +127,7 @@ impl Node {
             .on_thread_start(move || {
                 context::mark_worker();
                 context::set_thread_node(&wcell);
+                wbusy.register_thread();
             })
             .build()
             .map_err(|e| io_err("cannot start the worker runtime", e))?;
@@ -207,6 +213,7 @@ impl Node {
             stopped: AtomicBool::new(false),
             shutdown: (Mutex::new(None), Condvar::new()),
             handler: handler.clone(),
+            busy,
         });
         let _ = cell.set(Arc::downgrade(&inner));
 
@@ -214,6 +221,12 @@ impl Node {
         let tconfig = inner.tconfig.clone();
         workers.spawn(serve(listener, identity, tconfig, h));
         control.spawn(heartbeat_loop(inner.clone(), reg.heartbeat));
+        let weak = Arc::downgrade(&inner);
+        control.spawn(crate::busy::watchdog(
+            inner.busy.clone(),
+            workers.handle().clone(),
+            move || weak.upgrade().is_none_or(|n| n.is_stopped()),
+        ));
         tracing::info!(node = %inner.id, role = ?inner.role, addr = %inner.addr, "node started");
         Ok(Node {
             inner,
@@ -291,7 +304,12 @@ impl NodeInner {
         let mut r = self.shutdown.0.lock();
         if r.is_none() {
             if self.role == Role::Node && reason != "stopped" {
-                tracing::warn!(node = %self.id, "leaving the cluster: {reason}");
+                // Normal at the end of a run (the driver went away); a warning otherwise.
+                if reason.contains("shutting down") || reason.contains("lost the controller") {
+                    tracing::info!(node = %self.id, "leaving the cluster: {reason}");
+                } else {
+                    tracing::warn!(node = %self.id, "leaving the cluster: {reason}");
+                }
             }
             *r = Some(reason);
             self.shutdown.1.notify_all();
@@ -876,6 +894,7 @@ impl NodeInner {
         };
         let result = {
             let _scope = context::ChainScope::enter(chain);
+            let _busy = self.busy.enter();
             match desc.entry {
                 Entry::CallMut(f) => guard.with_mut(|s| f(s, &frame.tail, &mut buf)),
                 Entry::CallRef(f) => guard.with_ref(|s| f(s, &frame.tail, &mut buf)),
@@ -919,6 +938,7 @@ impl NodeInner {
         };
         let s = {
             let _scope = context::ChainScope::enter(chain);
+            let _busy = self.busy.enter();
             build(&frame.tail)?
         };
         self.install(proclet, kind, state, epoch, s);

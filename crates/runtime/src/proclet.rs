@@ -147,10 +147,14 @@ pub struct ProcletBuilder<S> {
     _state: PhantomData<fn() -> S>,
 }
 
+/// The node a handle acts through: the one it was made or received on, else the calling
+/// thread's. A handle whose cluster has shut down fails with `NoCluster` (it must not
+/// silently act through another cluster, whose ids mean other proclets).
 fn node_or_current(node: &Option<Arc<NodeInner>>) -> Result<Arc<NodeInner>, CallError> {
     match node {
         Some(n) if !n.is_stopped() => Ok(n.clone()),
-        _ => context::current_node().ok_or(CallError::NoCluster),
+        Some(_) => Err(CallError::NoCluster),
+        None => context::current_node().ok_or(CallError::NoCluster),
     }
 }
 
@@ -533,7 +537,8 @@ impl<S: ProcletState> Proclet<S> {
         let tmp;
         let node: &Arc<NodeInner> = match &self.node {
             Some(n) if !n.is_stopped() => n,
-            _ => {
+            Some(_) => return Err(CallError::NoCluster),
+            None => {
                 tmp = context::current_node().ok_or(CallError::NoCluster)?;
                 &tmp
             }

@@ -45,8 +45,10 @@ struct Pending {
 
 struct Outbox {
     queue: VecDeque<Bytes>,
-    /// The writer task owns the socket's write side until it drains the queue.
-    writer_active: bool,
+    /// The writer task is writing a batch it took from the queue: nobody else may write.
+    writing: bool,
+    /// The writer task has been woken and will drain the queue soon.
+    scheduled: bool,
     /// Close the connection once the queue is written (used after a refusal).
     close_after: bool,
     closed: bool,
@@ -106,7 +108,8 @@ impl Connection {
             peer: OnceLock::new(),
             outbox: Mutex::new(Outbox {
                 queue: VecDeque::new(),
-                writer_active: false,
+                writing: false,
+                scheduled: false,
                 close_after: false,
                 closed: false,
             }),
@@ -264,7 +267,8 @@ impl Connection {
         }
         let guard = PendingGuard { conn: self, id };
         let bytes = build(id)?;
-        self.send_frame(bytes)?;
+        let defer = self.outgoing_in_flight() > 1;
+        self.send_frame_with(bytes, defer)?;
         let out = rx.await;
         drop(guard);
         match out {
@@ -279,37 +283,74 @@ impl Connection {
         self.send_frame(bytes)
     }
 
-    /// Queue an encoded frame. Written at once from this thread when the socket is idle;
-    /// otherwise it joins the queue the writer task is draining (and is coalesced with the
-    /// frames queued beside it).
+    /// Send an encoded frame now: written straight from this thread when the writer task
+    /// is not in the middle of a write (together with anything queued before it, in
+    /// order); otherwise queued for the writer.
     pub fn send_frame(self: &Arc<Self>, frame: Vec<u8>) -> Result<(), TransportError> {
+        self.send_frame_with(frame, false)
+    }
+
+    /// Send an encoded frame; with `defer`, queue it for the writer task even if the
+    /// socket is idle. Senders defer when more frames are about to follow on this
+    /// connection (other requests in flight, other incoming requests still being served),
+    /// so those frames leave together in one write instead of one system call each.
+    pub fn send_frame_with(self: &Arc<Self>, frame: Vec<u8>, defer: bool) -> Result<(), TransportError> {
         let mut ob = self.outbox.lock();
         if ob.closed {
             drop(ob);
             return Err(self.closed_error());
         }
-        if !ob.writer_active && ob.queue.is_empty() {
-            match self.stream.try_write(&frame) {
-                Ok(n) if n == frame.len() => return Ok(()),
-                Ok(n) => ob.queue.push_back(Bytes::from(frame).slice(n..)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    ob.queue.push_back(Bytes::from(frame))
-                }
-                Err(e) => {
-                    drop(ob);
-                    self.close(format!("write failed: {e}"));
-                    return Err(self.closed_error());
-                }
-            }
-        } else {
+        if defer || ob.writing {
             ob.queue.push_back(Bytes::from(frame));
+            if !ob.writing && !ob.scheduled {
+                ob.scheduled = true;
+                drop(ob);
+                self.write_wake.notify_one();
+            }
+            return Ok(());
         }
-        if !ob.writer_active {
-            ob.writer_active = true;
+        // Direct write: whatever is queued first, then this frame, in one buffer.
+        let data: Bytes = if ob.queue.is_empty() {
+            Bytes::from(frame)
+        } else {
+            let mut all = Vec::with_capacity(ob.queue.iter().map(|b| b.len()).sum::<usize>() + frame.len());
+            for b in ob.queue.drain(..) {
+                all.extend_from_slice(&b);
+            }
+            all.extend_from_slice(&frame);
+            Bytes::from(all)
+        };
+        let rest = match self.stream.try_write(&data) {
+            Ok(n) if n == data.len() => return Ok(()),
+            Ok(n) => data.slice(n..),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => data,
+            Err(e) => {
+                drop(ob);
+                self.close(format!("write failed: {e}"));
+                return Err(self.closed_error());
+            }
+        };
+        ob.queue.push_front(rest);
+        if !ob.scheduled {
+            ob.scheduled = true;
             drop(ob);
             self.write_wake.notify_one();
         }
         Ok(())
+    }
+
+    /// Requests of ours awaiting a response on this connection.
+    fn outgoing_in_flight(&self) -> usize {
+        self.config
+            .max_in_flight
+            .saturating_sub(self.in_flight.available_permits())
+    }
+
+    /// Incoming requests being served on this connection.
+    fn incoming_in_service(&self) -> usize {
+        self.config
+            .max_incoming
+            .saturating_sub(self.incoming.available_permits())
     }
 
     /// Queue a last frame and close the connection once it is written.
@@ -323,9 +364,9 @@ impl Connection {
             return;
         }
         let mut ob = self.outbox.lock();
-        if !ob.writer_active {
-            // Written directly: nothing left to flush. Wake the writer so it closes.
-            ob.writer_active = true;
+        if !ob.scheduled && !ob.writing {
+            // Nothing left for the writer but the close itself.
+            ob.scheduled = true;
             drop(ob);
             self.write_wake.notify_one();
         }
@@ -363,14 +404,18 @@ impl Connection {
         let mut scratch: Vec<u8> = Vec::with_capacity(COALESCE_LIMIT);
         loop {
             self.write_wake.notified().await;
+            // Let the tasks that are ready right now (typically the other calls of the
+            // batch just read) add their frames first: they then leave in one write.
+            tokio::task::yield_now().await;
             loop {
                 let batch: Vec<Bytes> = {
                     let mut ob = self.outbox.lock();
+                    ob.writing = false;
                     if ob.closed {
                         return;
                     }
                     if ob.queue.is_empty() {
-                        ob.writer_active = false;
+                        ob.scheduled = false;
                         if ob.close_after {
                             drop(ob);
                             let reason = self.close_reason().unwrap_or_default();
@@ -379,6 +424,8 @@ impl Connection {
                         }
                         break;
                     }
+                    ob.writing = true;
+                    ob.scheduled = false;
                     ob.queue.drain(..).collect()
                 };
                 if let Err(e) = self.write_batch(&batch, &mut scratch).await {
@@ -662,14 +709,16 @@ impl Responder {
     /// `granule_wire::begin_frame(FrameKind::Response, self.id(), ..)`).
     pub fn send_raw(mut self, frame: Vec<u8>) -> Result<(), TransportError> {
         self.done = true;
-        self.conn.send_frame(frame)
+        let defer = self.conn.incoming_in_service() > 1;
+        self.conn.send_frame_with(frame, defer)
     }
 
     /// Answer with a message and a raw tail.
     pub fn send(mut self, msg: &Msg, tail: &[u8]) -> Result<(), TransportError> {
         self.done = true;
         let bytes = encode_frame(FrameKind::Response, self.id, msg, tail)?;
-        self.conn.send_frame(bytes)
+        let defer = self.conn.incoming_in_service() > 1;
+        self.conn.send_frame_with(bytes, defer)
     }
 
     /// Answer with a message whose tail `fill` appends to the frame. If `fill` fails, the

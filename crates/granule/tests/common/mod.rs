@@ -1,0 +1,53 @@
+//! Helpers shared by the multi-process integration tests.
+#![allow(dead_code)]
+
+use granule::{Cluster, NodeId};
+use std::time::Duration;
+
+/// Run `f` on its own thread and fail (instead of hanging) if it takes longer than
+/// `limit`. The cluster must be started inside `f`: a cluster belongs to the thread that
+/// started it.
+pub fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => {
+            let _ = h.join();
+            v
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match h.join() {
+            Err(p) => std::panic::resume_unwind(p),
+            Ok(()) => panic!("test body ended without a result"),
+        },
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("test exceeded {limit:?}: probable hang or deadlock")
+        }
+    }
+}
+
+/// A cluster with `n` node processes of the given spec (plus the driver).
+pub fn cluster(n: usize, spec: &str) -> (Cluster, Vec<NodeId>) {
+    let specs = vec![spec; n].join(";");
+    let c = Cluster::builder()
+        .nodes(&specs)
+        .expect("node specs")
+        .failure_timeout(Duration::from_millis(1000))
+        .start()
+        .expect("cluster starts");
+    let workers = c.worker_nodes().expect("nodes");
+    assert_eq!(workers.len(), n);
+    (c, workers)
+}
+
+/// Whether a process is gone (or a zombie nobody reaped yet).
+pub fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+    }
+}
