@@ -1,1 +1,46 @@
-//! placeholder
+//! Granule's benchmarks, run by `granule bench NAME [--quick] [--out DIR]`.
+//!
+//! This crate owns the measurement code: workloads, the baselines measured beside
+//! Granule in the same run (plain function calls, raw TCP), repetitions and medians, and
+//! the reports (`DIR/NAME/results.csv`, `results.md`, `plot.png`, `summary.json`, written
+//! with `granule-report`). It changes nothing in the system it measures. `--quick` runs the
+//! same code for a few seconds, as a smoke test (CI runs those).
+#![forbid(unsafe_code)]
+
+pub mod controller;
+pub mod invoke;
+pub mod work;
+
+use std::path::{Path, PathBuf};
+
+/// Options every benchmark takes.
+#[derive(Clone, Debug)]
+pub struct BenchOpts {
+    /// Seconds-long smoke run instead of the full measurement.
+    pub quick: bool,
+    /// Reports go to `out/NAME/`.
+    pub out: PathBuf,
+}
+
+/// Names `granule bench` accepts, with a one-line description.
+pub const BENCHMARKS: &[(&str, &str)] = &[
+    ("invoke", "proclet call throughput and latency vs work per call: local, remote, plain function, raw TCP"),
+    ("controller", "location resolutions/s and registrations/s one controller sustains"),
+];
+
+/// Run the benchmark `name`; returns the directory the report was written to.
+pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
+    match name {
+        "invoke" => invoke::run(opts),
+        "controller" => controller::run(opts),
+        other => anyhow::bail!(
+            "unknown benchmark '{other}'; known: {}",
+            BENCHMARKS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
+/// `out/name`, for benchmarks that want to mention it.
+pub fn report_dir(out: &Path, name: &str) -> PathBuf {
+    out.join(name)
+}

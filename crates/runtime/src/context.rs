@@ -64,13 +64,16 @@ pub(crate) fn chain_for_call() -> ChainId {
     current_chain().unwrap_or_else(new_chain)
 }
 
-/// Sets the current chain (and node) while a closure runs; restores on drop.
+/// Sets the current chain while a closure runs; restores on drop. Also marks the thread
+/// as running a shipped closure, so the panic hook reports a panic there in one line (it
+/// becomes the caller's `RemotePanic`) instead of a backtrace on the node's stderr.
 pub(crate) struct ChainScope {
     prev: ChainId,
 }
 
 impl ChainScope {
     pub(crate) fn enter(chain: ChainId) -> ChainScope {
+        IN_CLOSURE.with(|d| d.set(d.get() + 1));
         ChainScope {
             prev: CHAIN.with(|c| c.replace(chain)),
         }
@@ -80,7 +83,38 @@ impl ChainScope {
 impl Drop for ChainScope {
     fn drop(&mut self) {
         CHAIN.with(|c| c.set(self.prev));
+        IN_CLOSURE.with(|d| d.set(d.get().saturating_sub(1)));
     }
+}
+
+thread_local! {
+    static IN_CLOSURE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Install (once per process) a panic hook that reports panics inside shipped closures
+/// as one log line; other panics go to the previous hook unchanged.
+pub(crate) fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if IN_CLOSURE.with(|d| d.get()) > 0 {
+                let msg = info
+                    .payload()
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                let at = info
+                    .location()
+                    .map(|l| format!("{}:{}", l.file(), l.line()))
+                    .unwrap_or_default();
+                tracing::warn!("a closure panicked at {at}: {msg} (returned to its caller as RemotePanic)");
+            } else {
+                prev(info);
+            }
+        }));
+    });
 }
 
 /// A node's identity cell: filled once the node has registered. Worker threads are

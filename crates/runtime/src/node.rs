@@ -115,6 +115,7 @@ fn io_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
 impl Node {
     /// Start a node: runtimes, listener, registration with the controller, heartbeats.
     pub(crate) fn start(opts: NodeOptions) -> Result<Node, ClusterError> {
+        context::install_panic_hook();
         let cell: Arc<NodeCell> = Arc::new(OnceLock::new());
         let workers_n = (opts.spec.cores.ceil() as usize).max(1);
         let wcell = cell.clone();

@@ -176,18 +176,16 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, CallError>
     })
 }
 
-fn run_ctor<S, A, F>(ctor: &F, arg: A, on: NodeId) -> Result<Box<ErasedState>, CallError>
+fn run_ctor<S, A, F>(ctor: &F, arg: A, id: ProcletId) -> Result<Box<ErasedState>, CallError>
 where
     S: ProcletState,
     F: Fn(A) -> S,
 {
     catch_unwind(AssertUnwindSafe(|| ctor(arg)))
         .map(|s| Box::new(s) as Box<ErasedState>)
-        .map_err(|p| {
-            CallError::Internal(format!(
-                "the constructor panicked on {on}: {}",
-                panic_message(p)
-            ))
+        .map_err(|p| CallError::RemotePanic {
+            proclet: id,
+            message: format!("the constructor panicked: {}", panic_message(p)),
         })
 }
 
@@ -265,7 +263,7 @@ where
     let result = if new.loc.node == node.id {
         let built = {
             let _scope = context::ChainScope::enter(context::chain_for_call());
-            run_ctor(&ctor, arg, node.id)
+            run_ctor(&ctor, arg, new.id)
         };
         match built {
             Ok(s) => node.create_here(&new, state_desc, s).await,

@@ -1,0 +1,159 @@
+//! The `granule` command: the demo, benchmarks, a standalone controller, a node that
+//! joins a cluster, and a status view.
+//!
+//! This crate owns argument parsing and presentation only; everything it runs lives in
+//! the library crates. Like every Granule application, this binary can also act as a
+//! node: the driver it starts for `demo` and `bench` spawns copies of it.
+
+mod demo;
+mod status;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "granule",
+    version,
+    about = "Granule: one program over many machines, in proclets that move to where CPU and memory are free"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the demo on the embedded local cluster (3 node processes by default;
+    /// GRANULE_NODES overrides, GRANULE_CONTROLLER joins an existing cluster).
+    Demo {
+        /// Seconds spent measuring each call rate.
+        #[arg(long, default_value_t = 0.5)]
+        seconds: f64,
+    },
+    /// Run a benchmark and write DIR/NAME/{results.csv,results.md,plot.png,summary.json}.
+    Bench {
+        /// Benchmark name, or `all`; omit to list them.
+        name: Option<String>,
+        /// A seconds-long smoke run of the same code.
+        #[arg(long)]
+        quick: bool,
+        /// Where reports go.
+        #[arg(long, default_value = "docs/results")]
+        out: PathBuf,
+    },
+    /// Run a standalone controller (for clusters spanning machines).
+    Controller {
+        /// Address to listen on.
+        #[arg(long, default_value = "0.0.0.0:7070")]
+        listen: String,
+        /// Silence after which a node is declared dead.
+        #[arg(long, default_value = "1s")]
+        failure_timeout: String,
+        /// Heartbeat interval nodes are told to use.
+        #[arg(long, default_value = "100ms")]
+        heartbeat: String,
+    },
+    /// Join a cluster as a node. Must be the same executable as the cluster's driver.
+    Node {
+        /// The controller (host:port).
+        #[arg(long, env = "GRANULE_CONTROLLER")]
+        controller: String,
+        /// Cores this node offers.
+        #[arg(long, default_value_t = 1.0)]
+        cpu: f64,
+        /// Memory this node offers (e.g. 512MiB, 2GiB).
+        #[arg(long, default_value = "1GiB")]
+        mem: String,
+        /// Address to listen on for other nodes (the port is chosen freely).
+        #[arg(long, default_value = "127.0.0.1")]
+        listen_host: String,
+    },
+    /// Show the nodes of a running cluster.
+    Status {
+        /// The controller (host:port).
+        #[arg(long, env = "GRANULE_CONTROLLER")]
+        controller: String,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("granule: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.cmd {
+        Cmd::Demo { seconds } => demo::run(seconds),
+        Cmd::Bench { name, quick, out } => bench(name, quick, out),
+        Cmd::Controller {
+            listen,
+            failure_timeout,
+            heartbeat,
+        } => {
+            granule::init_logging();
+            let config = granule_controller::ControllerConfig {
+                failure_timeout: granule::config::parse_duration(&failure_timeout)
+                    .map_err(anyhow::Error::msg)
+                    .context("--failure-timeout")?,
+                heartbeat: granule::config::parse_duration(&heartbeat)
+                    .map_err(anyhow::Error::msg)
+                    .context("--heartbeat")?,
+                ..Default::default()
+            };
+            if config.heartbeat.is_zero() || config.heartbeat >= config.failure_timeout {
+                anyhow::bail!("--heartbeat must be shorter than --failure-timeout");
+            }
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(granule_controller::run_standalone(&listen, config))?;
+            Ok(())
+        }
+        Cmd::Node {
+            controller,
+            cpu,
+            mem,
+            listen_host,
+        } => {
+            let spec = granule::config::parse_spec(&format!("cpu={cpu},mem={mem}"))
+                .map_err(anyhow::Error::msg)?;
+            let reason = granule::run_node(granule::NodeArgs {
+                controller,
+                spec,
+                listen_host,
+            })?;
+            eprintln!("granule node: leaving: {reason}");
+            Ok(())
+        }
+        Cmd::Status { controller } => status::run(&controller),
+    }
+}
+
+fn bench(name: Option<String>, quick: bool, out: PathBuf) -> anyhow::Result<()> {
+    let Some(name) = name else {
+        println!("benchmarks (granule bench NAME [--quick] [--out DIR]):");
+        for (n, d) in granule_bench::BENCHMARKS {
+            println!("  {n:<12} {d}");
+        }
+        println!("  {:<12} every benchmark above", "all");
+        return Ok(());
+    };
+    let opts = granule_bench::BenchOpts { quick, out };
+    let names: Vec<&str> = if name == "all" {
+        granule_bench::BENCHMARKS.iter().map(|(n, _)| *n).collect()
+    } else {
+        vec![name.as_str()]
+    };
+    for n in names {
+        let dir = granule_bench::run(n, &opts)?;
+        let summary = std::fs::read_to_string(dir.join("summary.json")).unwrap_or_default();
+        println!("{n}: wrote {}", dir.display());
+        println!("{summary}");
+    }
+    Ok(())
+}

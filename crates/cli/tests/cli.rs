@@ -1,0 +1,181 @@
+//! The `granule` command against real clusters: the identical-binary rule, a standalone
+//! controller with hand-started nodes, `status`, and the demo.
+
+use granule::{Cluster, Kind, NodeState, Proclet};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const GRANULE: &str = env!("CARGO_BIN_EXE_granule");
+
+/// Kills the child when dropped (tests must never leave processes behind).
+struct Reaped(Child);
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_output(mut child: Child, limit: Duration) -> (Option<i32>, String, String) {
+    let t = Instant::now();
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The separately built `granule` binary tries to join a cluster started by this test
+/// binary: it is refused, and says why.
+#[test]
+fn a_node_from_another_binary_is_refused() {
+    let cluster = Cluster::builder().nodes("cpu=1,mem=128MiB").unwrap().start().unwrap();
+    let child = Command::new(GRANULE)
+        .args(["node", "--controller", cluster.controller_addr(), "--cpu", "1", "--mem", "128MiB"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, _out, err) = wait_output(child, Duration::from_secs(20));
+    assert_ne!(code, Some(0), "the foreign node must not join: {err}");
+    assert!(err.contains("binary mismatch"), "stderr: {err}");
+    assert!(err.contains("identical"), "the error says what to do: {err}");
+    // The cluster is unharmed and did not admit it.
+    let nodes = cluster.nodes().unwrap();
+    assert_eq!(nodes.iter().filter(|n| n.state == NodeState::Alive).count(), 2);
+    let p = Proclet::create(Kind::Memory, 1u64, |x: u64| x).unwrap();
+    assert_eq!(p.run(1u64, |s: &mut u64, x: u64| { *s += x; *s }).unwrap(), 2);
+}
+
+/// `granule status` is a tool: it needs no binary hash and works against any cluster.
+#[test]
+fn status_lists_the_nodes_of_a_cluster() {
+    let cluster = Cluster::builder().nodes("cpu=1,mem=128MiB;cpu=1,mem=128MiB").unwrap().start().unwrap();
+    let child = Command::new(GRANULE)
+        .args(["status", "--controller", cluster.controller_addr()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, out, err) = wait_output(child, Duration::from_secs(20));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("driver") && out.matches(" node ").count() == 2, "{out}");
+    // An unreachable controller is a clear error.
+    let child = Command::new(GRANULE)
+        .args(["status", "--controller", "127.0.0.1:1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, _out, err) = wait_output(child, Duration::from_secs(20));
+    assert_ne!(code, Some(0));
+    assert!(err.contains("unreachable") && err.contains("127.0.0.1:1"), "{err}");
+}
+
+/// Several machines, emulated: a standalone controller, two hand-started nodes, and a
+/// driver (the demo) that joins them through GRANULE_CONTROLLER.
+#[test]
+fn standalone_controller_manual_nodes_and_a_joining_driver() {
+    let mut ctl = Reaped(
+        Command::new(GRANULE)
+            .args(["controller", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(ctl.0.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let l = lines.next().expect("controller output").unwrap();
+        if let Some(a) = l.strip_prefix("granule controller listening on ") {
+            break a.trim().to_string();
+        }
+    };
+    let nodes: Vec<Reaped> = (0..2)
+        .map(|_| {
+            Reaped(
+                Command::new(GRANULE)
+                    .args(["node", "--controller", &addr, "--cpu", "1", "--mem", "256MiB"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    // Wait for both to register.
+    let t = Instant::now();
+    loop {
+        let out = Command::new(GRANULE).args(["status", "--controller", &addr]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.matches(" node ").count() == 2 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "nodes did not register: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let child = Command::new(GRANULE)
+        .args(["demo", "--seconds", "0.05"])
+        .env("GRANULE_CONTROLLER", &addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, out, err) = wait_output(child, Duration::from_secs(60));
+    assert_eq!(code, Some(0), "demo failed: {out}\n{err}");
+    assert!(out.contains("Done"), "{out}");
+    // The demo's proclets ran on the hand-started nodes (n1 and n2; the driver is n3).
+    assert!(out.contains("memory proclet on n1") || out.contains("memory proclet on n2"), "{out}");
+    drop(nodes);
+}
+
+/// The demo as the README runs it, on the embedded cluster.
+#[test]
+fn demo_runs_on_the_embedded_cluster() {
+    let child = Command::new(GRANULE)
+        .args(["demo", "--seconds", "0.05"])
+        .env_remove("GRANULE_CONTROLLER")
+        .env_remove("GRANULE_NODES")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, out, err) = wait_output(child, Duration::from_secs(60));
+    assert_eq!(code, Some(0), "demo failed: {out}\n{err}");
+    for needle in ["Chained calls", "Call rates", "moved", "panicked", "is gone", "Done"] {
+        assert!(out.contains(needle), "missing '{needle}' in:\n{out}");
+    }
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let out = Command::new(GRANULE).args(["bench", "nosuch", "--quick"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown benchmark 'nosuch'"));
+    let out = Command::new(GRANULE)
+        .args(["demo"])
+        .env("GRANULE_NODES", "cpu=1,mem=lots")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("GRANULE_NODES") && err.contains("lots"), "{err}");
+    let out = Command::new(GRANULE)
+        .args(["node", "--controller", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unreachable"));
+}
