@@ -36,7 +36,7 @@ use granule_controller::{ControllerClient, ControllerConfig, ControllerHandle};
 use granule_report::{Cell, Latency, Meta, Plot, Report, Summary, Table};
 use granule_transport::{Connection, Handler, Identity, Responder};
 use granule_wire::{Frame, Kind, Location, NodeId, NodeSpec, ProcletId, RemoteError, Role, Usage};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,8 @@ const ID_BLOCK: u32 = 1024;
 /// The fake executable hash every load client presents (the first fixes the cluster's).
 const BINARY: [u8; 32] = [7; 32];
 const PROGRAM: &str = "granule-bench-controller";
+/// The controller thread's name as `/proc/.../comm` shows it (cut to 15 bytes).
+const CONTROLLER_THREAD: &str = "granule-control";
 const SPEC: NodeSpec = NodeSpec {
     cores: 1.0,
     mem_bytes: 1 << 30,
@@ -169,8 +171,44 @@ struct LaneResult {
 
 /// One timed window of one measurement.
 struct Sample {
-    per_s: f64,
+    ops: u64,
+    secs: f64,
     lat: Latency,
+    /// CPU time the controller thread and the load thread used in the window, if known.
+    controller_cpu: Option<Duration>,
+    load_cpu: Option<Duration>,
+}
+
+/// CPU time a thread has used so far: the first field of `/proc/.../task/TID/schedstat`
+/// (nanoseconds on the CPU).
+fn thread_cpu(task_dir: &Path) -> Option<Duration> {
+    let s = std::fs::read_to_string(task_dir.join("schedstat")).ok()?;
+    Some(Duration::from_nanos(
+        s.split_whitespace().next()?.parse().ok()?,
+    ))
+}
+
+/// `/proc/self/task/TID` of this process's threads whose name (`comm`) is `comm`.
+fn threads_named(comm: &str) -> Vec<PathBuf> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .map(|e| e.path())
+        .filter(|p| std::fs::read_to_string(p.join("comm")).is_ok_and(|c| c.trim_end() == comm))
+        .collect()
+}
+
+/// The `/proc` directory of the calling thread.
+fn this_thread() -> Option<PathBuf> {
+    std::fs::read_link("/proc/thread-self")
+        .ok()
+        .map(|p| Path::new("/proc").join(p))
+}
+
+fn cpu_delta(dir: &Option<PathBuf>, before: Option<Duration>) -> Option<Duration> {
+    let now = thread_cpu(dir.as_ref()?)?;
+    Some(now.saturating_sub(before?))
 }
 
 /// xorshift64*: enough randomness to pick proclets, no dependency.
@@ -187,7 +225,7 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         let r = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
         // Multiply-shift keeps the bias negligible for n far below 2^32.
-        ((r >> 32) * n as u64 >> 32) as usize
+        (((r >> 32) * n as u64) >> 32) as usize
     }
 }
 
@@ -311,10 +349,17 @@ struct Load {
     sync_client: Arc<Client>,
     ids: Arc<Vec<ProcletId>>,
     seed: u64,
+    /// `/proc` directories of the controller's thread and of this load thread.
+    controller_thread: Option<PathBuf>,
+    load_thread: Option<PathBuf>,
 }
 
 impl Load {
-    async fn setup(addr: String, prepopulate: usize) -> Result<Load> {
+    async fn setup(
+        addr: String,
+        prepopulate: usize,
+        controller_thread: Option<PathBuf>,
+    ) -> Result<Load> {
         let mut clients = Vec::new();
         for i in 0..=CONNECTIONS {
             let fake_addr = format!("127.0.0.1:{}", 10_000 + i);
@@ -373,11 +418,15 @@ impl Load {
             sync_client,
             ids: Arc::new(ids),
             seed: 1,
+            controller_thread,
+            load_thread: this_thread(),
         })
     }
 
     /// One timed window of `op`.
     async fn measure(&mut self, op: Op, window: Duration) -> Result<Sample> {
+        let ctl0 = self.controller_thread.as_deref().and_then(thread_cpu);
+        let load0 = self.load_thread.as_deref().and_then(thread_cpu);
         let start = Instant::now();
         let deadline = start + window;
         let mut tasks = Vec::new();
@@ -428,8 +477,11 @@ impl Load {
         // Requests still in flight at the deadline complete after it: count their time.
         let secs = start.elapsed().as_secs_f64();
         Ok(Sample {
-            per_s: ops as f64 / secs,
+            ops,
+            secs,
             lat,
+            controller_cpu: cpu_delta(&self.controller_thread, ctl0),
+            load_cpu: cpu_delta(&self.load_thread, load0),
         })
     }
 }
@@ -439,11 +491,40 @@ struct Measured {
     op: Op,
     rates: Vec<f64>,
     lat: Latency,
+    ops: u64,
+    secs: f64,
+    /// Summed over the repetitions; `None` if a thread's CPU time could not be read.
+    controller_cpu: Option<Duration>,
+    load_cpu: Option<Duration>,
+}
+
+impl Measured {
+    /// Share of the measured time the controller's thread was on a CPU.
+    fn controller_busy(&self) -> f64 {
+        self.controller_cpu
+            .map_or(f64::NAN, |c| c.as_secs_f64() / self.secs)
+    }
+
+    fn load_busy(&self) -> f64 {
+        self.load_cpu
+            .map_or(f64::NAN, |c| c.as_secs_f64() / self.secs)
+    }
+
+    /// Requests per second of controller CPU time: what the controller could answer
+    /// with one core to itself, if nothing else limited it.
+    fn per_controller_cpu_s(&self) -> f64 {
+        self.controller_cpu
+            .map_or(f64::NAN, |c| self.ops as f64 / c.as_secs_f64())
+    }
 }
 
 /// Runs on the load runtime's worker thread.
-async fn drive(addr: String, p: Params) -> Result<Vec<Measured>> {
-    let mut load = Load::setup(addr, p.prepopulate).await?;
+async fn drive(
+    addr: String,
+    p: Params,
+    controller_thread: Option<PathBuf>,
+) -> Result<Vec<Measured>> {
+    let mut load = Load::setup(addr, p.prepopulate, controller_thread).await?;
     for op in Op::ALL {
         load.measure(op, p.warmup).await?;
     }
@@ -453,16 +534,33 @@ async fn drive(addr: String, p: Params) -> Result<Vec<Measured>> {
             op,
             rates: Vec::new(),
             lat: Latency::new(),
+            ops: 0,
+            secs: 0.0,
+            controller_cpu: Some(Duration::ZERO),
+            load_cpu: Some(Duration::ZERO),
         })
         .collect();
     for _ in 0..p.reps {
         for m in out.iter_mut() {
             let s = load.measure(m.op, p.window).await?;
-            m.rates.push(s.per_s);
+            m.rates.push(s.ops as f64 / s.secs);
             m.lat.merge(&s.lat);
+            m.ops += s.ops;
+            m.secs += s.secs;
+            m.controller_cpu = m.controller_cpu.zip(s.controller_cpu).map(|(a, b)| a + b);
+            m.load_cpu = m.load_cpu.zip(s.load_cpu).map(|(a, b)| a + b);
         }
     }
     Ok(out)
+}
+
+/// A number cell, or an empty one for an unknown (NaN) value.
+fn num_or_blank(v: f64) -> Cell {
+    if v.is_finite() {
+        Cell::from(v)
+    } else {
+        Cell::empty()
+    }
 }
 
 fn us(d: Duration) -> f64 {
@@ -485,8 +583,23 @@ pub fn run(opts: &BenchOpts) -> Result<PathBuf> {
         failure_timeout: Duration::from_secs(60),
         ..ControllerConfig::default()
     };
+    // The controller's thread is the one named like it that appears with it.
+    let before = threads_named(CONTROLLER_THREAD);
     let mut controller =
         ControllerHandle::start("127.0.0.1:0", config).context("cannot start the controller")?;
+    // A new thread names itself once it runs: give it a moment.
+    let mut controller_thread = None;
+    for _ in 0..100 {
+        let new: Vec<PathBuf> = threads_named(CONTROLLER_THREAD)
+            .into_iter()
+            .filter(|t| !before.contains(t))
+            .collect();
+        if new.len() == 1 {
+            controller_thread = new.into_iter().next();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
     // The node-join measurement makes thousands of nodes leave on purpose: have the
     // controller log those departures at debug level instead of as failures. (This only
     // changes the log level.)
@@ -500,7 +613,7 @@ pub fn run(opts: &BenchOpts) -> Result<PathBuf> {
             .build()
             .context("cannot start the load generator's runtime")?;
         // Spawned, so the requests run on the one worker, not on this thread.
-        let r = rt.block_on(async move { tokio::spawn(drive(addr, p)).await });
+        let r = rt.block_on(async move { tokio::spawn(drive(addr, p, controller_thread)).await });
         // Closes the load clients' connections.
         drop(rt);
         r.context("the load generator panicked")?
@@ -530,10 +643,14 @@ fn report(
         "max_per_s",
         "p50_us",
         "p99_us",
+        "controller_cpu_busy",
+        "load_thread_cpu_busy",
+        "per_controller_cpu_s",
     ]);
     let mut rep = Report::new("controller", meta);
     rep.title("Benchmark: controller — control messages per second one controller sustains");
     let mut medians = Vec::new();
+    let mut per_cpu = Vec::new();
     for m in measured {
         let s = Summary::of(&m.rates)
             .with_context(|| format!("no repetition of {} was measured", m.op.short()))?;
@@ -549,10 +666,15 @@ fn report(
             Cell::from(s.max.round()),
             Cell::from((us(m.lat.p(0.5)) * 10.0).round() / 10.0),
             Cell::from((us(m.lat.p(0.99)) * 10.0).round() / 10.0),
+            num_or_blank((m.controller_busy() * 100.0).round() / 100.0),
+            num_or_blank((m.load_busy() * 100.0).round() / 100.0),
+            num_or_blank(m.per_controller_cpu_s().round()),
         ]);
-        medians.push(s.median);
+        medians.push(s.median.round());
+        per_cpu.push(m.per_controller_cpu_s().round());
         eprintln!(
-            "controller: {:<45} median {:>10.0}/s (min {:.0}, max {:.0}; {} reps), p50 {:.1} µs, p99 {:.1} µs",
+            "controller: {:<45} median {:>7.0}/s (min {:.0}, max {:.0}; {} reps), \
+             p50 {:.1} µs, p99 {:.1} µs; controller thread {:.0}% busy, load thread {:.0}%",
             m.op.label(),
             s.median,
             s.min,
@@ -560,6 +682,8 @@ fn report(
             s.n,
             us(m.lat.p(0.5)),
             us(m.lat.p(0.99)),
+            m.controller_busy() * 100.0,
+            m.load_busy() * 100.0,
         );
         match m.op {
             Op::Locate => {
@@ -567,7 +691,9 @@ fn report(
                     .summary("resolutions_per_s_min", s.min)
                     .summary("resolutions_per_s_max", s.max)
                     .summary("pipelined_locate_p50_us", us(m.lat.p(0.5)))
-                    .summary("pipelined_locate_p99_us", us(m.lat.p(0.99)));
+                    .summary("pipelined_locate_p99_us", us(m.lat.p(0.99)))
+                    .summary("locate_controller_cpu_busy", m.controller_busy())
+                    .summary("resolutions_per_controller_cpu_s", m.per_controller_cpu_s());
             }
             Op::SetLocation => {
                 rep.summary("location_registrations_per_s", s.median);
@@ -598,7 +724,8 @@ fn report(
     .y_label("requests/s")
     .log_y(true)
     .categories(measured.iter().map(|m| m.op.short()))
-    .bar_series("median", medians);
+    .bar_series("median requests/s", medians)
+    .bar_series("requests per second of controller CPU", per_cpu);
     rep.table(table).plot(plot);
     rep.note(format!(
         "Each repetition runs every measurement for {:.1} s, in turn (after one {:.1} s \
@@ -616,6 +743,15 @@ fn report(
          {ID_BLOCK} with AllocIds (those AllocIds requests are not counted).",
         p.prepopulate
     ))
+    .note(
+        "CPU columns: the share of the measured time the controller's thread and the load \
+         generator's thread were on a CPU (from /proc/self/task/TID/schedstat; blank if \
+         unreadable), and requests answered per second of controller CPU time, i.e. what \
+         the controller could answer with a core to itself. The load generator runs the \
+         same transport code as the controller and shares the 2 vCPUs with it, so the \
+         rates above are a lower bound of the controller's capacity whenever its thread \
+         is less than fully busy.",
+    )
     .note(
         "Node registration = TCP connect + hello handshake + Register from a new connection, \
          which then closes: the controller also declares the node gone and tells the live \

@@ -71,7 +71,11 @@ impl RawServer {
     fn start() -> RawServer {
         let listener = match TcpListener::bind("127.0.0.1:0") {
             Ok(l) => l,
-            Err(e) => return RawServer { addr: format!("error: {e}") },
+            Err(e) => {
+                return RawServer {
+                    addr: format!("error: {e}"),
+                }
+            }
         };
         let addr = listener
             .local_addr()
@@ -287,7 +291,12 @@ impl Setup {
 
     fn raw_pipelined(&mut self, w: f64, dur: Duration) -> anyhow::Result<f64> {
         let one = raw_request(iters_for(w, self.per_us));
-        let batch: Vec<u8> = one.iter().copied().cycle().take(one.len() * WINDOW).collect();
+        let batch: Vec<u8> = one
+            .iter()
+            .copied()
+            .cycle()
+            .take(one.len() * WINDOW)
+            .collect();
         let mut replies = vec![0u8; 12 * WINDOW];
         let t = Instant::now();
         let mut n = 0u64;
@@ -336,7 +345,8 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         s.per_us
     );
     // Warm up every path once.
-    for w in [1.0] {
+    {
+        let w = 1.0;
         let mut l = Latency::new();
         s.function(w, Duration::from_millis(20))?;
         s.local(w, Duration::from_millis(20))?;
@@ -393,7 +403,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     for (mi, mode) in MODES.iter().enumerate() {
         for (wi, &w) in WORK_US.iter().enumerate() {
             let sm = rates.get(&(mi, wi)).and_then(|v| Summary::of(v));
-            let (lo, md, hi) = sm.map(|s| (s.min, s.median, s.max)).unwrap_or((f64::NAN, f64::NAN, f64::NAN));
+            let (lo, md, hi) =
+                sm.map(|s| (s.min, s.median, s.max))
+                    .unwrap_or((f64::NAN, f64::NAN, f64::NAN));
             let lat = match mi {
                 2 => Some(&lat_remote[wi]),
                 4 => Some(&lat_raw[wi]),
@@ -430,7 +442,11 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     for (mi, mode) in MODES.iter().enumerate() {
         plot = plot.series(
             *mode,
-            WORK_US.iter().enumerate().map(|(wi, &w)| (w, med(mi, wi))).collect::<Vec<_>>(),
+            WORK_US
+                .iter()
+                .enumerate()
+                .map(|(wi, &w)| (w, med(mi, wi)))
+                .collect::<Vec<_>>(),
         );
     }
 

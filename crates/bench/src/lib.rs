@@ -35,7 +35,11 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         "controller" => controller::run(opts),
         other => anyhow::bail!(
             "unknown benchmark '{other}'; known: {}",
-            BENCHMARKS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            BENCHMARKS
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }

@@ -55,6 +55,9 @@ mod tests {
         spin(n);
         let took = t.elapsed().as_secs_f64() * 1e6;
         // Generous: CI machines are noisy.
-        assert!(took > 500.0 && took < 20_000.0, "2000 µs of work took {took} µs");
+        assert!(
+            took > 500.0 && took < 20_000.0,
+            "2000 µs of work took {took} µs"
+        );
     }
 }

@@ -40,7 +40,9 @@ fn route(r: &mut Router, text: String) -> Result<(NodeId, Vec<(NodeId, u64)>), C
     let n = r.shards.len();
     let mut batches: Vec<Vec<String>> = vec![Vec::new(); n];
     for w in text.split_whitespace() {
-        let w = w.trim_matches(|c: char| !c.is_alphanumeric()).to_lowercase();
+        let w = w
+            .trim_matches(|c: char| !c.is_alphanumeric())
+            .to_lowercase();
         if !w.is_empty() {
             batches[shard_of(&w, n)].push(w);
         }
@@ -67,7 +69,10 @@ fast under pressure; resource proclets split and merge; a memory market harvests
 compute moves to the data when the data is large; a file system scavenges memory from other \
 tenants. One program, many machines, no stranded resources.";
 
-fn rate(seconds: f64, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<(f64, Duration)> {
+fn rate(
+    seconds: f64,
+    mut f: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<(f64, Duration)> {
     let t = Instant::now();
     let mut n = 0u64;
     let mut lat = Vec::new();
@@ -97,8 +102,9 @@ fn fmt_rate(r: f64) -> String {
 pub fn run(seconds: f64) -> anyhow::Result<()> {
     let mut config = ClusterConfig::from_env()?;
     if std::env::var_os("GRANULE_NODES").is_none() {
-        config.nodes = granule::config::parse_specs("cpu=1,mem=512MiB;cpu=1,mem=512MiB;cpu=1,mem=512MiB")
-            .map_err(anyhow::Error::msg)?;
+        config.nodes =
+            granule::config::parse_specs("cpu=1,mem=512MiB;cpu=1,mem=512MiB;cpu=1,mem=512MiB")
+                .map_err(anyhow::Error::msg)?;
     }
     println!("== Granule demo ==");
     let started = Instant::now();
@@ -118,20 +124,36 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
         .map(|_| Proclet::new(Kind::Memory, Shard::default()))
         .collect::<Result<_, _>>()?;
     for (i, s) in shards.iter().enumerate() {
-        println!("   shard {i}  {:>4}  memory proclet on {}", s.id().to_string(), s.location()?);
+        println!(
+            "   shard {i}  {:>4}  memory proclet on {}",
+            s.id().to_string(),
+            s.location()?
+        );
     }
-    let router = Proclet::create(Kind::Compute, shards.clone(), |shards: Vec<Proclet<Shard>>| Router {
-        shards,
-        routed: 0,
-    })?;
-    println!("   router   {:>4}  compute proclet on {}", router.id().to_string(), router.location()?);
+    let router = Proclet::create(
+        Kind::Compute,
+        shards.clone(),
+        |shards: Vec<Proclet<Shard>>| Router { shards, routed: 0 },
+    )?;
+    println!(
+        "   router   {:>4}  compute proclet on {}",
+        router.id().to_string(),
+        router.location()?
+    );
 
     // 2. Chained calls: driver → router → shards.
     println!("\n-- 2. Chained calls: the driver sends text to the router, which sends words to the shards");
     for (i, sentence) in TEXT.split(". ").enumerate().take(3) {
         let (rnode, parts) = router.run(sentence.to_string(), route)??;
-        let hops: Vec<String> = parts.iter().map(|(n, k)| format!("{k} words → {n}")).collect();
-        println!("   text {i}: driver {} → router on {rnode} → [{}]", cluster.node_id(), hops.join(", "));
+        let hops: Vec<String> = parts
+            .iter()
+            .map(|(n, k)| format!("{k} words → {n}"))
+            .collect();
+        println!(
+            "   text {i}: driver {} → router on {rnode} → [{}]",
+            cluster.node_id(),
+            hops.join(", ")
+        );
     }
     for sentence in TEXT.split(". ").skip(3) {
         router.run(sentence.to_string(), route)??;
@@ -145,8 +167,15 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
     }
     let mut top: Vec<(String, u64)> = totals.into_iter().collect();
     top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let top: Vec<String> = top.iter().take(6).map(|(w, c)| format!("{w}:{c}")).collect();
-    println!("   most frequent words (merged from the shards): {}", top.join("  "));
+    let top: Vec<String> = top
+        .iter()
+        .take(6)
+        .map(|(w, c)| format!("{w}:{c}"))
+        .collect();
+    println!(
+        "   most frequent words (merged from the shards): {}",
+        top.join("  ")
+    );
 
     // 3. Call rates.
     println!("\n-- 3. Call rates ({seconds} s each)");
@@ -157,11 +186,22 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
         *s.counts.entry(w).or_default() += 1;
     };
     let (r, p50) = rate(seconds, || Ok(local.run("x".to_string(), bump)?))?;
-    println!("   local proclet (on the driver), sync      {:>12}   p50 {:>8.2?}", fmt_rate(r), p50);
+    println!(
+        "   local proclet (on the driver), sync      {:>12}   p50 {:>8.2?}",
+        fmt_rate(r),
+        p50
+    );
     let target = &shards[0];
     let (r, p50) = rate(seconds, || Ok(target.run("x".to_string(), bump)?))?;
-    println!("   remote proclet (on {}), sync              {:>12}   p50 {:>8.2?}", target.location()?, fmt_rate(r), p50);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    println!(
+        "   remote proclet (on {}), sync              {:>12}   p50 {:>8.2?}",
+        target.location()?,
+        fmt_rate(r),
+        p50
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let r = rt.block_on(async {
         let t = Instant::now();
         let mut inflight = FuturesUnordered::new();
@@ -178,12 +218,19 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
         }
         Ok::<_, CallError>(n as f64 / t.elapsed().as_secs_f64())
     })?;
-    println!("   remote proclet, pipelined (128 in flight) {:>12}", fmt_rate(r));
+    println!(
+        "   remote proclet, pipelined (128 in flight) {:>12}",
+        fmt_rate(r)
+    );
     let (r, p50) = rate(seconds, || {
         router.run("granule".to_string(), route)??;
         Ok(())
     })?;
-    println!("   chained driver → router → 3 shards        {:>12}   p50 {:>8.2?}", fmt_rate(r), p50);
+    println!(
+        "   chained driver → router → 3 shards        {:>12}   p50 {:>8.2?}",
+        fmt_rate(r),
+        p50
+    );
 
     // 4. Move a shard through the controller; its data and callers follow.
     println!("\n-- 4. Move a proclet (through the controller API)");
@@ -208,18 +255,31 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
 
     // 5. Typed errors.
     println!("\n-- 5. Errors are typed values, and nodes survive them");
-    let r = shards[1].run((), |_s: &mut Shard, ()| -> u64 { panic!("a bug in a shipped closure") });
-    println!("   closure panicked on {}: {}", shards[1].location()?, r.err().map(|e| e.to_string()).unwrap_or_default());
+    let r = shards[1].run((), |_s: &mut Shard, ()| -> u64 {
+        panic!("a bug in a shipped closure")
+    });
+    println!(
+        "   closure panicked on {}: {}",
+        shards[1].location()?,
+        r.err().map(|e| e.to_string()).unwrap_or_default()
+    );
     let n = shards[1].run_ref((), |s: &Shard, ()| s.counts.len())?;
     println!("   the same proclet still answers ({n} words)");
     let doomed = Proclet::new(Kind::Memory, Shard::default())?;
     doomed.destroy()?;
     println!(
         "   a call to a destroyed proclet: {}",
-        doomed.run_ref((), |s: &Shard, ()| s.counts.len()).err().map(|e| e.to_string()).unwrap_or_default()
+        doomed
+            .run_ref((), |s: &Shard, ()| s.counts.len())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
     );
 
-    println!("\n-- Cluster at the end (granule status --controller {})", cluster.controller_addr());
+    println!(
+        "\n-- Cluster at the end (granule status --controller {})",
+        cluster.controller_addr()
+    );
     std::thread::sleep(Duration::from_millis(150)); // one heartbeat, so usage is fresh
     print!("{}", status::table(&cluster.nodes()?));
     cluster.shutdown();

@@ -50,7 +50,10 @@ pub fn table(nodes: &[NodeInfo]) -> String {
             n.pid.to_string(),
             format!("{:.2}/{}", n.usage.cores_busy, n.spec.cores),
             format!("{}/{}", bytes(n.usage.mem_used), bytes(n.spec.mem_bytes)),
-            format!("{}/{}/{}", n.usage.proclets[0], n.usage.proclets[1], n.usage.proclets[2]),
+            format!(
+                "{}/{}/{}",
+                n.usage.proclets[0], n.usage.proclets[1], n.usage.proclets[2]
+            ),
             n.usage.calls_served.to_string(),
             format!("{} ms ago", n.last_seen_ms),
         ]);

@@ -41,9 +41,21 @@ fn wait_output(mut child: Child, limit: Duration) -> (Option<i32>, String, Strin
 /// binary: it is refused, and says why.
 #[test]
 fn a_node_from_another_binary_is_refused() {
-    let cluster = Cluster::builder().nodes("cpu=1,mem=128MiB").unwrap().start().unwrap();
+    let cluster = Cluster::builder()
+        .nodes("cpu=1,mem=128MiB")
+        .unwrap()
+        .start()
+        .unwrap();
     let child = Command::new(GRANULE)
-        .args(["node", "--controller", cluster.controller_addr(), "--cpu", "1", "--mem", "128MiB"])
+        .args([
+            "node",
+            "--controller",
+            cluster.controller_addr(),
+            "--cpu",
+            "1",
+            "--mem",
+            "128MiB",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -51,18 +63,35 @@ fn a_node_from_another_binary_is_refused() {
     let (code, _out, err) = wait_output(child, Duration::from_secs(20));
     assert_ne!(code, Some(0), "the foreign node must not join: {err}");
     assert!(err.contains("binary mismatch"), "stderr: {err}");
-    assert!(err.contains("identical"), "the error says what to do: {err}");
+    assert!(
+        err.contains("identical"),
+        "the error says what to do: {err}"
+    );
     // The cluster is unharmed and did not admit it.
     let nodes = cluster.nodes().unwrap();
-    assert_eq!(nodes.iter().filter(|n| n.state == NodeState::Alive).count(), 2);
+    assert_eq!(
+        nodes.iter().filter(|n| n.state == NodeState::Alive).count(),
+        2
+    );
     let p = Proclet::create(Kind::Memory, 1u64, |x: u64| x).unwrap();
-    assert_eq!(p.run(1u64, |s: &mut u64, x: u64| { *s += x; *s }).unwrap(), 2);
+    assert_eq!(
+        p.run(1u64, |s: &mut u64, x: u64| {
+            *s += x;
+            *s
+        })
+        .unwrap(),
+        2
+    );
 }
 
 /// `granule status` is a tool: it needs no binary hash and works against any cluster.
 #[test]
 fn status_lists_the_nodes_of_a_cluster() {
-    let cluster = Cluster::builder().nodes("cpu=1,mem=128MiB;cpu=1,mem=128MiB").unwrap().start().unwrap();
+    let cluster = Cluster::builder()
+        .nodes("cpu=1,mem=128MiB;cpu=1,mem=128MiB")
+        .unwrap()
+        .start()
+        .unwrap();
     let child = Command::new(GRANULE)
         .args(["status", "--controller", cluster.controller_addr()])
         .stdout(Stdio::piped())
@@ -71,7 +100,10 @@ fn status_lists_the_nodes_of_a_cluster() {
         .unwrap();
     let (code, out, err) = wait_output(child, Duration::from_secs(20));
     assert_eq!(code, Some(0), "{err}");
-    assert!(out.contains("driver") && out.matches(" node ").count() == 2, "{out}");
+    assert!(
+        out.contains("driver") && out.matches(" node ").count() == 2,
+        "{out}"
+    );
     // An unreachable controller is a clear error.
     let child = Command::new(GRANULE)
         .args(["status", "--controller", "127.0.0.1:1"])
@@ -81,7 +113,10 @@ fn status_lists_the_nodes_of_a_cluster() {
         .unwrap();
     let (code, _out, err) = wait_output(child, Duration::from_secs(20));
     assert_ne!(code, Some(0));
-    assert!(err.contains("unreachable") && err.contains("127.0.0.1:1"), "{err}");
+    assert!(
+        err.contains("unreachable") && err.contains("127.0.0.1:1"),
+        "{err}"
+    );
 }
 
 /// Several machines, emulated: a standalone controller, two hand-started nodes, and a
@@ -107,7 +142,15 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
         .map(|_| {
             Reaped(
                 Command::new(GRANULE)
-                    .args(["node", "--controller", &addr, "--cpu", "1", "--mem", "256MiB"])
+                    .args([
+                        "node",
+                        "--controller",
+                        &addr,
+                        "--cpu",
+                        "1",
+                        "--mem",
+                        "256MiB",
+                    ])
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .spawn()
@@ -118,12 +161,18 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
     // Wait for both to register.
     let t = Instant::now();
     loop {
-        let out = Command::new(GRANULE).args(["status", "--controller", &addr]).output().unwrap();
+        let out = Command::new(GRANULE)
+            .args(["status", "--controller", &addr])
+            .output()
+            .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         if text.matches(" node ").count() == 2 {
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(20), "nodes did not register: {text}");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "nodes did not register: {text}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let child = Command::new(GRANULE)
@@ -137,7 +186,10 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
     assert_eq!(code, Some(0), "demo failed: {out}\n{err}");
     assert!(out.contains("Done"), "{out}");
     // The demo's proclets ran on the hand-started nodes (n1 and n2; the driver is n3).
-    assert!(out.contains("memory proclet on n1") || out.contains("memory proclet on n2"), "{out}");
+    assert!(
+        out.contains("memory proclet on n1") || out.contains("memory proclet on n2"),
+        "{out}"
+    );
     drop(nodes);
 }
 
@@ -154,14 +206,24 @@ fn demo_runs_on_the_embedded_cluster() {
         .unwrap();
     let (code, out, err) = wait_output(child, Duration::from_secs(60));
     assert_eq!(code, Some(0), "demo failed: {out}\n{err}");
-    for needle in ["Chained calls", "Call rates", "moved", "panicked", "is gone", "Done"] {
+    for needle in [
+        "Chained calls",
+        "Call rates",
+        "moved",
+        "panicked",
+        "is gone",
+        "Done",
+    ] {
         assert!(out.contains(needle), "missing '{needle}' in:\n{out}");
     }
 }
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let out = Command::new(GRANULE).args(["bench", "nosuch", "--quick"]).output().unwrap();
+    let out = Command::new(GRANULE)
+        .args(["bench", "nosuch", "--quick"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown benchmark 'nosuch'"));
     let out = Command::new(GRANULE)
@@ -171,7 +233,10 @@ fn bad_arguments_are_clear_errors() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("GRANULE_NODES") && err.contains("lots"), "{err}");
+    assert!(
+        err.contains("GRANULE_NODES") && err.contains("lots"),
+        "{err}"
+    );
     let out = Command::new(GRANULE)
         .args(["node", "--controller", "127.0.0.1:1"])
         .output()

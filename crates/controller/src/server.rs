@@ -19,15 +19,19 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     /// Registered hosts' connections, by node.
     hosts: Mutex<HashMap<NodeId, Arc<Connection>>>,
-    /// Which node a connection registered as (keyed by the connection's address in memory).
-    by_conn: Mutex<HashMap<usize, NodeId>>,
+    /// Which node a connection registered as (keyed by the connection's unique id).
+    by_conn: Mutex<HashMap<u64, NodeId>>,
     stop: Notify,
     /// Set when the cluster is being torn down: node departures are expected then.
     quiet: std::sync::atomic::AtomicBool,
 }
 
-fn conn_key(c: &Arc<Connection>) -> usize {
-    Arc::as_ptr(c) as usize
+/// How long a dead node that had proclets stays listed (so calls to its proclets report
+/// it unreachable rather than the proclets unknown).
+const DEAD_NODE_RETENTION: std::time::Duration = std::time::Duration::from_secs(600);
+
+fn conn_key(c: &Arc<Connection>) -> u64 {
+    c.id()
 }
 
 impl Inner {
@@ -109,6 +113,13 @@ impl Inner {
                     Ok(node) => {
                         self.hosts.lock().insert(node, conn.clone());
                         self.by_conn.lock().insert(conn_key(conn), node);
+                        // The connection may have closed while this registration was in
+                        // its read buffer, after its close was handled: undo.
+                        if conn.is_closed() {
+                            self.by_conn.lock().remove(&conn_key(conn));
+                            self.declare_dead(&[node], "its connection closed during registration");
+                            return Err(RemoteError::Refused("connection closed".into()));
+                        }
                         let cfg = self.state.lock().config.clone();
                         tracing::info!(%node, ?role, cores = spec.cores, mem = spec.mem_bytes, "node registered");
                         Ok(Msg::Registered {
@@ -314,7 +325,9 @@ impl ControllerHandle {
     /// The cluster is being torn down: nodes leaving from now on are expected, not
     /// failures (logged at debug level only).
     pub fn quiesce(&self) {
-        self.inner.quiet.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.inner
+            .quiet
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Tell every host to leave, then stop serving.
@@ -376,6 +389,10 @@ async fn run_controller(listener: Listener, inner: Arc<Inner>) {
             if !overdue.is_empty() {
                 sweep.declare_dead(&overdue, "no heartbeat within the failure timeout");
             }
+            sweep
+                .state
+                .lock()
+                .prune_dead(Instant::now(), DEAD_NODE_RETENTION);
         }
     };
     tokio::select! {

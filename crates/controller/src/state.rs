@@ -232,7 +232,11 @@ impl State {
             .min_by(|a, b| {
                 a.placed[kind.index()]
                     .cmp(&b.placed[kind.index()])
-                    .then(score(b).partial_cmp(&score(a)).unwrap_or(std::cmp::Ordering::Equal))
+                    .then(
+                        score(b)
+                            .partial_cmp(&score(a))
+                            .unwrap_or(std::cmp::Ordering::Equal),
+                    )
                     .then(a.info.id.cmp(&b.info.id))
             })?
             .info
@@ -252,7 +256,11 @@ impl State {
             addr: e.info.addr.clone(),
             epoch: 1,
         };
-        self.locations.insert(proclet, (best, 1, kind));
+        if let Some((old, _, k)) = self.locations.insert(proclet, (best, 1, kind)) {
+            if let Some(o) = self.nodes.get_mut(&old) {
+                o.placed[k.index()] = o.placed[k.index()].saturating_sub(1);
+            }
+        }
         Some(loc)
     }
 
@@ -332,6 +340,28 @@ impl State {
             }
             _ => false,
         }
+    }
+
+    /// Forget dead nodes: at once if no proclet was located on them, else after
+    /// `retention` (their proclets are lost; from then on calls to them find them gone
+    /// rather than unreachable). Keeps the node list from growing under churn.
+    pub fn prune_dead(&mut self, now: Instant, retention: Duration) {
+        let doomed: Vec<NodeId> = self
+            .nodes
+            .values()
+            .filter(|e| e.info.state == NodeState::Dead)
+            .filter(|e| {
+                e.placed == [0; 3] || now.saturating_duration_since(e.last_seen) > retention
+            })
+            .map(|e| e.info.id)
+            .collect();
+        if doomed.is_empty() {
+            return;
+        }
+        for id in &doomed {
+            self.nodes.remove(id);
+        }
+        self.locations.retain(|_, (n, _, _)| !doomed.contains(n));
     }
 
     /// Nodes silent for longer than the failure timeout (still marked alive).
@@ -474,6 +504,29 @@ mod tests {
         let (y0, _) = s.alloc_ids(100);
         assert_eq!(x1 - x0, 100);
         assert_eq!(y0, x1);
+    }
+
+    #[test]
+    fn dead_nodes_are_pruned() {
+        let (mut s, now) = st();
+        let a = reg(&mut s, Role::Node, 1.0, GIB, now);
+        let b = reg(&mut s, Role::Node, 1.0, GIB, now);
+        assert!(s.set_location(ProcletId(1), b, 1, Kind::Memory));
+        s.mark_dead(a);
+        s.mark_dead(b);
+        s.prune_dead(now, Duration::from_secs(600));
+        assert!(
+            s.node(a).is_none(),
+            "a dead node without proclets goes at once"
+        );
+        assert!(
+            s.node(b).is_some(),
+            "one with proclets stays listed for a while"
+        );
+        assert!(matches!(s.locate(ProcletId(1)), Some((_, false))));
+        s.prune_dead(now + Duration::from_secs(601), Duration::from_secs(600));
+        assert!(s.node(b).is_none());
+        assert!(s.locate(ProcletId(1)).is_none());
     }
 
     #[test]

@@ -27,7 +27,12 @@
 #![forbid(unsafe_code)]
 
 pub use granule_runtime::{
-    binary_hash, block_on, config, here, init_logging, run, run_node, CallError, Cluster, ClusterBuilder,
-    ClusterConfig, ClusterError, Kind, NodeArgs, NodeId, NodeInfo, NodeSpec, NodeState, Proclet,
-    ProcletBuilder, ProcletId, ProcletState, Wire,
+    binary_hash, block_on, config, here, init_logging, run, run_node, CallError, Cluster,
+    ClusterBuilder, ClusterConfig, ClusterError, Kind, NodeArgs, NodeId, NodeInfo, NodeSpec,
+    NodeState, Proclet, ProcletBuilder, ProcletId, ProcletState, Wire,
 };
+
+/// The README's Rust examples are compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+mod readme {}

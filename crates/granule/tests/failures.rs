@@ -23,7 +23,9 @@ struct Counter {
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn sleeper(p: &Proclet<Counter>, ms: u64) -> Result<(), CallError> {
-    p.run(ms, |_c: &mut Counter, ms: u64| std::thread::sleep(Duration::from_millis(ms)))
+    p.run(ms, |_c: &mut Counter, ms: u64| {
+        std::thread::sleep(Duration::from_millis(ms))
+    })
 }
 
 fn add(c: &Proclet<Counter>, x: u64) -> Result<u64, CallError> {
@@ -37,9 +39,18 @@ fn add(c: &Proclet<Counter>, x: u64) -> Result<u64, CallError> {
 fn node_killed_mid_call_returns_unreachable() {
     bounded(LIMIT, || {
         let (cluster, nodes) = cluster(2, "cpu=1,mem=256MiB");
-        let p = Proclet::builder(Kind::Compute).on(nodes[0]).create(0u64, |s: u64| Counter { n: s }).unwrap();
-        let q = Proclet::builder(Kind::Memory).on(nodes[0]).create(0u64, |s: u64| Counter { n: s }).unwrap();
-        let survivor = Proclet::builder(Kind::Memory).on(nodes[1]).create(0u64, |s: u64| Counter { n: s }).unwrap();
+        let p = Proclet::builder(Kind::Compute)
+            .on(nodes[0])
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
+        let q = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
+        let survivor = Proclet::builder(Kind::Memory)
+            .on(nodes[1])
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
         let victim = nodes[0];
         let (tx, rx) = std::sync::mpsc::channel();
         let p2 = p.clone();
@@ -51,11 +62,19 @@ fn node_killed_mid_call_returns_unreachable() {
         std::thread::sleep(Duration::from_millis(300));
         let killed_at = Instant::now();
         cluster.kill_node(victim).unwrap();
-        let answered_at = rx.recv_timeout(Duration::from_secs(5)).expect("the caller must not hang");
+        let answered_at = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the caller must not hang");
         let r = caller.join().unwrap();
-        assert!(matches!(r, Err(CallError::NodeUnreachable { node, .. }) if node == victim), "{r:?}");
+        assert!(
+            matches!(r, Err(CallError::NodeUnreachable { node, .. }) if node == victim),
+            "{r:?}"
+        );
         let waited = answered_at.duration_since(killed_at);
-        assert!(waited <= Duration::from_secs(2), "answered {waited:?} after the kill");
+        assert!(
+            waited <= Duration::from_secs(2),
+            "answered {waited:?} after the kill"
+        );
         // Later calls to the dead node's proclets fail the same way, fast.
         let t = Instant::now();
         assert!(matches!(add(&q, 1), Err(CallError::NodeUnreachable { .. })));
@@ -65,7 +84,12 @@ fn node_killed_mid_call_returns_unreachable() {
         std::thread::sleep(Duration::from_millis(200));
         let fresh = Proclet::create(Kind::Memory, 1u64, |s: u64| Counter { n: s }).unwrap();
         assert_eq!(fresh.location().unwrap(), nodes[1]);
-        let states: Vec<_> = cluster.nodes().unwrap().into_iter().map(|n| (n.id, n.state)).collect();
+        let states: Vec<_> = cluster
+            .nodes()
+            .unwrap()
+            .into_iter()
+            .map(|n| (n.id, n.state))
+            .collect();
         assert!(states.contains(&(victim, NodeState::Dead)), "{states:?}");
     });
 }
@@ -77,7 +101,10 @@ fn node_killed_mid_call_returns_unreachable() {
 fn frozen_node_is_declared_dead_within_the_failure_timeout() {
     bounded(LIMIT, || {
         let (cluster, nodes) = cluster(1, "cpu=1,mem=256MiB");
-        let p = Proclet::builder(Kind::Compute).on(nodes[0]).create(0u64, |s: u64| Counter { n: s }).unwrap();
+        let p = Proclet::builder(Kind::Compute)
+            .on(nodes[0])
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
         assert_eq!(add(&p, 1).unwrap(), 1);
         let pid = cluster.spawned_nodes()[0].1;
         let p2 = p.clone();
@@ -98,7 +125,10 @@ fn frozen_node_is_declared_dead_within_the_failure_timeout() {
         while !process_gone(pid) && t.elapsed() < Duration::from_secs(5) {
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(process_gone(pid), "a node declared dead must leave when it wakes up");
+        assert!(
+            process_gone(pid),
+            "a node declared dead must leave when it wakes up"
+        );
     });
 }
 
@@ -110,14 +140,26 @@ fn random_bytes_at_the_ports_do_not_hurt() {
         let (cluster, nodes) = cluster(2, "cpu=1,mem=256MiB");
         let ps: Vec<_> = nodes
             .iter()
-            .map(|n| Proclet::builder(Kind::Memory).on(*n).create(0u64, |s: u64| Counter { n: s }).unwrap())
+            .map(|n| {
+                Proclet::builder(Kind::Memory)
+                    .on(*n)
+                    .create(0u64, |s: u64| Counter { n: s })
+                    .unwrap()
+            })
             .collect();
-        let mut addrs: Vec<String> = cluster.nodes().unwrap().into_iter().map(|n| n.addr).collect();
+        let mut addrs: Vec<String> = cluster
+            .nodes()
+            .unwrap()
+            .into_iter()
+            .map(|n| n.addr)
+            .collect();
         addrs.push(cluster.controller_addr().to_string());
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         for addr in &addrs {
             for round in 0..40 {
-                let Ok(mut s) = std::net::TcpStream::connect(addr) else { continue };
+                let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+                    continue;
+                };
                 let len = rng.random_range(0..4096);
                 let mut junk: Vec<u8> = (0..len).map(|_| rng.random()).collect();
                 match round % 4 {
@@ -144,7 +186,11 @@ fn random_bytes_at_the_ports_do_not_hurt() {
         for p in &ps {
             assert_eq!(add(p, 1).unwrap(), 1);
         }
-        assert!(cluster.nodes().unwrap().iter().all(|n| n.state == NodeState::Alive));
+        assert!(cluster
+            .nodes()
+            .unwrap()
+            .iter()
+            .all(|n| n.state == NodeState::Alive));
     });
 }
 
@@ -162,7 +208,10 @@ impl Handler for NoRequests {
 fn code_is_refused_from_unverified_peers() {
     bounded(LIMIT, || {
         let (cluster, nodes) = cluster(1, "cpu=1,mem=256MiB");
-        let p = Proclet::builder(Kind::Memory).on(nodes[0]).create(5u64, |s: u64| Counter { n: s }).unwrap();
+        let p = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(5u64, |s: u64| Counter { n: s })
+            .unwrap();
         let addr = cluster
             .nodes()
             .unwrap()
@@ -175,20 +224,48 @@ fn code_is_refused_from_unverified_peers() {
             let cfg = Arc::new(TransportConfig::default());
             // A tool may connect, but not ship code.
             let tool = Arc::new(Identity::tool(Role::Tool, "intruder"));
-            let c = Connection::connect(&addr, tool, cfg.clone(), Arc::new(NoRequests)).await.unwrap();
+            let c = Connection::connect(&addr, tool, cfg.clone(), Arc::new(NoRequests))
+                .await
+                .unwrap();
             let call = Msg::Call {
                 proclet: p.id(),
-                code: CodeRef { offset: 0, fingerprint: 0 },
+                code: CodeRef {
+                    offset: 0,
+                    fingerprint: 0,
+                },
                 mode: CallMode::Exclusive,
                 chain: 1,
             };
             let f = c.request(&call, &[]).await.unwrap();
-            assert!(matches!(f.msg, Msg::Error(RemoteError::Unauthorized(_))), "{:?}", f.msg);
-            let f = c.request(&Msg::Destroy { proclet: ProcletId(p.id().0) }, &[]).await.unwrap();
-            assert!(matches!(f.msg, Msg::Error(RemoteError::Unauthorized(_))), "{:?}", f.msg);
+            assert!(
+                matches!(f.msg, Msg::Error(RemoteError::Unauthorized(_))),
+                "{:?}",
+                f.msg
+            );
+            let f = c
+                .request(
+                    &Msg::Destroy {
+                        proclet: ProcletId(p.id().0),
+                    },
+                    &[],
+                )
+                .await
+                .unwrap();
+            assert!(
+                matches!(f.msg, Msg::Error(RemoteError::Unauthorized(_))),
+                "{:?}",
+                f.msg
+            );
             // A host claiming another binary is refused at the hello.
-            let other = Arc::new(Identity { role: Role::Node, node: None, binary: Some([9; 32]), program: "other".into() });
-            let e = Connection::connect(&addr, other, cfg.clone(), Arc::new(NoRequests)).await.unwrap_err();
+            let other = Arc::new(Identity {
+                role: Role::Node,
+                node: None,
+                binary: Some([9; 32]),
+                program: "other".into(),
+            });
+            let e = Connection::connect(&addr, other, cfg.clone(), Arc::new(NoRequests))
+                .await
+                .unwrap_err();
             assert!(e.to_string().contains("binary mismatch"), "{e}");
         });
         // A call frame with no hello first: the node closes the connection.
@@ -196,7 +273,15 @@ fn code_is_refused_from_unverified_peers() {
         let frame = granule_wire::encode_frame(
             granule_wire::FrameKind::Request,
             1,
-            &Msg::Call { proclet: p.id(), code: CodeRef { offset: 0, fingerprint: 0 }, mode: CallMode::Exclusive, chain: 1 },
+            &Msg::Call {
+                proclet: p.id(),
+                code: CodeRef {
+                    offset: 0,
+                    fingerprint: 0,
+                },
+                mode: CallMode::Exclusive,
+                chain: 1,
+            },
             &[],
         )
         .unwrap();
@@ -214,11 +299,20 @@ fn unreachable_controller_and_bad_specs_are_clear_errors() {
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = free.local_addr().unwrap().to_string();
     drop(free);
-    let e = Cluster::builder().controller(addr.clone()).start().err().expect("must fail");
+    let e = Cluster::builder()
+        .controller(addr.clone())
+        .start()
+        .err()
+        .expect("must fail");
     let msg = e.to_string();
     assert!(msg.contains(&addr) && msg.contains("unreachable"), "{msg}");
-    let e = Cluster::builder().nodes("cpu=two").err().expect("must fail");
-    assert!(matches!(e, ClusterError::Config(ref m) if m.contains("cpu must be a number")), "{e}");
-    let e = Cluster::builder().nodes("cpu=1,mem=1GiB,gpus=2").err().expect("must fail");
+    let e = Cluster::builder().nodes("cpu=two").expect_err("must fail");
+    assert!(
+        matches!(e, ClusterError::Config(ref m) if m.contains("cpu must be a number")),
+        "{e}"
+    );
+    let e = Cluster::builder()
+        .nodes("cpu=1,mem=1GiB,gpus=2")
+        .expect_err("must fail");
     assert!(e.to_string().contains("unknown key 'gpus'"), "{e}");
 }

@@ -20,8 +20,16 @@ fn driver_helper() {
     let Ok(mode) = std::env::var("GRANULE_TEST_HELPER") else {
         return; // only meaningful when re-run by the tests below
     };
-    let cluster = Cluster::builder().nodes("cpu=1,mem=128MiB;cpu=1,mem=128MiB").unwrap().start().unwrap();
-    let pids: Vec<String> = cluster.spawned_nodes().iter().map(|(_, p)| p.to_string()).collect();
+    let cluster = Cluster::builder()
+        .nodes("cpu=1,mem=128MiB;cpu=1,mem=128MiB")
+        .unwrap()
+        .start()
+        .unwrap();
+    let pids: Vec<String> = cluster
+        .spawned_nodes()
+        .iter()
+        .map(|(_, p)| p.to_string())
+        .collect();
     println!("PIDS {}", pids.join(" "));
     use std::io::Write;
     std::io::stdout().flush().unwrap();
@@ -38,7 +46,12 @@ fn driver_helper() {
 /// Start the helper driver, return it with its nodes' pids.
 fn start_driver(mode: &str) -> (std::process::Child, Vec<u32>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["driver_helper", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "driver_helper",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("GRANULE_TEST_HELPER", mode)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -53,7 +66,10 @@ fn start_driver(mode: &str) -> (std::process::Child, Vec<u32>) {
             // libtest prints "test driver_helper ... " first, on the same line.
             Some(Ok(l)) if l.contains("PIDS ") => {
                 let at = l.find("PIDS ").unwrap() + 5;
-                break l[at..].split_whitespace().map(|p| p.parse().unwrap()).collect::<Vec<u32>>();
+                break l[at..]
+                    .split_whitespace()
+                    .map(|p| p.parse().unwrap())
+                    .collect::<Vec<u32>>();
             }
             Some(_) => continue,
             None => panic!("the helper driver exited before starting its cluster"),

@@ -41,37 +41,46 @@ fn chained_calls_across_three_nodes() {
 
         type Chain = (Proclet<Counter>, Proclet<Counter>, u64);
         let (total, path) = a
-            .run((b.clone(), c.clone(), 5u64), |a: &mut Counter, (b, c, x): Chain| {
-                a.n += x;
-                let mine = here().unwrap();
-                let (rest, mut path) = b
-                    .run((c, x), |b: &mut Counter, (c, x): (Proclet<Counter>, u64)| {
-                        b.n += x;
-                        let mine = here().unwrap();
-                        let (cn, cwhere) = c
-                            .run(x, |c: &mut Counter, x: u64| {
-                                c.n += x;
-                                (c.n, here().unwrap())
-                            })
-                            .unwrap();
-                        (b.n + cn, vec![mine, cwhere])
-                    })
-                    .unwrap();
-                path.insert(0, mine);
-                (a.n + rest, path)
-            })
+            .run(
+                (b.clone(), c.clone(), 5u64),
+                |a: &mut Counter, (b, c, x): Chain| {
+                    a.n += x;
+                    let mine = here().unwrap();
+                    let (rest, mut path) = b
+                        .run(
+                            (c, x),
+                            |b: &mut Counter, (c, x): (Proclet<Counter>, u64)| {
+                                b.n += x;
+                                let mine = here().unwrap();
+                                let (cn, cwhere) = c
+                                    .run(x, |c: &mut Counter, x: u64| {
+                                        c.n += x;
+                                        (c.n, here().unwrap())
+                                    })
+                                    .unwrap();
+                                (b.n + cn, vec![mine, cwhere])
+                            },
+                        )
+                        .unwrap();
+                    path.insert(0, mine);
+                    (a.n + rest, path)
+                },
+            )
             .unwrap();
         assert_eq!(total, 6 + 15 + 105);
         assert_eq!(path, nodes, "each link ran on its own node");
 
         // The same chain with asynchronous calls fanned out from inside a closure.
         let sum = a
-            .run((b.clone(), c.clone()), |_a: &mut Counter, (b, c): (Proclet<Counter>, Proclet<Counter>)| {
-                let fb = b.run_ref_async((), |b: &Counter, ()| b.n);
-                let fc = c.run_ref_async((), |c: &Counter, ()| c.n);
-                let (x, y) = granule::block_on(async { futures::join!(fb, fc) });
-                x.unwrap() + y.unwrap()
-            })
+            .run(
+                (b.clone(), c.clone()),
+                |_a: &mut Counter, (b, c): (Proclet<Counter>, Proclet<Counter>)| {
+                    let fb = b.run_ref_async((), |b: &Counter, ()| b.n);
+                    let fc = c.run_ref_async((), |c: &Counter, ()| c.n);
+                    let (x, y) = granule::block_on(async { futures::join!(fb, fc) });
+                    x.unwrap() + y.unwrap()
+                },
+            )
             .unwrap();
         assert_eq!(sum, 15 + 105);
         drop(cluster);
@@ -85,38 +94,53 @@ fn nested_a_b_a_does_not_deadlock_with_one_core() {
     bounded(LIMIT, || {
         let (_cluster, nodes) = cluster(2, "cpu=1,mem=256MiB");
         for (na, nb) in [(nodes[0], nodes[0]), (nodes[0], nodes[1])] {
-            let a = Proclet::builder(Kind::Memory).on(na).create(7u64, |s: u64| Counter { n: s }).unwrap();
-            let b = Proclet::builder(Kind::Memory).on(nb).create(0u64, |s: u64| Counter { n: s }).unwrap();
+            let a = Proclet::builder(Kind::Memory)
+                .on(na)
+                .create(7u64, |s: u64| Counter { n: s })
+                .unwrap();
+            let b = Proclet::builder(Kind::Memory)
+                .on(nb)
+                .create(0u64, |s: u64| Counter { n: s })
+                .unwrap();
             // Outer read-only call on A → exclusive call on B → read-only call on A.
             let got = a
                 .with_timeout(Duration::from_secs(20))
-                .run_ref((a.clone(), b.clone()), |a_state: &Counter, (a, b): (Proclet<Counter>, Proclet<Counter>)| {
-                    let seen = b
-                        .run(a, |b: &mut Counter, a: Proclet<Counter>| {
-                            b.n += 1;
-                            a.run_ref((), |a: &Counter, ()| a.n)
-                        })
-                        .unwrap()
-                        .unwrap();
-                    seen + a_state.n
-                })
+                .run_ref(
+                    (a.clone(), b.clone()),
+                    |a_state: &Counter, (a, b): (Proclet<Counter>, Proclet<Counter>)| {
+                        let seen = b
+                            .run(a, |b: &mut Counter, a: Proclet<Counter>| {
+                                b.n += 1;
+                                a.run_ref((), |a: &Counter, ()| a.n)
+                            })
+                            .unwrap()
+                            .unwrap();
+                        seen + a_state.n
+                    },
+                )
                 .unwrap();
             assert_eq!(got, 14, "A on {na}, B on {nb}");
 
             // An exclusive re-entry can never be granted: it fails fast, no deadlock.
             let inner = a
                 .with_timeout(Duration::from_secs(20))
-                .run((a.clone(), b.clone()), |_s: &mut Counter, (a, b): (Proclet<Counter>, Proclet<Counter>)| {
-                    b.run(a, |_b: &mut Counter, a: Proclet<Counter>| {
-                        a.run(1u64, |a: &mut Counter, x: u64| {
-                            a.n += x;
-                            a.n
+                .run(
+                    (a.clone(), b.clone()),
+                    |_s: &mut Counter, (a, b): (Proclet<Counter>, Proclet<Counter>)| {
+                        b.run(a, |_b: &mut Counter, a: Proclet<Counter>| {
+                            a.run(1u64, |a: &mut Counter, x: u64| {
+                                a.n += x;
+                                a.n
+                            })
                         })
-                    })
-                    .unwrap()
-                })
+                        .unwrap()
+                    },
+                )
                 .unwrap();
-            assert!(matches!(inner, Err(CallError::Reentrant(p)) if p == a.id()), "{inner:?}");
+            assert!(
+                matches!(inner, Err(CallError::Reentrant(p)) if p == a.id()),
+                "{inner:?}"
+            );
         }
     });
 }
@@ -126,18 +150,30 @@ fn nested_a_b_a_does_not_deadlock_with_one_core() {
 fn nested_calls_through_the_driver() {
     bounded(LIMIT, || {
         let (cluster, nodes) = cluster(1, "cpu=1,mem=256MiB");
-        let m = Proclet::builder(Kind::Memory).on(cluster.node_id()).create(1000u64, |s: u64| Counter { n: s }).unwrap();
-        let a = Proclet::builder(Kind::Memory).on(nodes[0]).create(1u64, |s: u64| Counter { n: s }).unwrap();
+        let m = Proclet::builder(Kind::Memory)
+            .on(cluster.node_id())
+            .create(1000u64, |s: u64| Counter { n: s })
+            .unwrap();
+        let a = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(1u64, |s: u64| Counter { n: s })
+            .unwrap();
         let r = a
-            .run_ref((a.clone(), m.clone()), |a_state: &Counter, (a, m): (Proclet<Counter>, Proclet<Counter>)| {
-                let from_m = m
-                    .run(a, |m: &mut Counter, a: Proclet<Counter>| {
-                        m.n += 1;
-                        (here().unwrap(), m.n + a.run_ref((), |a: &Counter, ()| a.n).unwrap())
-                    })
-                    .unwrap();
-                (from_m.0, from_m.1 + a_state.n)
-            })
+            .run_ref(
+                (a.clone(), m.clone()),
+                |a_state: &Counter, (a, m): (Proclet<Counter>, Proclet<Counter>)| {
+                    let from_m = m
+                        .run(a, |m: &mut Counter, a: Proclet<Counter>| {
+                            m.n += 1;
+                            (
+                                here().unwrap(),
+                                m.n + a.run_ref((), |a: &Counter, ()| a.n).unwrap(),
+                            )
+                        })
+                        .unwrap();
+                    (from_m.0, from_m.1 + a_state.n)
+                },
+            )
             .unwrap();
         assert_eq!(r, (cluster.node_id(), 1001 + 1 + 1));
     });
@@ -149,8 +185,14 @@ fn nested_calls_through_the_driver() {
 fn remote_panic_is_an_error_and_the_node_keeps_serving() {
     bounded(LIMIT, || {
         let (_cluster, nodes) = cluster(1, "cpu=1,mem=256MiB");
-        let p = Proclet::builder(Kind::Memory).on(nodes[0]).create(1u64, |s: u64| Counter { n: s }).unwrap();
-        let q = Proclet::builder(Kind::Memory).on(nodes[0]).create(5u64, |s: u64| Counter { n: s }).unwrap();
+        let p = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(1u64, |s: u64| Counter { n: s })
+            .unwrap();
+        let q = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(5u64, |s: u64| Counter { n: s })
+            .unwrap();
         let r = p.run(99u64, |c: &mut Counter, x: u64| -> u64 {
             c.n = x;
             panic!("deliberate failure at {}", x)
@@ -162,12 +204,22 @@ fn remote_panic_is_an_error_and_the_node_keeps_serving() {
             }
             other => panic!("expected a remote panic, got {other:?}"),
         }
-        assert_eq!(p.run_ref((), |c: &Counter, ()| c.n).unwrap(), 99, "state as the closure left it");
+        assert_eq!(
+            p.run_ref((), |c: &Counter, ()| c.n).unwrap(),
+            99,
+            "state as the closure left it"
+        );
         assert_eq!(add(&q, 1).unwrap(), 6);
         assert_eq!(add(&p, 1).unwrap(), 100);
         // Local panics behave the same.
-        let l = Proclet::builder(Kind::Memory).on(granule::here().unwrap()).create(0u64, |s: u64| Counter { n: s }).unwrap();
-        assert!(matches!(l.run((), |_c: &mut Counter, ()| -> u64 { panic!("local") }), Err(CallError::RemotePanic { .. })));
+        let l = Proclet::builder(Kind::Memory)
+            .on(granule::here().unwrap())
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
+        assert!(matches!(
+            l.run((), |_c: &mut Counter, ()| -> u64 { panic!("local") }),
+            Err(CallError::RemotePanic { .. })
+        ));
         assert_eq!(add(&l, 2).unwrap(), 2);
     });
 }
@@ -176,20 +228,35 @@ fn remote_panic_is_an_error_and_the_node_keeps_serving() {
 fn destroy_frees_the_proclet_everywhere() {
     bounded(LIMIT, || {
         let (_cluster, nodes) = cluster(2, "cpu=1,mem=256MiB");
-        let p = Proclet::builder(Kind::Memory).on(nodes[0]).create(1u64, |s: u64| Counter { n: s }).unwrap();
-        let watcher = Proclet::builder(Kind::Memory).on(nodes[1]).create(0u64, |s: u64| Counter { n: s }).unwrap();
+        let p = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(1u64, |s: u64| Counter { n: s })
+            .unwrap();
+        let watcher = Proclet::builder(Kind::Memory)
+            .on(nodes[1])
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
         let probe = |w: &Proclet<Counter>, p: &Proclet<Counter>| {
-            w.run(p.clone(), |_w: &mut Counter, p: Proclet<Counter>| p.run_ref((), |c: &Counter, ()| c.n))
-                .unwrap()
+            w.run(p.clone(), |_w: &mut Counter, p: Proclet<Counter>| {
+                p.run_ref((), |c: &Counter, ()| c.n)
+            })
+            .unwrap()
         };
         assert_eq!(probe(&watcher, &p), Ok(1));
         p.destroy().unwrap();
         assert_eq!(add(&p, 1), Err(CallError::ProcletGone(p.id())));
-        assert_eq!(probe(&watcher, &p), Err(CallError::ProcletGone(p.id())), "seen from another node");
+        assert_eq!(
+            probe(&watcher, &p),
+            Err(CallError::ProcletGone(p.id())),
+            "seen from another node"
+        );
         assert_eq!(p.destroy(), Err(CallError::ProcletGone(p.id())));
         // Local proclets too.
         let l = Proclet::new(Kind::Memory, Counter { n: 3 }).unwrap();
-        let l2 = Proclet::builder(Kind::Memory).on(granule::here().unwrap()).create(3u64, |s: u64| Counter { n: s }).unwrap();
+        let l2 = Proclet::builder(Kind::Memory)
+            .on(granule::here().unwrap())
+            .create(3u64, |s: u64| Counter { n: s })
+            .unwrap();
         l.destroy().unwrap();
         l2.destroy().unwrap();
         assert_eq!(add(&l2, 1), Err(CallError::ProcletGone(l2.id())));
@@ -202,24 +269,41 @@ fn destroy_frees_the_proclet_everywhere() {
 fn stale_locations_are_refreshed_after_a_move() {
     bounded(LIMIT, || {
         let (cluster, nodes) = cluster(3, "cpu=1,mem=256MiB");
-        let p = Proclet::builder(Kind::Memory).on(nodes[0]).create(10u64, |s: u64| Counter { n: s }).unwrap();
-        let q = Proclet::builder(Kind::Memory).on(nodes[1]).create(0u64, |s: u64| Counter { n: s }).unwrap();
+        let p = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(10u64, |s: u64| Counter { n: s })
+            .unwrap();
+        let q = Proclet::builder(Kind::Memory)
+            .on(nodes[1])
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
         let via_q = |q: &Proclet<Counter>, p: &Proclet<Counter>, x: u64| {
-            q.run((p.clone(), x), |_q: &mut Counter, (p, x): (Proclet<Counter>, u64)| {
-                p.run(x, |c: &mut Counter, x: u64| {
-                    c.n += x;
-                    (c.n, here().unwrap())
-                })
-            })
+            q.run(
+                (p.clone(), x),
+                |_q: &mut Counter, (p, x): (Proclet<Counter>, u64)| {
+                    p.run(x, |c: &mut Counter, x: u64| {
+                        c.n += x;
+                        (c.n, here().unwrap())
+                    })
+                },
+            )
             .unwrap()
             .unwrap()
         };
         assert_eq!(add(&p, 1).unwrap(), 11);
         assert_eq!(via_q(&q, &p, 1), (12, nodes[0]));
         cluster.move_proclet(p.id(), nodes[2]).unwrap();
-        assert_eq!(add(&p, 1).unwrap(), 13, "driver's cached location was stale");
+        assert_eq!(
+            add(&p, 1).unwrap(),
+            13,
+            "driver's cached location was stale"
+        );
         assert_eq!(p.location().unwrap(), nodes[2]);
-        assert_eq!(via_q(&q, &p, 1), (14, nodes[2]), "the other node's cache was stale");
+        assert_eq!(
+            via_q(&q, &p, 1),
+            (14, nodes[2]),
+            "the other node's cache was stale"
+        );
         // Move it onto the driver: calls become local.
         cluster.move_proclet(p.id(), cluster.node_id()).unwrap();
         assert_eq!(add(&p, 1).unwrap(), 15);
@@ -237,7 +321,10 @@ fn stale_locations_are_refreshed_after_a_move() {
 fn calls_during_a_move_are_not_lost_or_doubled() {
     bounded(LIMIT, || {
         let (cluster, nodes) = cluster(2, "cpu=1,mem=256MiB");
-        let p = Proclet::builder(Kind::Memory).on(nodes[0]).create(0u64, |s: u64| Counter { n: s }).unwrap();
+        let p = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut callers = Vec::new();
         for _ in 0..3 {
@@ -268,8 +355,14 @@ fn calls_during_a_move_are_not_lost_or_doubled() {
 fn synchronization_rule() {
     bounded(LIMIT, || {
         let (cluster, nodes) = cluster(1, "cpu=2,mem=256MiB");
-        let remote = Proclet::builder(Kind::Memory).on(nodes[0]).create(0u64, |s: u64| Counter { n: s }).unwrap();
-        let local = Proclet::builder(Kind::Memory).on(cluster.node_id()).create(0u64, |s: u64| Counter { n: s }).unwrap();
+        let remote = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
+        let local = Proclet::builder(Kind::Memory)
+            .on(cluster.node_id())
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
         for p in [&remote, &local] {
             let hs: Vec<_> = (0..4)
                 .map(|_| {
@@ -294,10 +387,16 @@ fn synchronization_rule() {
             assert_eq!(p.run_ref((), |c: &Counter, ()| c.n).unwrap(), 1200);
         }
         let sleep_ref = |p: &Proclet<Counter>| {
-            p.run_ref(150u64, |_c: &Counter, ms: u64| std::thread::sleep(Duration::from_millis(ms))).unwrap()
+            p.run_ref(150u64, |_c: &Counter, ms: u64| {
+                std::thread::sleep(Duration::from_millis(ms))
+            })
+            .unwrap()
         };
         let sleep_mut = |p: &Proclet<Counter>| {
-            p.run(150u64, |_c: &mut Counter, ms: u64| std::thread::sleep(Duration::from_millis(ms))).unwrap()
+            p.run(150u64, |_c: &mut Counter, ms: u64| {
+                std::thread::sleep(Duration::from_millis(ms))
+            })
+            .unwrap()
         };
         for p in [&remote, &local] {
             let t = Instant::now();
@@ -312,8 +411,14 @@ fn synchronization_rule() {
                 s.spawn(|| sleep_mut(p));
             });
             let exclusive = t.elapsed();
-            assert!(shared < Duration::from_millis(280), "run_ref calls overlapped on {p:?}: {shared:?}");
-            assert!(exclusive >= Duration::from_millis(300), "run calls serialized: {exclusive:?}");
+            assert!(
+                shared < Duration::from_millis(280),
+                "run_ref calls overlapped on {p:?}: {shared:?}"
+            );
+            assert!(
+                exclusive >= Duration::from_millis(300),
+                "run calls serialized: {exclusive:?}"
+            );
         }
     });
 }
@@ -332,15 +437,33 @@ fn local_calls_do_not_encode_arguments() {
     }
     bounded(LIMIT, || {
         let (cluster, nodes) = cluster(1, "cpu=1,mem=256MiB");
-        let local = Proclet::builder(Kind::Memory).on(cluster.node_id()).create(0u64, |s: u64| Counter { n: s }).unwrap();
-        let remote = Proclet::builder(Kind::Memory).on(nodes[0]).create(0u64, |s: u64| Counter { n: s }).unwrap();
+        let local = Proclet::builder(Kind::Memory)
+            .on(cluster.node_id())
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
+        let remote = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
         let before = ENCODED.load(Ordering::SeqCst);
         for _ in 0..10 {
-            local.run(Tracked(2), |c: &mut Counter, t: Tracked| c.n += t.0).unwrap();
+            local
+                .run(Tracked(2), |c: &mut Counter, t: Tracked| c.n += t.0)
+                .unwrap();
         }
-        assert_eq!(ENCODED.load(Ordering::SeqCst), before, "local calls encoded their argument");
-        remote.run(Tracked(2), |c: &mut Counter, t: Tracked| c.n += t.0).unwrap();
-        assert_eq!(ENCODED.load(Ordering::SeqCst), before + 1, "a remote call encodes once");
+        assert_eq!(
+            ENCODED.load(Ordering::SeqCst),
+            before,
+            "local calls encoded their argument"
+        );
+        remote
+            .run(Tracked(2), |c: &mut Counter, t: Tracked| c.n += t.0)
+            .unwrap();
+        assert_eq!(
+            ENCODED.load(Ordering::SeqCst),
+            before + 1,
+            "a remote call encodes once"
+        );
         assert_eq!(local.run_ref((), |c: &Counter, ()| c.n).unwrap(), 20);
     });
 }
@@ -349,27 +472,43 @@ fn local_calls_do_not_encode_arguments() {
 fn timeouts_and_bad_requests_are_typed_errors() {
     bounded(LIMIT, || {
         let (_cluster, nodes) = cluster(1, "cpu=1,mem=256MiB");
-        let p = Proclet::builder(Kind::Compute).on(nodes[0]).create(0u64, |s: u64| Counter { n: s }).unwrap();
+        let p = Proclet::builder(Kind::Compute)
+            .on(nodes[0])
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
         let t = Instant::now();
         let r = p
             .with_timeout(Duration::from_millis(100))
-            .run(600u64, |_c: &mut Counter, ms: u64| std::thread::sleep(Duration::from_millis(ms)));
+            .run(600u64, |_c: &mut Counter, ms: u64| {
+                std::thread::sleep(Duration::from_millis(ms))
+            });
         assert_eq!(r, Err(CallError::Timeout(Duration::from_millis(100))));
-        assert!(t.elapsed() < Duration::from_millis(500), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
         // The async form times out too.
         let r = granule::block_on(
             p.with_timeout(Duration::from_millis(100))
-                .run_async(600u64, |_c: &mut Counter, ms: u64| std::thread::sleep(Duration::from_millis(ms))),
+                .run_async(600u64, |_c: &mut Counter, ms: u64| {
+                    std::thread::sleep(Duration::from_millis(ms))
+                }),
         );
         assert!(matches!(r, Err(CallError::Timeout(_))), "{r:?}");
         // Naming a node that does not exist.
-        let r = Proclet::builder(Kind::Memory).on(NodeId(999)).create(0u64, |s: u64| Counter { n: s });
+        let r = Proclet::builder(Kind::Memory)
+            .on(NodeId(999))
+            .create(0u64, |s: u64| Counter { n: s });
         assert!(matches!(r, Err(CallError::Refused(m)) if m.contains("no node n999")));
         // A handle to a proclet that never existed.
-        let bogus: Proclet<Counter> = serde_json::from_str("{\"id\":123456789,\"hint\":null}").unwrap();
+        let bogus: Proclet<Counter> =
+            serde_json::from_str("{\"id\":123456789,\"hint\":null}").unwrap();
         assert_eq!(add(&bogus, 1), Err(CallError::ProcletGone(bogus.id())));
         // A constructor that panics.
-        let r = Proclet::builder(Kind::Memory).on(nodes[0]).create(0u64, |_s: u64| -> Counter { panic!("no") });
+        let r = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(0u64, |_s: u64| -> Counter { panic!("no") });
         assert!(r.is_err());
     });
 }
@@ -382,10 +521,15 @@ fn handles_travel_in_arguments_and_results() {
         let ps: Vec<Proclet<Counter>> = (0..6)
             .map(|i| Proclet::create(Kind::Memory, i as u64, |s: u64| Counter { n: s }).unwrap())
             .collect();
-        let hub = Proclet::builder(Kind::Compute).on(nodes[1]).create(0u64, |s: u64| Counter { n: s }).unwrap();
+        let hub = Proclet::builder(Kind::Compute)
+            .on(nodes[1])
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
         let sum = hub
             .run(ps.clone(), |_h: &mut Counter, ps: Vec<Proclet<Counter>>| {
-                ps.iter().map(|p| p.run_ref((), |c: &Counter, ()| c.n).unwrap()).sum::<u64>()
+                ps.iter()
+                    .map(|p| p.run_ref((), |c: &Counter, ()| c.n).unwrap())
+                    .sum::<u64>()
             })
             .unwrap();
         assert_eq!(sum, 15);
@@ -396,8 +540,13 @@ fn handles_travel_in_arguments_and_results() {
             })
             .unwrap();
         assert_eq!(add(&made, 1).unwrap(), 42);
-        let spread: std::collections::HashSet<NodeId> = ps.iter().map(|p| p.location().unwrap()).collect();
-        assert_eq!(spread.len(), 2, "memory proclets spread over both nodes: {spread:?}");
+        let spread: std::collections::HashSet<NodeId> =
+            ps.iter().map(|p| p.location().unwrap()).collect();
+        assert_eq!(
+            spread.len(),
+            2,
+            "memory proclets spread over both nodes: {spread:?}"
+        );
     });
 }
 
@@ -406,10 +555,16 @@ fn handles_travel_in_arguments_and_results() {
 fn two_clusters_in_one_process() {
     bounded(LIMIT, || {
         let (c1, n1) = cluster(1, "cpu=1,mem=256MiB");
-        let p1 = Proclet::builder(Kind::Memory).on(n1[0]).create(1u64, |s: u64| Counter { n: s }).unwrap();
+        let p1 = Proclet::builder(Kind::Memory)
+            .on(n1[0])
+            .create(1u64, |s: u64| Counter { n: s })
+            .unwrap();
         let h = std::thread::spawn(|| {
             let (c2, n2) = cluster(1, "cpu=1,mem=256MiB");
-            let p2 = Proclet::builder(Kind::Memory).on(n2[0]).create(2u64, |s: u64| Counter { n: s }).unwrap();
+            let p2 = Proclet::builder(Kind::Memory)
+                .on(n2[0])
+                .create(2u64, |s: u64| Counter { n: s })
+                .unwrap();
             assert_eq!(add(&p2, 0).unwrap(), 2);
             (c2.controller_addr().to_string(), p2)
         });

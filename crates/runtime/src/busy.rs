@@ -81,7 +81,11 @@ impl Drop for BusyGuard<'_> {
 }
 
 /// Keep I/O moving while closures run long (see the module doc).
-pub(crate) async fn watchdog(board: std::sync::Arc<BusyBoard>, workers: tokio::runtime::Handle, stop: impl Fn() -> bool) {
+pub(crate) async fn watchdog(
+    board: std::sync::Arc<BusyBoard>,
+    workers: tokio::runtime::Handle,
+    stop: impl Fn() -> bool,
+) {
     loop {
         if stop() {
             return;

@@ -109,7 +109,9 @@ pub(crate) fn install_panic_hook() {
                     .location()
                     .map(|l| format!("{}:{}", l.file(), l.line()))
                     .unwrap_or_default();
-                tracing::warn!("a closure panicked at {at}: {msg} (returned to its caller as RemotePanic)");
+                tracing::warn!(
+                    "a closure panicked at {at}: {msg} (returned to its caller as RemotePanic)"
+                );
             } else {
                 prev(info);
             }
@@ -230,6 +232,25 @@ pub(crate) fn block_on<F: Future>(fut: F, deadline: Option<Instant>) -> Option<F
     }
 }
 
+/// The node the calling code runs on: inside a closure, the proclet's node; on the
+/// driver's threads, the driver. `None` outside any cluster.
+pub fn here() -> Option<granule_wire::NodeId> {
+    current_node().map(|n| n.id)
+}
+
+/// Wait for a future from synchronous code, Granule's way: inside a closure running on
+/// a node, the worker's core is handed to another thread while waiting, so nested calls
+/// (including ones back to this node) keep being served. Use it instead of other
+/// executors' `block_on` inside closures.
+pub fn block_on_public<F: Future>(fut: F) -> F::Output {
+    let node = current_node();
+    let _enter = node.as_ref().map(|n| n.handle.enter());
+    match block_on(fut, None) {
+        Some(v) => v,
+        None => unreachable!("block_on without a deadline always completes"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,24 +291,5 @@ mod tests {
         let t = Instant::now();
         assert!(block_on(rx, Some(Instant::now() + Duration::from_millis(30))).is_none());
         assert!(t.elapsed() >= Duration::from_millis(30));
-    }
-}
-
-/// The node the calling code runs on: inside a closure, the proclet's node; on the
-/// driver's threads, the driver. `None` outside any cluster.
-pub fn here() -> Option<granule_wire::NodeId> {
-    current_node().map(|n| n.id)
-}
-
-/// Wait for a future from synchronous code, Granule's way: inside a closure running on
-/// a node, the worker's core is handed to another thread while waiting, so nested calls
-/// (including ones back to this node) keep being served. Use it instead of other
-/// executors' `block_on` inside closures.
-pub fn block_on_public<F: Future>(fut: F) -> F::Output {
-    let node = current_node();
-    let _enter = node.as_ref().map(|n| n.handle.enter());
-    match block_on(fut, None) {
-        Some(v) => v,
-        None => unreachable!("block_on without a deadline always completes"),
     }
 }

@@ -2,8 +2,8 @@
 
 use granule_controller::ControllerError;
 use granule_wire::{NodeId, ProcletId, RemoteError};
-use std::time::Duration;
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 use thiserror::Error;
 
 /// Why a proclet call (or creation, or destroy) failed. Serializable, so a closure can

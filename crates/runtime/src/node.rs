@@ -73,7 +73,6 @@ pub(crate) enum Remote {
 pub(crate) struct NodeInner {
     pub id: NodeId,
     pub role: Role,
-    pub spec: NodeSpec,
     pub addr: String,
     /// The worker runtime.
     pub handle: Handle,
@@ -93,7 +92,6 @@ pub(crate) struct NodeInner {
     ids: Mutex<Range<u64>>,
     pub calls_served: AtomicU64,
     hosted: [AtomicU32; 3],
-    pub failure_timeout: Duration,
     stopped: AtomicBool,
     shutdown: (Mutex<Option<String>>, Condvar),
     handler: Arc<NodeHandler>,
@@ -193,7 +191,6 @@ impl Node {
         let inner = Arc::new(NodeInner {
             id: reg.node,
             role: opts.role,
-            spec: opts.spec,
             addr,
             handle: workers.handle().clone(),
             control: control.handle().clone(),
@@ -210,7 +207,6 @@ impl Node {
             ids: Mutex::new(0..0),
             calls_served: AtomicU64::new(0),
             hosted: Default::default(),
-            failure_timeout: reg.failure_timeout,
             stopped: AtomicBool::new(false),
             shutdown: (Mutex::new(None), Condvar::new()),
             handler: handler.clone(),
@@ -1085,15 +1081,6 @@ impl NodeInner {
             }
             Err(e) => reply.error(e),
         }
-    }
-
-    /// Counters for status output.
-    pub(crate) fn hosted_counts(&self) -> [u32; 3] {
-        [
-            self.hosted[0].load(Ordering::Relaxed),
-            self.hosted[1].load(Ordering::Relaxed),
-            self.hosted[2].load(Ordering::Relaxed),
-        ]
     }
 
     /// Run a future to completion from any thread (the worker runtime drives I/O).

@@ -265,8 +265,12 @@ fn decode_state<S: DeserializeOwned + Send + Sync + 'static>(
     Ok(Box::new(s))
 }
 
+/// Marks a type parameter as used without owning one (keeps the namespaces below `Send`,
+/// `Sync` and free of drop obligations whatever the parameters are).
+type Mark<T> = PhantomData<fn() -> T>;
+
 /// Namespace for the per-instantiation descriptor constants.
-pub(crate) struct Desc<F, S, A, R>(PhantomData<(fn() -> F, fn() -> S, fn() -> A, fn() -> R)>);
+pub(crate) struct Desc<F, S, A, R>(Mark<(F, S, A, R)>);
 
 impl<F, S, A, R> Desc<F, S, A, R>
 where
@@ -288,7 +292,7 @@ where
 }
 
 /// Descriptors of shared (read-only) calls.
-pub(crate) struct DescRef<F, S, A, R>(PhantomData<(fn() -> F, fn() -> S, fn() -> A, fn() -> R)>);
+pub(crate) struct DescRef<F, S, A, R>(Mark<(F, S, A, R)>);
 
 impl<F, S, A, R> DescRef<F, S, A, R>
 where
@@ -310,7 +314,7 @@ where
 }
 
 /// Descriptors of constructors.
-pub(crate) struct DescCtor<F, S, A>(PhantomData<(fn() -> F, fn() -> S, fn() -> A)>);
+pub(crate) struct DescCtor<F, S, A>(Mark<(F, S, A)>);
 
 impl<F, S, A> DescCtor<F, S, A>
 where
@@ -331,7 +335,7 @@ where
 }
 
 /// Descriptors of state types (encode/decode for moves).
-pub(crate) struct DescState<S>(PhantomData<fn() -> S>);
+pub(crate) struct DescState<S>(Mark<S>);
 
 impl<S> DescState<S>
 where
@@ -502,7 +506,7 @@ pub(crate) fn resolve(code: CodeRef, expect: Expect) -> Result<&'static Descript
     };
     let addr = (anchor() as i64).wrapping_add(code.offset) as usize;
     let size = std::mem::size_of::<Descriptor>();
-    if addr % std::mem::align_of::<Descriptor>() != 0 {
+    if !addr.is_multiple_of(std::mem::align_of::<Descriptor>()) {
         return refuse("misaligned");
     }
     let maps = exe_maps();
@@ -707,7 +711,7 @@ mod tests {
         let Entry::CallMut(f) = d.entry else {
             panic!("kind")
         };
-        let mut wrong: Box<ErasedState> = Box::new(String::new());
+        let mut wrong: Box<ErasedState> = Box::new(String::from("not a counter"));
         let mut out = Vec::new();
         let r = f(
             wrong.as_mut(),

@@ -17,6 +17,8 @@ use std::sync::{Arc, OnceLock};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 
+static NEXT_CONN_ID: AtomicU64 = AtomicU64::new(1);
+
 /// Id of the hello request on client connections (ids start at 1).
 const HELLO_ID: u64 = 1;
 /// Frames at least this big are written on their own instead of being copied into the
@@ -71,6 +73,11 @@ pub struct Connection {
     in_flight: Arc<Semaphore>,
     incoming: Arc<Semaphore>,
     closed: AtomicBool,
+    /// Process-unique id (never reused, unlike the connection's address in memory).
+    id: u64,
+    /// The reader is dispatching the frames of one read: answers given meanwhile are
+    /// queued and leave together when it is done.
+    in_batch: AtomicBool,
     close_reason: Mutex<Option<String>>,
     /// Set on client connections when the server refuses the hello.
     refusal: Mutex<Option<TransportError>>,
@@ -120,6 +127,8 @@ impl Connection {
             }),
             next_id: AtomicU64::new(HELLO_ID),
             closed: AtomicBool::new(false),
+            id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
+            in_batch: AtomicBool::new(false),
             close_reason: Mutex::new(None),
             refusal: Mutex::new(None),
         })
@@ -141,11 +150,15 @@ impl Connection {
         let conn = Connection::new(stream, peer_addr, false, identity, config, handler);
         conn.start();
         let timeout = conn.config.handshake_timeout;
-        let watch = conn.clone();
+        // Weak: a connection that closes early must not be kept (with its socket) alive
+        // until the timeout fires.
+        let watch = Arc::downgrade(&conn);
         tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
-            if watch.peer.get().is_none() {
-                watch.close("no hello within the handshake timeout");
+            if let Some(c) = watch.upgrade() {
+                if c.peer.get().is_none() {
+                    c.close("no hello within the handshake timeout");
+                }
             }
         });
         conn
@@ -210,6 +223,11 @@ impl Connection {
                 })
             }
         }
+    }
+
+    /// A process-unique id for this connection.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The peer, once the handshake completed.
@@ -294,7 +312,11 @@ impl Connection {
     /// socket is idle. Senders defer when more frames are about to follow on this
     /// connection (other requests in flight, other incoming requests still being served),
     /// so those frames leave together in one write instead of one system call each.
-    pub fn send_frame_with(self: &Arc<Self>, frame: Vec<u8>, defer: bool) -> Result<(), TransportError> {
+    pub fn send_frame_with(
+        self: &Arc<Self>,
+        frame: Vec<u8>,
+        defer: bool,
+    ) -> Result<(), TransportError> {
         let mut ob = self.outbox.lock();
         if ob.closed {
             drop(ob);
@@ -313,7 +335,8 @@ impl Connection {
         let data: Bytes = if ob.queue.is_empty() {
             Bytes::from(frame)
         } else {
-            let mut all = Vec::with_capacity(ob.queue.iter().map(|b| b.len()).sum::<usize>() + frame.len());
+            let mut all =
+                Vec::with_capacity(ob.queue.iter().map(|b| b.len()).sum::<usize>() + frame.len());
             for b in ob.queue.drain(..) {
                 all.extend_from_slice(&b);
             }
@@ -337,6 +360,45 @@ impl Connection {
             self.write_wake.notify_one();
         }
         Ok(())
+    }
+
+    /// Write whatever is queued now, from this thread, unless the writer task is in the
+    /// middle of a write (then it will pick the queue up).
+    fn flush_queued(self: &Arc<Self>) {
+        let mut ob = self.outbox.lock();
+        if ob.closed || ob.writing || ob.queue.is_empty() {
+            return;
+        }
+        let data: Bytes = if ob.queue.len() == 1 {
+            ob.queue.pop_front().unwrap_or_default()
+        } else {
+            let mut all = Vec::with_capacity(ob.queue.iter().map(|b| b.len()).sum());
+            for b in ob.queue.drain(..) {
+                all.extend_from_slice(&b);
+            }
+            Bytes::from(all)
+        };
+        match self.stream.try_write(&data) {
+            Ok(n) if n == data.len() => {}
+            Ok(n) => ob.queue.push_front(data.slice(n..)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => ob.queue.push_front(data),
+            Err(e) => {
+                drop(ob);
+                self.close(format!("write failed: {e}"));
+                return;
+            }
+        }
+        if !ob.queue.is_empty() && !ob.scheduled {
+            ob.scheduled = true;
+            drop(ob);
+            self.write_wake.notify_one();
+        }
+    }
+
+    /// Whether an answer sent now should wait for others: more requests on this
+    /// connection are being served, or the reader is still dispatching a batch.
+    fn defer_answer(&self) -> bool {
+        self.in_batch.load(Ordering::Relaxed) || self.incoming_in_service() > 1
     }
 
     /// Requests of ours awaiting a response on this connection.
@@ -475,7 +537,9 @@ impl Connection {
     async fn read_loop(self: Arc<Self>) {
         let mut buf = BytesMut::with_capacity(64 << 10);
         loop {
-            // Dispatch every complete frame in the buffer.
+            // Dispatch every complete frame in the buffer; answers produced meanwhile
+            // (by handlers that answer at once) leave in one write at the end.
+            self.in_batch.store(true, Ordering::Relaxed);
             loop {
                 let max = if self.peer.get().is_some() {
                     self.config.max_frame
@@ -503,9 +567,12 @@ impl Connection {
                     }
                 };
                 if !self.dispatch(frame).await {
+                    self.in_batch.store(false, Ordering::Relaxed);
                     return;
                 }
             }
+            self.in_batch.store(false, Ordering::Relaxed);
+            self.flush_queued();
             if buf.capacity() - buf.len() < 4096 {
                 buf.reserve(64 << 10);
             }
@@ -548,7 +615,7 @@ impl Connection {
                 if let Msg::Ping = frame.msg {
                     if let Ok(bytes) = encode_frame(FrameKind::Response, frame.id, &Msg::Pong, &[])
                     {
-                        let _ = self.send_frame(bytes);
+                        let _ = self.send_frame_with(bytes, true);
                     }
                     return true;
                 }
@@ -709,7 +776,7 @@ impl Responder {
     /// `granule_wire::begin_frame(FrameKind::Response, self.id(), ..)`).
     pub fn send_raw(mut self, frame: Vec<u8>) -> Result<(), TransportError> {
         self.done = true;
-        let defer = self.conn.incoming_in_service() > 1;
+        let defer = self.conn.defer_answer();
         self.conn.send_frame_with(frame, defer)
     }
 
@@ -717,7 +784,7 @@ impl Responder {
     pub fn send(mut self, msg: &Msg, tail: &[u8]) -> Result<(), TransportError> {
         self.done = true;
         let bytes = encode_frame(FrameKind::Response, self.id, msg, tail)?;
-        let defer = self.conn.incoming_in_service() > 1;
+        let defer = self.conn.defer_answer();
         self.conn.send_frame_with(bytes, defer)
     }
 
@@ -731,7 +798,10 @@ impl Responder {
     ) -> Result<(), TransportError> {
         self.done = true;
         match encode_frame_with(FrameKind::Response, self.id, msg, tail_hint, fill) {
-            Ok(bytes) => self.conn.send_frame(bytes),
+            Ok(bytes) => {
+                let defer = self.conn.defer_answer();
+                self.conn.send_frame_with(bytes, defer)
+            }
             Err(e) => {
                 let err = Msg::Error(RemoteError::Decode(format!(
                     "cannot encode the response: {e}"
