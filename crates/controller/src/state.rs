@@ -346,6 +346,7 @@ impl State {
     /// `retention` (their proclets are lost; from then on calls to them find them gone
     /// rather than unreachable). Keeps the node list from growing under churn.
     pub fn prune_dead(&mut self, now: Instant, retention: Duration) {
+        let mut with_proclets = std::collections::HashSet::new();
         let doomed: Vec<NodeId> = self
             .nodes
             .values()
@@ -353,15 +354,21 @@ impl State {
             .filter(|e| {
                 e.placed == [0; 3] || now.saturating_duration_since(e.last_seen) > retention
             })
-            .map(|e| e.info.id)
+            .map(|e| {
+                if e.placed != [0; 3] {
+                    with_proclets.insert(e.info.id);
+                }
+                e.info.id
+            })
             .collect();
-        if doomed.is_empty() {
-            return;
-        }
         for id in &doomed {
             self.nodes.remove(id);
         }
-        self.locations.retain(|_, (n, _, _)| !doomed.contains(n));
+        // Only nodes that had proclets can appear in the location map.
+        if !with_proclets.is_empty() {
+            self.locations
+                .retain(|_, (n, _, _)| !with_proclets.contains(n));
+        }
     }
 
     /// Nodes silent for longer than the failure timeout (still marked alive).
