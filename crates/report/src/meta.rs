@@ -18,7 +18,7 @@ pub struct Meta {
     /// Short commit hash (12 hex digits), with `+dirty` appended when the work tree has
     /// changes; or `$GRANULE_COMMIT`; or `"unknown"`.
     pub commit: String,
-    /// Whether `git status --porcelain` was non-empty.
+    /// Whether `git status --porcelain` (outside `docs/results`) was non-empty.
     pub dirty: bool,
     /// CPU model name from `/proc/cpuinfo`.
     pub cpu_model: String,
@@ -137,7 +137,9 @@ fn git_commit(dir: &Path) -> (String, bool) {
         .filter(|s| !s.is_empty());
     match from_git {
         Some(hash) => {
-            let dirty = run(&["status", "--porcelain"])
+            // Benchmark reports written earlier in the same session (docs/results) do
+            // not make the code dirty; anything else that differs from the commit does.
+            let dirty = run(&["status", "--porcelain", "--", ".", ":(exclude)docs/results"])
                 .map(|s| !s.trim().is_empty())
                 .unwrap_or(false);
             let commit = if dirty { format!("{hash}+dirty") } else { hash };
