@@ -76,7 +76,11 @@ fn start_driver(mode: &str) -> (std::process::Child, Vec<u32>) {
         }
     };
     assert_eq!(pids.len(), 2);
-    assert!(pids.iter().all(|p| !process_gone(*p)));
+    // The nodes had registered when the pids were printed; a driver told to end at once
+    // may already have taken them down by now, so only a sleeping one is checked here.
+    if mode == "sleep" {
+        assert!(pids.iter().all(|p| !process_gone(*p)));
+    }
     (child, pids)
 }
 
