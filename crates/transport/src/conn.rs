@@ -78,6 +78,10 @@ pub struct Connection {
     /// The reader is dispatching the frames of one read: answers given meanwhile are
     /// queued and leave together when it is done.
     in_batch: AtomicBool,
+    /// Frames handed to `send_frame*` and write system calls made (coalescing shows as
+    /// fewer writes than frames).
+    frames_sent: AtomicU64,
+    writes: AtomicU64,
     close_reason: Mutex<Option<String>>,
     /// Set on client connections when the server refuses the hello.
     refusal: Mutex<Option<TransportError>>,
@@ -129,6 +133,8 @@ impl Connection {
             closed: AtomicBool::new(false),
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
             in_batch: AtomicBool::new(false),
+            frames_sent: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
             close_reason: Mutex::new(None),
             refusal: Mutex::new(None),
         })
@@ -230,6 +236,14 @@ impl Connection {
         self.id
     }
 
+    /// (frames sent, write system calls made) on this connection so far.
+    pub fn write_stats(&self) -> (u64, u64) {
+        (
+            self.frames_sent.load(Ordering::Relaxed),
+            self.writes.load(Ordering::Relaxed),
+        )
+    }
+
     /// The peer, once the handshake completed.
     pub fn peer(&self) -> Option<&PeerInfo> {
         self.peer.get()
@@ -317,6 +331,7 @@ impl Connection {
         frame: Vec<u8>,
         defer: bool,
     ) -> Result<(), TransportError> {
+        self.frames_sent.fetch_add(1, Ordering::Relaxed);
         let mut ob = self.outbox.lock();
         if ob.closed {
             drop(ob);
@@ -343,6 +358,7 @@ impl Connection {
             all.extend_from_slice(&frame);
             Bytes::from(all)
         };
+        self.writes.fetch_add(1, Ordering::Relaxed);
         let rest = match self.stream.try_write(&data) {
             Ok(n) if n == data.len() => return Ok(()),
             Ok(n) => data.slice(n..),
@@ -378,6 +394,7 @@ impl Connection {
             }
             Bytes::from(all)
         };
+        self.writes.fetch_add(1, Ordering::Relaxed);
         match self.stream.try_write(&data) {
             Ok(n) if n == data.len() => {}
             Ok(n) => ob.queue.push_front(data.slice(n..)),
@@ -524,6 +541,7 @@ impl Connection {
     async fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
         while !buf.is_empty() {
             self.stream.writable().await?;
+            self.writes.fetch_add(1, Ordering::Relaxed);
             match self.stream.try_write(buf) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => buf = &buf[n..],

@@ -235,3 +235,59 @@ async fn unreachable_address_is_a_connect_error() {
     assert!(matches!(err, TransportError::Connect { .. }), "{err:?}");
     assert!(err.never_sent());
 }
+
+/// Answers produced while several requests are being served leave in shared writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_frames_are_coalesced_into_fewer_writes() {
+    use std::sync::Mutex;
+    struct Spy(Mutex<Option<Arc<Connection>>>);
+    impl Handler for Spy {
+        fn on_request(&self, c: &Arc<Connection>, frame: Frame, reply: Responder) {
+            *self.0.lock().unwrap() = Some(c.clone());
+            // Answer from a spawned task, as the runtime does for calls.
+            tokio::spawn(async move {
+                let _ = reply.send(&Msg::Value, &frame.tail);
+            });
+        }
+    }
+    let spy = Arc::new(Spy(Mutex::new(None)));
+    let l = Listener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().to_string();
+    tokio::spawn(serve(
+        l,
+        host(1),
+        Arc::new(TransportConfig::default()),
+        spy.clone(),
+    ));
+    let c = Connection::connect(
+        &addr,
+        host(1),
+        Arc::new(TransportConfig::default()),
+        Arc::new(Echo),
+    )
+    .await
+    .unwrap();
+    let n = 5000u32;
+    let mut futs = Vec::new();
+    for i in 0..n {
+        let c = c.clone();
+        futs.push(tokio::spawn(async move {
+            c.request(&Msg::Done, &i.to_le_bytes()).await.unwrap()
+        }));
+    }
+    for f in futs {
+        f.await.unwrap();
+    }
+    let server_side = spy.0.lock().unwrap().clone().unwrap();
+    let (frames, writes) = server_side.write_stats();
+    assert!(frames >= n as u64);
+    assert!(
+        writes * 4 < frames,
+        "answers were not coalesced: {frames} frames in {writes} writes"
+    );
+    let (frames, writes) = c.write_stats();
+    assert!(
+        writes * 4 < frames,
+        "requests were not coalesced: {frames} frames in {writes} writes"
+    );
+}

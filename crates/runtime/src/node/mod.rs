@@ -1,0 +1,574 @@
+//! A node: the per-process runtime that hosts proclets and makes calls.
+//!
+//! Owns the proclet table, the location cache, the pool of connections to other nodes,
+//! the controller connection and heartbeats, and serving requests (calls, creations,
+//! destroys, moves). Every Granule process that hosts proclets — the driver and each node
+//! process — runs exactly one.
+//!
+//! Threads:
+//! - *workers* (a tokio runtime with one thread per core of the node's spec): accept and
+//!   read connections and run incoming calls to completion on the thread that read them
+//!   (each call is its own task, so a call blocked in a nested call never stops its
+//!   connection from being read);
+//! - *control* (one thread): the controller connection, heartbeats, move orders. It is
+//!   separate so a node whose cores are saturated by long closures still heartbeats and is
+//!   not declared dead.
+//!
+//! `calls` holds the calling side (finding proclets, sending calls, creating, destroying),
+//! `serve` the hosting side (the proclet table, serving requests, moves).
+
+use crate::busy::BusyBoard;
+use crate::context::{self, NodeCell};
+use crate::error::{CallError, ClusterError};
+use crate::shipping::{self};
+use crate::slot::Slot;
+use crate::usage::{resident_bytes, CpuMeter};
+use bytes::Bytes;
+use dashmap::DashMap;
+use granule_controller::{ControllerClient, ControllerError};
+use granule_transport::{
+    serve, Connection, Handler, Identity, Listener, TransportConfig, TransportError,
+};
+use granule_wire::{
+    Kind, Location, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, RemoteError, Role, Usage,
+};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::runtime::{Handle, Runtime};
+use tokio::sync::OnceCell;
+
+/// How many times a call follows "not here" answers before giving up.
+const MAX_HOPS: u32 = 32;
+/// Proclet ids fetched from the controller at once.
+const ID_BLOCK: u32 = 1024;
+
+/// What a node is started with.
+#[derive(Clone, Debug)]
+pub(crate) struct NodeOptions {
+    pub role: Role,
+    pub spec: NodeSpec,
+    pub controller: String,
+    pub listen_host: String,
+}
+
+/// A proclet being created: its id and where it goes.
+pub(crate) struct NewProclet {
+    pub id: ProcletId,
+    pub kind: Kind,
+    pub loc: Location,
+    /// The controller chose the node (and already recorded the location).
+    pub placed: bool,
+}
+
+/// The result of trying a call remotely.
+pub(crate) enum Remote {
+    /// The encoded return value.
+    Value(Bytes),
+    /// The proclet turned out to live on this node now: call it locally.
+    Local,
+}
+
+pub(crate) struct NodeInner {
+    pub id: NodeId,
+    pub role: Role,
+    pub addr: String,
+    /// The worker runtime.
+    pub handle: Handle,
+    identity: Arc<Identity>,
+    tconfig: Arc<TransportConfig>,
+    pub controller: ControllerClient,
+    table: DashMap<ProcletId, Arc<Slot>>,
+    /// Where proclets that left this node went (answers "not here" with a hint).
+    forwarding: DashMap<ProcletId, Location>,
+    /// Cached locations of proclets hosted elsewhere.
+    locations: DashMap<ProcletId, Location>,
+    peers: Mutex<HashMap<NodeId, Arc<OnceCell<Arc<Connection>>>>>,
+    dead: Mutex<HashSet<NodeId>>,
+    members: Mutex<HashMap<NodeId, NodeInfo>>,
+    members_version: AtomicU64,
+    ids: Mutex<Range<u64>>,
+    pub calls_served: AtomicU64,
+    hosted: [AtomicU32; 3],
+    stopped: AtomicBool,
+    shutdown: (Mutex<Option<String>>, Condvar),
+    handler: Arc<NodeHandler>,
+    /// Which workers are inside closures (for the I/O watchdog).
+    pub(crate) busy: Arc<BusyBoard>,
+}
+
+/// Owns a node's runtimes; stopping it stops the node.
+pub(crate) struct Node {
+    pub inner: Arc<NodeInner>,
+    workers: Option<Runtime>,
+    control: Option<Runtime>,
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
+    ClusterError::Io(format!("{what}: {e}"))
+}
+
+impl Node {
+    /// Start a node: runtimes, listener, registration with the controller, heartbeats.
+    pub(crate) fn start(opts: NodeOptions) -> Result<Node, ClusterError> {
+        context::install_panic_hook();
+        let cell: Arc<NodeCell> = Arc::new(OnceLock::new());
+        let workers_n = (opts.spec.cores.ceil() as usize).max(1);
+        let wcell = cell.clone();
+        let busy = Arc::new(BusyBoard::new());
+        let wbusy = busy.clone();
+        let workers = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers_n)
+            .thread_name("granule-worker")
+            .enable_all()
+            .on_thread_start(move || {
+                context::mark_worker();
+                context::set_thread_node(&wcell);
+                wbusy.register_thread();
+            })
+            .build()
+            .map_err(|e| io_err("cannot start the worker runtime", e))?;
+        let ccell = cell.clone();
+        let control = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("granule-control")
+            .enable_all()
+            .on_thread_start(move || context::set_thread_node(&ccell))
+            .build()
+            .map_err(|e| io_err("cannot start the control runtime", e))?;
+
+        let bind_addr = format!("{}:0", opts.listen_host);
+        let listener = context::block_on(
+            workers
+                .handle()
+                .spawn(async move { Listener::bind(&bind_addr).await }),
+            None,
+        )
+        .ok_or_else(|| io_err("bind", "interrupted"))?
+        .map_err(|e| io_err("bind", e))?
+        .map_err(|e| io_err("cannot listen for other nodes", e))?;
+        let addr = listener.local_addr().to_string();
+
+        let program = std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        let binary = shipping::binary_hash();
+        let handler = Arc::new(NodeHandler { cell: cell.clone() });
+        let ctl_identity = Arc::new(Identity {
+            role: opts.role,
+            node: None,
+            binary: Some(binary),
+            program: program.clone(),
+        });
+        let ctl_addr = opts.controller.clone();
+        let h: Arc<dyn Handler> = handler.clone();
+        let role = opts.role;
+        let spec = opts.spec;
+        let reg_addr = addr.clone();
+        let reg_program = program.clone();
+        let joined = context::block_on(
+            control.handle().spawn(async move {
+                let client = ControllerClient::connect(&ctl_addr, ctl_identity, h).await?;
+                let reg = client
+                    .register(role, spec, reg_addr, binary, reg_program)
+                    .await?;
+                Ok::<_, ControllerError>((client, reg))
+            }),
+            None,
+        )
+        .ok_or_else(|| io_err("register", "interrupted"))?
+        .map_err(|e| io_err("register", e))?;
+        let (controller, reg) = joined?;
+
+        let identity = Arc::new(Identity {
+            role: opts.role,
+            node: Some(reg.node),
+            binary: Some(binary),
+            program,
+        });
+        let inner = Arc::new(NodeInner {
+            id: reg.node,
+            role: opts.role,
+            addr,
+            handle: workers.handle().clone(),
+            identity: identity.clone(),
+            tconfig: Arc::new(TransportConfig::default()),
+            controller,
+            table: DashMap::new(),
+            forwarding: DashMap::new(),
+            locations: DashMap::new(),
+            peers: Mutex::new(HashMap::new()),
+            dead: Mutex::new(HashSet::new()),
+            members: Mutex::new(HashMap::new()),
+            members_version: AtomicU64::new(0),
+            ids: Mutex::new(0..0),
+            calls_served: AtomicU64::new(0),
+            hosted: Default::default(),
+            stopped: AtomicBool::new(false),
+            shutdown: (Mutex::new(None), Condvar::new()),
+            handler: handler.clone(),
+            busy,
+        });
+        let _ = cell.set(Arc::downgrade(&inner));
+
+        let h: Arc<dyn Handler> = handler;
+        let tconfig = inner.tconfig.clone();
+        workers.spawn(serve(listener, identity, tconfig, h));
+        control.spawn(heartbeat_loop(inner.clone(), reg.heartbeat));
+        let weak = Arc::downgrade(&inner);
+        control.spawn(crate::busy::watchdog(
+            inner.busy.clone(),
+            workers.handle().clone(),
+            move || weak.upgrade().is_none_or(|n| n.is_stopped()),
+        ));
+        tracing::info!(node = %inner.id, role = ?inner.role, addr = %inner.addr, "node started");
+        Ok(Node {
+            inner,
+            workers: Some(workers),
+            control: Some(control),
+        })
+    }
+
+    /// Stop serving: mark the node stopped and shut its runtimes down.
+    pub(crate) fn stop(&mut self) {
+        self.inner.stopped.store(true, Ordering::Release);
+        self.inner.trigger_shutdown("stopped".into());
+        if let Some(rt) = self.workers.take() {
+            rt.shutdown_background();
+        }
+        if let Some(rt) = self.control.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn heartbeat_loop(node: Arc<NodeInner>, every: Duration) {
+    let mut meter = CpuMeter::new();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if node.is_stopped() {
+            return;
+        }
+        let usage = Usage {
+            cores_busy: meter.sample(),
+            mem_used: resident_bytes(),
+            proclets: [
+                node.hosted[0].load(Ordering::Relaxed),
+                node.hosted[1].load(Ordering::Relaxed),
+                node.hosted[2].load(Ordering::Relaxed),
+            ],
+            calls_served: node.calls_served.load(Ordering::Relaxed),
+        };
+        match node.controller.heartbeat(node.id, usage).await {
+            Ok(version) => {
+                if version != node.members_version.load(Ordering::Relaxed) {
+                    if let Ok(list) = node.controller.list_nodes().await {
+                        node.update_members(list);
+                        node.members_version.store(version, Ordering::Relaxed);
+                    }
+                }
+            }
+            Err(ControllerError::Remote(RemoteError::NodeDown(_))) => {
+                node.trigger_shutdown("the controller declared this node dead".into());
+                return;
+            }
+            Err(e) => {
+                node.trigger_shutdown(format!("lost the controller: {e}"));
+                return;
+            }
+        }
+    }
+}
+
+impl NodeInner {
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Ask the node's owner to stop (controller said so, or the controller is gone).
+    pub(crate) fn trigger_shutdown(&self, reason: String) {
+        let mut r = self.shutdown.0.lock();
+        if r.is_none() {
+            if self.role == Role::Node && reason != "stopped" {
+                // Normal at the end of a run (the driver went away); a warning otherwise.
+                if reason.contains("shutting down") || reason.contains("lost the controller") {
+                    tracing::info!(node = %self.id, "leaving the cluster: {reason}");
+                } else {
+                    tracing::warn!(node = %self.id, "leaving the cluster: {reason}");
+                }
+            }
+            *r = Some(reason);
+            self.shutdown.1.notify_all();
+        }
+    }
+
+    /// Block until the node is asked to stop; returns why.
+    pub(crate) fn wait_shutdown(&self) -> String {
+        let mut r = self.shutdown.0.lock();
+        while r.is_none() {
+            self.shutdown.1.wait(&mut r);
+        }
+        r.clone().unwrap_or_default()
+    }
+
+    pub(super) fn update_members(&self, list: Vec<NodeInfo>) {
+        let mut dead = Vec::new();
+        {
+            let mut m = self.members.lock();
+            m.clear();
+            for n in list {
+                if n.state == NodeState::Dead {
+                    dead.push(n.id);
+                }
+                m.insert(n.id, n);
+            }
+        }
+        for d in dead {
+            self.on_node_down(d);
+        }
+    }
+
+    /// The address of a node (from the membership cache, refreshed on a miss).
+    pub(crate) async fn addr_of(&self, node: NodeId) -> Result<String, CallError> {
+        if node == self.id {
+            return Ok(self.addr.clone());
+        }
+        if let Some(n) = self.members.lock().get(&node) {
+            return Ok(n.addr.clone());
+        }
+        let list = self.controller.list_nodes().await?;
+        self.update_members(list);
+        self.members
+            .lock()
+            .get(&node)
+            .map(|n| n.addr.clone())
+            .ok_or_else(|| CallError::Refused(format!("there is no node {node} in this cluster")))
+    }
+
+    /// A node was declared dead: fail everything waiting on it.
+    pub(crate) fn on_node_down(&self, node: NodeId) {
+        if !self.dead.lock().insert(node) {
+            return;
+        }
+        tracing::info!(node = %self.id, dead = %node, "peer declared dead");
+        let cell = self.peers.lock().remove(&node);
+        if let Some(conn) = cell.and_then(|c| c.get().cloned()) {
+            conn.close(format!("node {node} was declared dead"));
+        }
+    }
+
+    pub(super) fn is_dead(&self, node: NodeId) -> bool {
+        self.dead.lock().contains(&node)
+    }
+
+    /// The next proclet id (a controller round trip once per block).
+    pub(crate) async fn next_id(&self) -> Result<ProcletId, CallError> {
+        {
+            let mut ids = self.ids.lock();
+            if let Some(id) = ids.next() {
+                return Ok(ProcletId(id));
+            }
+        }
+        let block = self.controller.alloc_ids(ID_BLOCK).await?;
+        let mut ids = self.ids.lock();
+        if ids.is_empty() {
+            *ids = block;
+        }
+        ids.next()
+            .map(ProcletId)
+            .ok_or_else(|| CallError::Internal("empty id block".into()))
+    }
+
+    // ---- connections ----------------------------------------------------------------
+
+    pub(super) fn unreachable(node: NodeId, e: impl std::fmt::Display) -> CallError {
+        CallError::NodeUnreachable {
+            node,
+            reason: e.to_string(),
+        }
+    }
+
+    pub(super) fn transport_error(&self, node: NodeId, e: TransportError) -> CallError {
+        match e {
+            TransportError::BinaryMismatch(m) => CallError::BinaryMismatch(m),
+            TransportError::Wire(w) => CallError::Decode(w.to_string()),
+            other => {
+                if self.is_dead(node) {
+                    Self::unreachable(node, "the controller declared it dead")
+                } else {
+                    Self::unreachable(node, other)
+                }
+            }
+        }
+    }
+
+    /// The connection to `node`, opened on first use.
+    pub(crate) async fn conn_to(
+        &self,
+        node: NodeId,
+        addr: &str,
+    ) -> Result<Arc<Connection>, CallError> {
+        for _ in 0..2 {
+            if self.is_dead(node) {
+                return Err(Self::unreachable(node, "the controller declared it dead"));
+            }
+            if self.is_stopped() {
+                return Err(CallError::NoCluster);
+            }
+            let cell = self
+                .peers
+                .lock()
+                .entry(node)
+                .or_insert_with(|| Arc::new(OnceCell::new()))
+                .clone();
+            let identity = self.identity.clone();
+            let tconfig = self.tconfig.clone();
+            let handler: Arc<dyn Handler> = self.handler.clone();
+            let addr_s = addr.to_string();
+            let handle = self.handle.clone();
+            let conn = cell
+                .get_or_try_init(|| async move {
+                    // Connect on the worker runtime (its tasks must live there), whatever
+                    // thread asked.
+                    match handle
+                        .spawn(async move {
+                            Connection::connect(&addr_s, identity, tconfig, handler).await
+                        })
+                        .await
+                    {
+                        Ok(r) => r,
+                        Err(e) => Err(TransportError::Closed {
+                            peer: "?".into(),
+                            reason: format!("connect task failed: {e}"),
+                        }),
+                    }
+                })
+                .await
+                .map_err(|e| self.transport_error(node, e))?
+                .clone();
+            if !conn.is_closed() {
+                return Ok(conn);
+            }
+            let mut peers = self.peers.lock();
+            if peers.get(&node).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                peers.remove(&node);
+            }
+        }
+        Err(Self::unreachable(node, "connection keeps closing"))
+    }
+
+    pub(super) fn forget_conn(&self, conn: &Arc<Connection>) {
+        let Some(node) = conn.peer().and_then(|p| p.node) else {
+            return;
+        };
+        let mut peers = self.peers.lock();
+        if let Some(cell) = peers.get(&node) {
+            if cell.get().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                peers.remove(&node);
+            }
+        }
+    }
+
+    // ---- locations --------------------------------------------------------------------
+
+    pub(crate) fn local_slot(&self, id: ProcletId) -> Option<Arc<Slot>> {
+        self.table.get(&id).map(|s| s.clone())
+    }
+
+    /// Best known location of a proclet hosted elsewhere.
+    pub(crate) fn cached_location(&self, id: ProcletId) -> Option<Location> {
+        self.locations.get(&id).map(|l| l.clone())
+    }
+
+    /// Remember a location unless a newer one is known.
+    pub(crate) fn learn_location(&self, id: ProcletId, loc: &Location) {
+        match self.locations.get_mut(&id) {
+            Some(mut cur) => {
+                if cur.epoch < loc.epoch {
+                    *cur = loc.clone();
+                }
+            }
+            None => {
+                self.locations.insert(id, loc.clone());
+            }
+        }
+    }
+
+    /// Current location, asking the controller when nothing is cached.
+    pub(super) async fn resolve(
+        &self,
+        id: ProcletId,
+        hint: Option<&Location>,
+    ) -> Result<Location, CallError> {
+        if let Some(l) = self.cached_location(id) {
+            return Ok(l);
+        }
+        if let Some(h) = hint {
+            return Ok(h.clone());
+        }
+        self.locate_at_controller(id).await
+    }
+
+    pub(super) async fn locate_at_controller(&self, id: ProcletId) -> Result<Location, CallError> {
+        match self.controller.locate(id).await? {
+            Some((loc, true)) => {
+                self.learn_location(id, &loc);
+                Ok(loc)
+            }
+            Some((loc, false)) => Err(Self::unreachable(
+                loc.node,
+                "the controller declared it dead; its proclets are lost",
+            )),
+            None => Err(CallError::ProcletGone(id)),
+        }
+    }
+
+    /// After a "not here": the next place to try.
+    pub(super) async fn relocate(
+        &self,
+        id: ProcletId,
+        stale: &Location,
+        hint: Option<Location>,
+        hops: u32,
+    ) -> Result<Location, CallError> {
+        self.locations.remove(&id);
+        if let Some(h) = hint {
+            if h.epoch > stale.epoch || h.node != stale.node {
+                self.learn_location(id, &h);
+                return Ok(h);
+            }
+        }
+        let loc = self.locate_at_controller(id).await?;
+        if loc.node == stale.node && loc.epoch <= stale.epoch {
+            // The controller has not caught up with a move yet: back off a little.
+            tokio::time::sleep(Duration::from_micros(200 * hops as u64)).await;
+        }
+        Ok(loc)
+    }
+
+    /// Run a future to completion from any thread (the worker runtime drives I/O).
+    pub(crate) fn block<F: std::future::Future>(
+        &self,
+        fut: F,
+        deadline: Option<Instant>,
+    ) -> Option<F::Output> {
+        let _enter = self.handle.enter();
+        context::block_on(fut, deadline)
+    }
+}
+
+mod calls;
+mod serve;
+
+pub(crate) use serve::NodeHandler;

@@ -1,0 +1,387 @@
+//! The hosting side of a node: the proclet table, serving calls, creations, destroys,
+//! installs and moves, and the handler every connection of the node uses.
+
+use super::NodeInner;
+use crate::context::{self, NodeCell};
+use crate::shipping::{self, Descriptor, Entry, ErasedState, Expect};
+use crate::slot::{Guard, LockError, Slot, SlotStatus, TryLock};
+use granule_transport::{Connection, Handler, Responder};
+use granule_wire::{
+    begin_frame, finish_frame, CallMode, ChainId, Epoch, Frame, FrameKind, Kind, Location, Msg,
+    ProcletId, RemoteError, Role,
+};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl NodeInner {
+    pub(super) fn install(
+        &self,
+        id: ProcletId,
+        kind: Kind,
+        state: &'static Descriptor,
+        epoch: Epoch,
+        s: Box<ErasedState>,
+    ) {
+        let slot = Slot::new(id, kind, state, epoch, s);
+        self.forwarding.remove(&id);
+        self.locations.remove(&id);
+        if self.table.insert(id, slot).is_none() {
+            self.hosted[kind.index()].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn remove_hosted(&self, slot: &Slot) {
+        if self.table.remove(&slot.id).is_some() {
+            self.hosted[slot.kind.index()].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn not_here(&self, id: ProcletId) -> RemoteError {
+        RemoteError::NotHere {
+            hint: self.forwarding.get(&id).map(|l| l.clone()),
+        }
+    }
+
+    pub(super) fn lock_error(&self, id: ProcletId, e: LockError) -> RemoteError {
+        match e {
+            LockError::Reentrant => RemoteError::Reentrant(id),
+            LockError::Moved(l) => RemoteError::NotHere { hint: Some(l) },
+            LockError::Destroyed => RemoteError::Gone,
+        }
+    }
+
+    /// Take a slot's lock, waiting without blocking the thread.
+    pub(super) async fn lock_slot(
+        &self,
+        slot: &Arc<Slot>,
+        chain: ChainId,
+        mode: CallMode,
+    ) -> Result<Guard, RemoteError> {
+        let r = match slot.lock(chain, mode) {
+            Ok(TryLock::Granted(g)) => Ok(g),
+            Ok(TryLock::Wait(w)) => w.await,
+            Err(e) => Err(e),
+        };
+        r.map_err(|e| self.lock_error(slot.id, e))
+    }
+
+    pub(super) async fn destroy_local(
+        &self,
+        slot: &Arc<Slot>,
+        chain: ChainId,
+    ) -> Result<(), RemoteError> {
+        let guard = self.lock_slot(slot, chain, CallMode::Exclusive).await?;
+        guard.set_status(SlotStatus::Destroyed);
+        let state = guard.take_state();
+        self.remove_hosted(slot);
+        drop(guard);
+        drop(state);
+        if let Err(e) = self.controller.forget(slot.id).await {
+            tracing::warn!(proclet = %slot.id, "destroyed, but the controller was not told: {e}");
+        }
+        Ok(())
+    }
+
+    pub(super) async fn serve_call(self: Arc<Self>, frame: Frame, reply: Responder) {
+        let Msg::Call {
+            proclet,
+            code,
+            mode,
+            chain,
+        } = frame.msg
+        else {
+            return;
+        };
+        let Some(slot) = self.local_slot(proclet) else {
+            return reply.error(self.not_here(proclet));
+        };
+        let expect = match mode {
+            CallMode::Exclusive => Expect::CallMut,
+            CallMode::Shared => Expect::CallRef,
+        };
+        let desc = match shipping::resolve(code, expect) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        if desc.state_type() != slot.state_type {
+            return reply.error(RemoteError::CodeMismatch(format!(
+                "the closure expects another state type than proclet {proclet} holds"
+            )));
+        }
+        let guard = match self.lock_slot(&slot, chain, mode).await {
+            Ok(g) => g,
+            Err(e) => return reply.error(e),
+        };
+        let mut buf = match begin_frame(FrameKind::Response, reply.id(), &Msg::Value, 64) {
+            Ok(b) => b,
+            Err(e) => return reply.error(RemoteError::Internal(e.to_string())),
+        };
+        let result = {
+            let _scope = context::ChainScope::enter(chain);
+            let _busy = self.busy.enter();
+            match desc.entry {
+                Entry::CallMut(f) => guard.with_mut(|s| f(s, &frame.tail, &mut buf)),
+                Entry::CallRef(f) => guard.with_ref(|s| f(s, &frame.tail, &mut buf)),
+                _ => Err(RemoteError::CodeMismatch("not a call".into())),
+            }
+        };
+        drop(guard);
+        self.calls_served.fetch_add(1, Ordering::Relaxed);
+        match result
+            .and_then(|()| finish_frame(&mut buf).map_err(|e| RemoteError::Decode(e.to_string())))
+        {
+            Ok(()) => {
+                let _ = reply.send_raw(buf);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    pub(super) async fn serve_create(self: Arc<Self>, frame: Frame) -> Result<Msg, RemoteError> {
+        let Msg::Create {
+            proclet,
+            kind,
+            ctor,
+            state,
+            epoch,
+            chain,
+            register,
+        } = frame.msg
+        else {
+            return Err(RemoteError::Protocol("not a create".into()));
+        };
+        let ctor = shipping::resolve(ctor, Expect::Ctor)?;
+        let state = shipping::resolve(state, Expect::State)?;
+        if ctor.state_type() != state.state_type() {
+            return Err(RemoteError::CodeMismatch(
+                "constructor and state type disagree".into(),
+            ));
+        }
+        let Entry::Ctor(build) = ctor.entry else {
+            return Err(RemoteError::CodeMismatch("not a constructor".into()));
+        };
+        let s = {
+            let _scope = context::ChainScope::enter(chain);
+            let _busy = self.busy.enter();
+            build(&frame.tail)?
+        };
+        self.install(proclet, kind, state, epoch, s);
+        if register {
+            let loc = Location {
+                node: self.id,
+                addr: self.addr.clone(),
+                epoch,
+            };
+            if let Err(e) = self.controller.set_location(proclet, loc, kind).await {
+                if let Some(slot) = self.local_slot(proclet) {
+                    self.remove_hosted(&slot);
+                }
+                return Err(RemoteError::Internal(format!(
+                    "cannot record the new proclet at the controller: {e}"
+                )));
+            }
+        }
+        Ok(Msg::Done)
+    }
+
+    pub(super) async fn serve_install(self: Arc<Self>, frame: Frame) -> Result<Msg, RemoteError> {
+        let Msg::Install {
+            proclet,
+            kind,
+            state,
+            epoch,
+        } = frame.msg
+        else {
+            return Err(RemoteError::Protocol("not an install".into()));
+        };
+        let desc = shipping::resolve(state, Expect::State)?;
+        let Entry::State { decode, .. } = desc.entry else {
+            return Err(RemoteError::CodeMismatch("not a state descriptor".into()));
+        };
+        let s = decode(&frame.tail)?;
+        self.install(proclet, kind, desc, epoch, s);
+        Ok(Msg::Done)
+    }
+
+    /// Move a hosted proclet to `to` (stop-the-world: calls wait on the lock meanwhile,
+    /// then fail over to the new home with a "not here" hint).
+    pub(crate) async fn move_out(
+        self: Arc<Self>,
+        proclet: ProcletId,
+        to: Location,
+    ) -> Result<Msg, RemoteError> {
+        let Some(slot) = self.local_slot(proclet) else {
+            return Err(self.not_here(proclet));
+        };
+        if to.node == self.id {
+            return Ok(Msg::Done);
+        }
+        let guard = self
+            .lock_slot(&slot, context::new_chain(), CallMode::Exclusive)
+            .await?;
+        let conn = self
+            .conn_to(to.node, &to.addr)
+            .await
+            .map_err(|e| RemoteError::Refused(format!("cannot reach the destination: {e}")))?;
+        let Entry::State { encode, .. } = slot.state_desc.entry else {
+            return Err(RemoteError::Internal(
+                "slot without a state descriptor".into(),
+            ));
+        };
+        let msg = Msg::Install {
+            proclet,
+            kind: slot.kind,
+            state: shipping::code_ref(slot.state_desc),
+            epoch: to.epoch,
+        };
+        let mut encode_error = None;
+        let r = conn
+            .request_with(|rid| {
+                let mut buf = begin_frame(FrameKind::Request, rid, &msg, 4096)?;
+                if let Err(e) = guard.with_ref(|s| encode(s, &mut buf)) {
+                    encode_error = Some(e.clone());
+                    return Err(granule_wire::WireError::Encode(e.to_string()));
+                }
+                finish_frame(&mut buf)?;
+                Ok(buf)
+            })
+            .await;
+        if let Some(e) = encode_error {
+            return Err(e);
+        }
+        match r {
+            Ok(Frame { msg: Msg::Done, .. }) => {}
+            Ok(Frame {
+                msg: Msg::Error(e), ..
+            }) => return Err(e),
+            Ok(f) => {
+                return Err(RemoteError::Internal(format!(
+                    "unexpected answer {}",
+                    f.msg.name()
+                )))
+            }
+            Err(e) => return Err(RemoteError::Internal(format!("transfer failed: {e}"))),
+        }
+        if let Err(e) = self
+            .controller
+            .set_location(proclet, to.clone(), slot.kind)
+            .await
+        {
+            tracing::warn!(%proclet, "moved, but the controller was not told: {e}");
+        }
+        self.forwarding.insert(proclet, to.clone());
+        guard.set_status(SlotStatus::Moved(to));
+        let old = guard.take_state();
+        self.remove_hosted(&slot);
+        drop(guard);
+        drop(old);
+        Ok(Msg::Done)
+    }
+
+    pub(super) async fn serve(self: Arc<Self>, frame: Frame, reply: Responder) {
+        let out = match &frame.msg {
+            Msg::Call { .. } => return self.serve_call(frame, reply).await,
+            Msg::Create { .. } => self.serve_create(frame).await,
+            Msg::Install { .. } => self.serve_install(frame).await,
+            Msg::Destroy { proclet } => {
+                let id = *proclet;
+                match self.local_slot(id) {
+                    Some(slot) => self
+                        .destroy_local(&slot, context::new_chain())
+                        .await
+                        .map(|()| Msg::Done),
+                    None => Err(self.not_here(id)),
+                }
+            }
+            Msg::MoveOut { proclet, to } => {
+                let (p, t) = (*proclet, to.clone());
+                self.move_out(p, t).await
+            }
+            other => Err(RemoteError::Protocol(format!(
+                "a node does not handle {}",
+                other.name()
+            ))),
+        };
+        match out {
+            Ok(m) => {
+                let _ = reply.send(&m, &[]);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+/// Serves requests and notices on every connection of a node.
+pub(crate) struct NodeHandler {
+    pub(super) cell: Arc<NodeCell>,
+}
+
+impl NodeHandler {
+    fn node(&self) -> Option<Arc<NodeInner>> {
+        self.cell.get()?.upgrade().filter(|n| !n.is_stopped())
+    }
+}
+
+impl Handler for NodeHandler {
+    fn on_request(&self, conn: &Arc<Connection>, frame: Frame, reply: Responder) {
+        let Some(node) = self.node() else {
+            reply.error(RemoteError::Internal(
+                "the node is starting or stopping".into(),
+            ));
+            return;
+        };
+        let peer = conn.peer();
+        let verified = peer.is_some_and(|p| p.verified);
+        let from_controller = peer.is_some_and(|p| p.role == Role::Controller);
+        match &frame.msg {
+            Msg::Call { .. } | Msg::Create { .. } | Msg::Install { .. } | Msg::Destroy { .. } => {
+                if !verified {
+                    reply.error(RemoteError::Unauthorized(
+                        "only a proclet host running the identical binary may ship code or \
+                         manage proclets (the hello did not verify the binary)"
+                            .into(),
+                    ));
+                    return;
+                }
+            }
+            Msg::MoveOut { .. } => {
+                if !from_controller {
+                    reply.error(RemoteError::Unauthorized(
+                        "only the controller orders moves".into(),
+                    ));
+                    return;
+                }
+            }
+            other => {
+                reply.error(RemoteError::Protocol(format!(
+                    "a node does not handle {}",
+                    other.name()
+                )));
+                return;
+            }
+        }
+        tokio::spawn(node.serve(frame, reply));
+    }
+
+    fn on_notify(&self, conn: &Arc<Connection>, frame: Frame) {
+        let Some(node) = self.node() else { return };
+        let from_controller = conn.peer().is_some_and(|p| p.role == Role::Controller);
+        match frame.msg {
+            Msg::NodeDown { node: n } if from_controller => node.on_node_down(n),
+            Msg::Shutdown { reason } if from_controller => node.trigger_shutdown(reason),
+            other => tracing::debug!("ignored notification {}", other.name()),
+        }
+    }
+
+    fn on_close(&self, conn: &Arc<Connection>) {
+        let Some(node) = self.node() else { return };
+        if conn.peer().is_some_and(|p| p.role == Role::Controller) {
+            node.trigger_shutdown(format!(
+                "lost the controller ({})",
+                conn.close_reason().unwrap_or_default()
+            ));
+        } else {
+            node.forget_conn(conn);
+        }
+    }
+}
