@@ -107,6 +107,28 @@ pub(crate) struct Node {
     control: Option<Runtime>,
 }
 
+/// The address other nodes should dial: the listening address, except that a wildcard
+/// (`0.0.0.0`, `::`) is replaced by this machine's address on the route to the
+/// controller (what other machines can reach).
+fn advertised_addr(bound: std::net::SocketAddr, controller: &str) -> String {
+    if !bound.ip().is_unspecified() {
+        return bound.to_string();
+    }
+    let local = std::net::UdpSocket::bind(if bound.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    })
+    .and_then(|u| {
+        u.connect(controller)?;
+        u.local_addr()
+    });
+    match local {
+        Ok(l) => std::net::SocketAddr::new(l.ip(), bound.port()).to_string(),
+        Err(_) => bound.to_string(),
+    }
+}
+
 fn io_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
     ClusterError::Io(format!("{what}: {e}"))
 }
@@ -150,7 +172,7 @@ impl Node {
         .ok_or_else(|| io_err("bind", "interrupted"))?
         .map_err(|e| io_err("bind", e))?
         .map_err(|e| io_err("cannot listen for other nodes", e))?;
-        let addr = listener.local_addr().to_string();
+        let addr = advertised_addr(listener.local_addr(), &opts.controller);
 
         let program = std::env::current_exe()
             .map(|p| p.display().to_string())
@@ -572,3 +594,16 @@ mod calls;
 mod serve;
 
 pub(crate) use serve::NodeHandler;
+
+#[cfg(test)]
+mod tests {
+    use super::advertised_addr;
+
+    #[test]
+    fn wildcard_listen_addresses_are_advertised_as_a_reachable_address() {
+        let a = advertised_addr("0.0.0.0:4000".parse().unwrap(), "127.0.0.1:7070");
+        assert_eq!(a, "127.0.0.1:4000");
+        let b = advertised_addr("127.0.0.1:4001".parse().unwrap(), "10.0.0.1:7070");
+        assert_eq!(b, "127.0.0.1:4001");
+    }
+}
