@@ -15,8 +15,12 @@
 //! Thread placement (stated in every report): caller = the driver's main thread plus the
 //! driver's single I/O worker thread; callee = the node's single worker thread (it reads,
 //! runs and answers calls); the raw TCP server is one blocking thread in the node process
-//! and the raw client is the driver's main thread with a blocking socket. Nothing is
-//! pinned: the kernel places the threads on the machine's vCPUs.
+//! and the raw client is the driver's main thread. On a machine with 2+ vCPUs the driver
+//! process is pinned to vCPU 0 and the callee node process to vCPU 1, so Granule and raw
+//! TCP pay the same cross-vCPU wake-ups. Synchronous raw TCP is measured twice: with a
+//! client that blocks at once, and with one that waits the way Granule's blocked callers
+//! do (spin `GRANULE_SPIN_US`, then sleep) — the latter is the baseline of the headline
+//! ratio (same blocking mode).
 
 use crate::work::{calibrate, iters_for, spin};
 use crate::BenchOpts;
@@ -85,8 +89,11 @@ impl RawServer {
             .name("raw-tcp-server".into())
             .spawn(move || {
                 for conn in listener.incoming().flatten() {
-                    // One client at a time, on this one thread.
-                    let _ = serve_raw(conn);
+                    // A thread per client; the benchmark drives one client at a time,
+                    // so one server thread is active at any moment.
+                    let _ = std::thread::Builder::new()
+                        .name("raw-tcp-conn".into())
+                        .spawn(move || serve_raw(conn));
                 }
             })
             .ok();
@@ -129,6 +136,30 @@ fn serve_raw(mut s: TcpStream) -> std::io::Result<()> {
         }
         s.write_all(&out)?;
     }
+}
+
+/// Pin every thread of this process to `cpu` (threads created later inherit it).
+fn pin_process(cpu: usize) -> anyhow::Result<()> {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let mut set = CpuSet::new();
+    set.set(cpu)?;
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        let tid: i32 = entry?.file_name().to_string_lossy().parse()?;
+        // A thread may have exited since the listing: ignore those.
+        let _ = sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set);
+    }
+    Ok(())
+}
+
+fn write_all_nonblocking(s: &mut TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match s.write(buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn raw_request(iters: u64) -> Vec<u8> {
@@ -177,6 +208,10 @@ struct Setup {
     local: Proclet<Bench>,
     remote: Proclet<Bench>,
     raw: TcpStream,
+    /// A second raw connection, non-blocking, for the spin-then-block client.
+    raw_spin: TcpStream,
+    spin: Duration,
+    pinned: bool,
     rt: tokio::runtime::Runtime,
     per_us: f64,
 }
@@ -199,6 +234,24 @@ impl Setup {
         let local = Proclet::builder(Kind::Compute)
             .on(cluster.node_id())
             .create((), |()| Bench::default())?;
+        // Thread placement: the driver (caller) on vCPU 0, the callee node process on
+        // vCPU 1 — the same for Granule and for raw TCP, so both pay the same cross-core
+        // wake-ups. Done before the raw server thread starts, which inherits it.
+        let pinned = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            >= 2;
+        if pinned {
+            pin_process(0)?;
+            let node_pin = Proclet::builder(Kind::Compute)
+                .on(callee)
+                .create(1usize, |cpu: usize| {
+                    pin_process(cpu).map_err(|e| e.to_string())
+                })?;
+            node_pin
+                .run_ref((), |r: &Result<(), String>, ()| r.clone())?
+                .map_err(|e| anyhow!("pinning the callee: {e}"))?;
+        }
         let remote = Proclet::builder(Kind::Compute)
             .on(callee)
             .create((), |()| Bench::default())?;
@@ -211,6 +264,17 @@ impl Setup {
         }
         let raw = TcpStream::connect(&addr).with_context(|| format!("connecting to {addr}"))?;
         raw.set_nodelay(true)?;
+        let raw_spin =
+            TcpStream::connect(&addr).with_context(|| format!("connecting to {addr}"))?;
+        raw_spin.set_nodelay(true)?;
+        raw_spin.set_nonblocking(true)?;
+        // The same policy Granule's blocked callers use (GRANULE_SPIN_US, default 30).
+        let spin = Duration::from_micros(
+            std::env::var("GRANULE_SPIN_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30),
+        );
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -219,6 +283,9 @@ impl Setup {
             local,
             remote,
             raw,
+            raw_spin,
+            spin,
+            pinned,
             rt,
             per_us,
         })
@@ -289,6 +356,40 @@ impl Setup {
         })
     }
 
+    /// Raw ping-pong whose client waits like Granule's blocked callers: it polls the
+    /// socket for up to `spin`, then sleeps in `poll(2)` until the reply arrives.
+    fn raw_sync_spin(&mut self, w: f64, dur: Duration, lat: &mut Latency) -> anyhow::Result<f64> {
+        use std::os::fd::AsFd;
+        let req = raw_request(iters_for(w, self.per_us));
+        let spin = self.spin;
+        let raw = &mut self.raw_spin;
+        timed_rate(dur, lat, || {
+            write_all_nonblocking(raw, &req)?;
+            let mut got = 0usize;
+            let mut reply = [0u8; 12];
+            let start = Instant::now();
+            while got < reply.len() {
+                match raw.read(&mut reply[got..]) {
+                    Ok(0) => anyhow::bail!("the raw server closed the connection"),
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if start.elapsed() >= spin {
+                            let mut fds = [nix::poll::PollFd::new(
+                                raw.as_fd(),
+                                nix::poll::PollFlags::POLLIN,
+                            )];
+                            nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE)?;
+                        } else {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(())
+        })
+    }
+
     fn raw_pipelined(&mut self, w: f64, dur: Duration) -> anyhow::Result<f64> {
         let one = raw_request(iters_for(w, self.per_us));
         let batch: Vec<u8> = one
@@ -320,13 +421,14 @@ impl Setup {
     }
 }
 
-const MODES: [&str; 6] = [
+const MODES: [&str; 7] = [
     "function",
     "local",
     "remote sync",
     "remote pipelined",
-    "raw TCP sync",
+    "raw TCP sync (blocking)",
     "raw TCP pipelined",
+    "raw TCP sync (spin, then block)",
 ];
 
 /// Run the benchmark and write its report.
@@ -353,12 +455,14 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         s.remote_sync(w, Duration::from_millis(50), &mut l)?;
         s.remote_pipelined(w, Duration::from_millis(50))?;
         s.raw_sync(w, Duration::from_millis(50), &mut l)?;
+        s.raw_sync_spin(w, Duration::from_millis(50), &mut l)?;
         s.raw_pipelined(w, Duration::from_millis(50))?;
     }
     // rates[(mode, work)] = calls/s per repetition
     let mut rates: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
     let mut lat_remote: Vec<Latency> = WORK_US.iter().map(|_| Latency::new()).collect();
     let mut lat_raw: Vec<Latency> = WORK_US.iter().map(|_| Latency::new()).collect();
+    let mut lat_raw_spin: Vec<Latency> = WORK_US.iter().map(|_| Latency::new()).collect();
     let mut busy_10us = Vec::new();
     for rep in 0..reps {
         for (wi, &w) in WORK_US.iter().enumerate() {
@@ -370,6 +474,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
                 s.remote_pipelined(w, dur)?,
                 s.raw_sync(w, dur, &mut lat_raw[wi])?,
                 s.raw_pipelined(w, dur)?,
+                s.raw_sync_spin(w, dur, &mut lat_raw_spin[wi])?,
             ];
             if w == 10.0 && !opts.quick {
                 // The callee's heartbeat (every 100 ms) covers the end of the run above.
@@ -409,6 +514,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
             let lat = match mi {
                 2 => Some(&lat_remote[wi]),
                 4 => Some(&lat_raw[wi]),
+                6 => Some(&lat_raw_spin[wi]),
                 _ => None,
             };
             let (p50, p99) = lat
@@ -432,7 +538,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     // The callee has one worker core; the local caller uses one core.
     let remote_vs_local_10us = med(3, wi(10.0)) / 1.0 / med(1, wi(10.0));
     let sync_p50 = lat_remote[0].p(0.5).as_secs_f64() * 1e6;
-    let tcp_p50 = lat_raw[0].p(0.5).as_secs_f64() * 1e6;
+    let tcp_blocking_p50 = lat_raw[0].p(0.5).as_secs_f64() * 1e6;
+    // Same blocking mode as Granule's caller (spin, then sleep): the headline baseline.
+    let tcp_p50 = lat_raw_spin[0].p(0.5).as_secs_f64() * 1e6;
 
     let mut plot = Plot::line("Calls per second vs work per call")
         .x_label("work per call (µs)")
@@ -450,11 +558,20 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         );
     }
 
-    let placement = "caller: the driver's main thread (blocking calls; pipelined calls from a current-thread \
-tokio runtime on it) plus the driver's single I/O worker thread; callee: a node process with cpu=1, whose one \
-worker thread reads, runs and answers calls. Raw TCP: the same caller thread with a blocking socket, and a \
-single blocking server thread inside the same node process. Nothing pinned: the kernel places threads on the \
-machine's vCPUs (a cross-vCPU wake-up costs ~50-100 µs on this VM class).";
+    let pin_text = if s.pinned {
+        "Pinned: every thread of the driver process (the caller) on vCPU 0, every thread of the callee node \
+process on vCPU 1, so each call crosses vCPUs both ways, for Granule and raw TCP alike."
+    } else {
+        "Nothing pinned (fewer than 2 vCPUs): the kernel places the threads."
+    };
+    let placement = format!(
+        "caller: the driver's main thread (sync calls; pipelined calls from a current-thread tokio runtime on it; \
+a blocked caller spins {:?}, reading its reply from the socket itself, then sleeps) plus the driver's single I/O \
+worker thread; callee: a node process with cpu=1 whose one worker thread reads, runs and answers calls. Raw TCP: \
+the same caller thread (blocking socket, or spinning {:?} then sleeping in poll(2)) and a single blocking server \
+thread inside the callee node process. {pin_text}",
+        s.spin, s.spin
+    );
     let mut meta = Meta::collect(placement, opts.quick);
     meta.note(format!(
         "work = calibrated integer spin ({:.0} iterations/µs); payload {PAYLOAD} B; pipelined window {WINDOW}; \
@@ -469,6 +586,16 @@ machine's vCPUs (a cross-vCPU wake-up costs ~50-100 µs on this VM class).";
     rep.summary("sync_rtt_vs_tcp_pingpong", sync_p50 / tcp_p50);
     rep.summary("remote_sync_p50_us", sync_p50);
     rep.summary("tcp_pingpong_p50_us", tcp_p50);
+    rep.summary("tcp_pingpong_blocking_p50_us", tcp_blocking_p50);
+    rep.summary(
+        "sync_rtt_vs_tcp_pingpong_blocking",
+        sync_p50 / tcp_blocking_p50,
+    );
+    for (wi, w) in WORK_US.iter().enumerate() {
+        let ours = lat_remote[wi].p(0.5).as_secs_f64();
+        let raw = lat_raw_spin[wi].p(0.5).as_secs_f64();
+        rep.summary(format!("sync_rtt_vs_tcp_pingpong_{w}us"), ours / raw);
+    }
     rep.summary("remote_pipelined_10us_calls_per_s", med(3, wi(10.0)));
     rep.summary("local_1us_calls_per_s", med(1, wi(1.0)));
     rep.summary("function_1us_calls_per_s", med(0, wi(1.0)));
@@ -483,9 +610,13 @@ machine's vCPUs (a cross-vCPU wake-up costs ~50-100 µs on this VM class).";
         "local_efficiency_1us = local calls/s ÷ plain function calls/s at 1 µs of work; \
          remote_pipelined_10us_vs_local = remote pipelined calls/s per callee worker core ÷ local calls/s per core at 10 µs \
          ({:.0} calls/s means the callee's one core spends {:.0} % of its time in the 10 µs of work); \
-         sync_rtt_vs_tcp_pingpong = p50 of a synchronous remote call ÷ p50 of a raw TCP ping-pong, both at 0.1 µs of work.",
+         sync_rtt_vs_tcp_pingpong = p50 of a synchronous remote call ÷ p50 of a raw TCP ping-pong at 0.1 µs of work, \
+         with the same blocking mode: both callers spin for {:?} and then sleep until the reply (Granule's \
+         GRANULE_SPIN_US policy); the raw client that blocks at once is reported too (…_blocking), and the ratio at \
+         every work level (sync_rtt_vs_tcp_pingpong_Nus).",
         med(3, wi(10.0)),
-        med(3, wi(10.0)) * 10e-6 * 100.0
+        med(3, wi(10.0)) * 10e-6 * 100.0,
+        s.spin
     ));
     rep.note("For reference (EVALUATION.md, same machine class): a Ray no-op actor call has p50 ~1.25 ms and 3-4k calls/s pipelined.");
     let dir = rep.write(&opts.out)?;

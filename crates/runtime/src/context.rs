@@ -9,15 +9,18 @@
 //!   threads fall back to the process's default node (the first cluster started).
 //! - [`block_on`] waits for a future on the calling thread: it polls, spins briefly (a
 //!   reply often arrives within microseconds, and a sleeping thread costs ~50–100 µs to
-//!   wake on this class of VM), then parks. On a node worker thread it first hands the
+//!   wake on this class of VM; while spinning, a remote call reads its reply from the
+//!   socket itself), then parks. On a node worker thread it first hands the
 //!   worker's core to another thread (`tokio::task::block_in_place`), so a worker blocked
 //!   on a nested call never holds one of the node's cores: with `cpu=1`, A→B→A works.
 
 use crate::node::NodeInner;
 use granule_wire::ChainId;
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use parking_lot::RwLock;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Context, Poll, Wake, Waker};
@@ -167,6 +170,10 @@ fn spin_time() -> Duration {
 struct ThreadWaker {
     thread: Thread,
     notified: AtomicBool,
+    /// The thread sleeps in `poll(2)` on a socket (see `park_on`) rather than parked:
+    /// wake it through `efd`.
+    in_poll: AtomicBool,
+    efd: Option<EventFd>,
 }
 
 impl Wake for ThreadWaker {
@@ -174,7 +181,12 @@ impl Wake for ThreadWaker {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        if !self.notified.swap(true, Ordering::AcqRel) {
+        if !self.notified.swap(true, Ordering::SeqCst) {
+            if self.in_poll.load(Ordering::SeqCst) {
+                if let Some(e) = &self.efd {
+                    let _ = e.write(1);
+                }
+            }
             self.thread.unpark();
         }
     }
@@ -182,7 +194,13 @@ impl Wake for ThreadWaker {
 
 thread_local! {
     static WAKER: (Arc<ThreadWaker>, Waker) = {
-        let tw = Arc::new(ThreadWaker { thread: std::thread::current(), notified: AtomicBool::new(false) });
+        let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC).ok();
+        let tw = Arc::new(ThreadWaker {
+            thread: std::thread::current(),
+            notified: AtomicBool::new(false),
+            in_poll: AtomicBool::new(false),
+            efd,
+        });
         let w = Waker::from(tw.clone());
         (tw, w)
     };
@@ -190,26 +208,49 @@ thread_local! {
 
 fn park_on<F: Future>(fut: F, deadline: Option<Instant>) -> Option<F::Output> {
     let mut fut = std::pin::pin!(fut);
+    // While this thread waits, a remote call polled here reads its own reply from the
+    // socket: no thread wake-up on the reply's path.
+    let _reads = granule_transport::caller_reads();
     let out = WAKER.with(|(tw, waker)| {
         let mut cx = Context::from_waker(waker);
         loop {
-            tw.notified.store(false, Ordering::Release);
+            tw.notified.store(false, Ordering::SeqCst);
             if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
                 return Some(v);
             }
+            // Spin briefly, polling the future again and again.
             let spin_until = Instant::now() + spin_time();
             while !tw.notified.load(Ordering::Acquire) && Instant::now() < spin_until {
+                if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                    return Some(v);
+                }
                 std::hint::spin_loop();
             }
-            while !tw.notified.load(Ordering::Acquire) {
-                match deadline {
+            // Then sleep: in poll(2) on the socket a reply is awaited on (the kernel wakes
+            // us when it arrives, as it would a plain blocking client), else parked.
+            while !tw.notified.load(Ordering::SeqCst) {
+                let timeout = match deadline {
                     Some(d) => {
                         let now = Instant::now();
                         if now >= d {
                             return None;
                         }
-                        std::thread::park_timeout(d - now);
+                        Some(d - now)
                     }
+                    None => None,
+                };
+                if let Some(efd) = &tw.efd {
+                    tw.in_poll.store(true, Ordering::SeqCst);
+                    let waited = !tw.notified.load(Ordering::SeqCst)
+                        && granule_transport::wait_for_reply(efd.as_fd(), timeout);
+                    tw.in_poll.store(false, Ordering::SeqCst);
+                    if waited {
+                        let _ = efd.read();
+                        break;
+                    }
+                }
+                match timeout {
+                    Some(t) => std::thread::park_timeout(t),
                     None => std::thread::park(),
                 }
             }

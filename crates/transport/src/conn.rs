@@ -6,14 +6,17 @@ use crate::{Handler, TransportConfig, TransportError};
 use bytes::{Bytes, BytesMut};
 use granule_wire::{
     decode_frame, encode_frame, encode_frame_with, peek_frame_len, Frame, FrameKind, Msg, NodeId,
-    RemoteError, Role, WireError,
+    RemoteError, Role, WireError, HEADER_LEN,
 };
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::task::Poll;
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -85,6 +88,73 @@ pub struct Connection {
     close_reason: Mutex<Option<String>>,
     /// Set on client connections when the server refuses the hello.
     refusal: Mutex<Option<TransportError>>,
+    /// Bytes read but not yet turned into frames. Shared by the reader task and callers
+    /// that read their own responses (see `read_responses_here`).
+    read_state: Mutex<ReadState>,
+    /// Wakes the reader task when a caller left frames in the buffer.
+    read_kick: Notify,
+}
+
+struct ReadState {
+    buf: BytesMut,
+}
+
+thread_local! {
+    static CALLER_READS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The connection whose response a caller on this thread is waiting for (set while
+    /// such a request is pending with caller reads on).
+    static WAITING_ON: std::cell::RefCell<std::sync::Weak<Connection>> =
+        const { std::cell::RefCell::new(std::sync::Weak::new()) };
+}
+
+/// Sleep until the socket this thread awaits a response on is readable, `extra` is
+/// readable (the thread's wake-up descriptor), or `timeout` passes — so a blocked caller
+/// is woken by the kernel when its reply arrives, like a plain blocking client, rather
+/// than by the reader thread. Returns false (without waiting) when the thread awaits no
+/// response.
+pub fn wait_for_reply(
+    extra: std::os::fd::BorrowedFd<'_>,
+    timeout: Option<std::time::Duration>,
+) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let Some(conn) = WAITING_ON.with(|w| w.borrow().upgrade()) else {
+        return false;
+    };
+    if conn.is_closed() {
+        return false;
+    }
+    let mut fds = [
+        PollFd::new(conn.stream.as_fd(), PollFlags::POLLIN),
+        PollFd::new(extra, PollFlags::POLLIN),
+    ];
+    let t = match timeout {
+        None => PollTimeout::NONE,
+        Some(d) => PollTimeout::try_from(d.max(std::time::Duration::from_millis(1)))
+            .unwrap_or(PollTimeout::MAX),
+    };
+    let _ = poll(&mut fds, t);
+    true
+}
+
+/// While the returned guard lives, requests awaited on this thread read their responses
+/// from the socket themselves when polled (a thread that is spinning while it waits for
+/// a reply uses this to avoid waiting for the reader thread to be woken).
+pub fn caller_reads() -> CallerReads {
+    CallerReads {
+        prev: CALLER_READS.with(|c| c.replace(true)),
+    }
+}
+
+/// See [`caller_reads`].
+pub struct CallerReads {
+    prev: bool,
+}
+
+impl Drop for CallerReads {
+    fn drop(&mut self) {
+        CALLER_READS.with(|c| c.set(self.prev));
+    }
 }
 
 impl std::fmt::Debug for Connection {
@@ -137,6 +207,10 @@ impl Connection {
             writes: AtomicU64::new(0),
             close_reason: Mutex::new(None),
             refusal: Mutex::new(None),
+            read_state: Mutex::new(ReadState {
+                buf: BytesMut::with_capacity(64 << 10),
+            }),
+            read_kick: Notify::new(),
         })
     }
 
@@ -301,7 +375,22 @@ impl Connection {
         let bytes = build(id)?;
         let defer = self.outgoing_in_flight() > 1;
         self.send_frame_with(bytes, defer)?;
-        let out = rx.await;
+        let mut rx = rx;
+        let out = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = Pin::new(&mut rx).poll(cx) {
+                return Poll::Ready(r);
+            }
+            if CALLER_READS.with(|c| c.get()) {
+                if self.read_responses_here() {
+                    if let Poll::Ready(r) = Pin::new(&mut rx).poll(cx) {
+                        return Poll::Ready(r);
+                    }
+                }
+                WAITING_ON.with(|w| *w.borrow_mut() = Arc::downgrade(self));
+            }
+            Poll::Pending
+        })
+        .await;
         drop(guard);
         match out {
             Ok(r) => r,
@@ -552,68 +641,182 @@ impl Connection {
         Ok(())
     }
 
+    /// Take the complete frames out of the read buffer (only one before the handshake
+    /// completes, since the handshake changes what is accepted next).
+    fn take_frames(&self) -> Result<Vec<Frame>, WireError> {
+        let mut rs = self.read_state.lock();
+        let mut out = Vec::new();
+        loop {
+            let handshaken = self.peer.get().is_some();
+            let max = if handshaken {
+                self.config.max_frame
+            } else {
+                self.config.max_hello_frame
+            };
+            let Some(total) = peek_frame_len(&rs.buf, max)? else {
+                break;
+            };
+            if rs.buf.len() < total {
+                let more = total - rs.buf.len();
+                rs.buf.reserve(more);
+                break;
+            }
+            let bytes = rs.buf.split_to(total).freeze();
+            out.push(decode_frame(bytes, max)?);
+            if !handshaken {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Read from the socket into the buffer. `Ok(false)`: nothing to read right now.
+    fn read_some(&self, rs: &mut ReadState) -> io::Result<bool> {
+        if rs.buf.capacity() - rs.buf.len() < 4096 {
+            rs.buf.reserve(64 << 10);
+        }
+        match self.stream.try_read_buf(&mut rs.buf) {
+            Ok(0) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "peer closed the connection",
+            )),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Like `read_some`, but a plain `recv` on the (non-blocking) socket rather than
+    /// tokio's `try_read`, which trusts readiness that only the runtime's I/O thread
+    /// updates — and that thread may be waiting for this very core.
+    fn read_some_direct(&self, rs: &mut ReadState) -> io::Result<bool> {
+        use std::io::Read;
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 64 << 10]);
+        }
+        let sock = socket2::SockRef::from(&self.stream);
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            match (&*sock).read(&mut scratch[..]) {
+                Ok(0) => Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the connection",
+                )),
+                Ok(n) => {
+                    rs.buf.extend_from_slice(&scratch[..n]);
+                    Ok(true)
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
     async fn read_loop(self: Arc<Self>) {
-        let mut buf = BytesMut::with_capacity(64 << 10);
         loop {
             // Dispatch every complete frame in the buffer; answers produced meanwhile
             // (by handlers that answer at once) leave in one write at the end.
-            self.in_batch.store(true, Ordering::Relaxed);
             loop {
-                let max = if self.peer.get().is_some() {
-                    self.config.max_frame
-                } else {
-                    self.config.max_hello_frame
-                };
-                let total = match peek_frame_len(&buf, max) {
-                    Ok(Some(t)) => t,
-                    Ok(None) => break,
-                    Err(e) => {
-                        self.close(format!("bad frame from peer: {e}"));
-                        return;
-                    }
-                };
-                if buf.len() < total {
-                    buf.reserve(total - buf.len());
-                    break;
-                }
-                let bytes = buf.split_to(total).freeze();
-                let frame = match decode_frame(bytes, max) {
+                let frames = match self.take_frames() {
                     Ok(f) => f,
                     Err(e) => {
                         self.close(format!("bad frame from peer: {e}"));
                         return;
                     }
                 };
-                if !self.dispatch(frame).await {
-                    self.in_batch.store(false, Ordering::Relaxed);
-                    return;
+                if frames.is_empty() {
+                    break;
                 }
-            }
-            self.in_batch.store(false, Ordering::Relaxed);
-            self.flush_queued();
-            if buf.capacity() - buf.len() < 4096 {
-                buf.reserve(64 << 10);
+                self.in_batch.store(true, Ordering::Relaxed);
+                for frame in frames {
+                    if !self.dispatch(frame).await {
+                        self.in_batch.store(false, Ordering::Relaxed);
+                        return;
+                    }
+                }
+                self.in_batch.store(false, Ordering::Relaxed);
+                self.flush_queued();
             }
             if self.is_closed() {
                 return;
             }
-            if let Err(e) = self.stream.readable().await {
-                self.close(format!("read failed: {e}"));
+            // Wait for data, or for a caller that read for itself and left frames it
+            // does not handle in the buffer.
+            tokio::select! {
+                r = self.stream.readable() => {
+                    if let Err(e) = r {
+                        self.close(format!("read failed: {e}"));
+                        return;
+                    }
+                }
+                _ = self.read_kick.notified() => {}
+            }
+            let r = {
+                let mut rs = self.read_state.lock();
+                self.read_some(&mut rs)
+            };
+            if let Err(e) = r {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    self.close("peer closed the connection");
+                } else {
+                    self.close(format!("read failed: {e}"));
+                }
                 return;
             }
-            match self.stream.try_read_buf(&mut buf) {
-                Ok(0) => {
-                    self.close("peer closed the connection");
-                    return;
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => {
-                    self.close(format!("read failed: {e}"));
-                    return;
-                }
+        }
+    }
+
+    /// A blocked caller reads the socket itself instead of waiting for the reader task
+    /// to be woken (a thread wake-up costs ~50–100 µs on a small VM; the caller is
+    /// awake anyway while it spins). Only responses are handled here; anything else is
+    /// left, in order, for the reader task, which is kicked. Returns whether it read.
+    fn read_responses_here(self: &Arc<Self>) -> bool {
+        if self.peer.get().is_none() || self.is_closed() {
+            return false;
+        }
+        let Some(mut rs) = self.read_state.try_lock() else {
+            return false;
+        };
+        match self.read_some_direct(&mut rs) {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(_) => {
+                // Let the reader task notice and close with the right reason.
+                drop(rs);
+                self.read_kick.notify_one();
+                return false;
             }
         }
+        let mut done = Vec::new();
+        let max = self.config.max_frame;
+        loop {
+            // A frame that is not a response (byte 5 is the kind) stays for the reader.
+            if rs.buf.len() >= HEADER_LEN && rs.buf[5] != FrameKind::Response as u8 {
+                break;
+            }
+            let total = match peek_frame_len(&rs.buf, max) {
+                Ok(Some(t)) if rs.buf.len() >= t => t,
+                _ => break,
+            };
+            let bytes = rs.buf.split_to(total).freeze();
+            match decode_frame(bytes, max) {
+                Ok(f) => done.push(f),
+                Err(_) => break,
+            }
+        }
+        let leftover = !rs.buf.is_empty();
+        drop(rs);
+        for frame in done {
+            let tx = self.pending.lock().map.remove(&frame.id);
+            if let Some(tx) = tx {
+                let _ = tx.send(Ok(frame));
+            }
+        }
+        if leftover {
+            self.read_kick.notify_one();
+        }
+        true
     }
 
     /// Handle one frame; false means stop reading.
@@ -761,6 +964,12 @@ struct PendingGuard<'a> {
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
+        WAITING_ON.with(|w| {
+            let mut w = w.borrow_mut();
+            if std::ptr::eq(w.as_ptr(), self.conn) {
+                *w = std::sync::Weak::new();
+            }
+        });
         self.conn.pending.lock().map.remove(&self.id);
     }
 }

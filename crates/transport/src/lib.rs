@@ -19,7 +19,7 @@ mod error;
 mod handshake;
 mod server;
 
-pub use conn::{Connection, PeerInfo, Responder};
+pub use conn::{caller_reads, wait_for_reply, CallerReads, Connection, PeerInfo, Responder};
 pub use error::TransportError;
 pub use handshake::{judge_hello, Identity};
 pub use server::{serve, Listener};
