@@ -27,6 +27,10 @@ const HELLO_ID: u64 = 1;
 /// Frames at least this big are written on their own instead of being copied into the
 /// coalescing buffer.
 const LARGE_FRAME: usize = 32 << 10;
+/// A deferred frame is written at once when this many are queued already...
+const DEFER_MAX_FRAMES: usize = 64;
+/// ...or when the oldest queued one has waited this long.
+const DEFER_MAX_AGE: std::time::Duration = std::time::Duration::from_micros(500);
 /// Upper bound of one coalesced write.
 const COALESCE_LIMIT: usize = 256 << 10;
 
@@ -54,6 +58,8 @@ struct Outbox {
     writing: bool,
     /// The writer task has been woken and will drain the queue soon.
     scheduled: bool,
+    /// When the oldest frame now queued was queued.
+    queued_since: Option<std::time::Instant>,
     /// Close the connection once the queue is written (used after a refusal).
     close_after: bool,
     closed: bool,
@@ -191,6 +197,7 @@ impl Connection {
                 queue: VecDeque::new(),
                 writing: false,
                 scheduled: false,
+                queued_since: None,
                 close_after: false,
                 closed: false,
             }),
@@ -426,7 +433,17 @@ impl Connection {
             drop(ob);
             return Err(self.closed_error());
         }
+        // Deferring trades latency for fewer writes; it stops paying once enough is
+        // queued or the oldest queued frame has waited a while. Then this frame flushes
+        // the queue, so answers keep flowing back while a peer's batch is still being
+        // served (the peer then keeps its pipeline full).
+        let defer = defer
+            && ob.queue.len() < DEFER_MAX_FRAMES
+            && ob.queued_since.is_none_or(|t| t.elapsed() < DEFER_MAX_AGE);
         if defer || ob.writing {
+            if ob.queue.is_empty() {
+                ob.queued_since = Some(std::time::Instant::now());
+            }
             ob.queue.push_back(Bytes::from(frame));
             if !ob.writing && !ob.scheduled {
                 ob.scheduled = true;
@@ -436,6 +453,7 @@ impl Connection {
             return Ok(());
         }
         // Direct write: whatever is queued first, then this frame, in one buffer.
+        ob.queued_since = None;
         let data: Bytes = if ob.queue.is_empty() {
             Bytes::from(frame)
         } else {
@@ -474,6 +492,7 @@ impl Connection {
         if ob.closed || ob.writing || ob.queue.is_empty() {
             return;
         }
+        ob.queued_since = None;
         let data: Bytes = if ob.queue.len() == 1 {
             ob.queue.pop_front().unwrap_or_default()
         } else {
@@ -594,6 +613,7 @@ impl Connection {
                     }
                     ob.writing = true;
                     ob.scheduled = false;
+                    ob.queued_since = None;
                     ob.queue.drain(..).collect()
                 };
                 if let Err(e) = self.write_batch(&batch, &mut scratch).await {

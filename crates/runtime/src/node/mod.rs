@@ -240,12 +240,15 @@ impl Node {
         let tconfig = inner.tconfig.clone();
         workers.spawn(serve(listener, identity, tconfig, h));
         control.spawn(heartbeat_loop(inner.clone(), reg.heartbeat));
+        // With one worker there is no idle worker to wake: no watchdog needed.
         let weak = Arc::downgrade(&inner);
-        control.spawn(crate::busy::watchdog(
-            inner.busy.clone(),
-            workers.handle().clone(),
-            move || weak.upgrade().is_none_or(|n| n.is_stopped()),
-        ));
+        if workers_n > 1 {
+            control.spawn(crate::busy::watchdog(
+                inner.busy.clone(),
+                workers.handle().clone(),
+                move || weak.upgrade().is_none_or(|n| n.is_stopped()),
+            ));
+        }
         tracing::info!(node = %inner.id, role = ?inner.role, addr = %inner.addr, "node started");
         Ok(Node {
             inner,
