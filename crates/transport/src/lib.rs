@@ -11,7 +11,12 @@
 //! Threading: every connection has a reader task and a writer task on the tokio runtime it
 //! was created on. A frame is written straight from the sending thread when nothing is
 //! queued (no hand-off to another thread on the common path); while a write is in
-//! progress, later frames queue up and go out together in one vectored write.
+//! progress, later frames queue up and go out together in one write; answers produced
+//! while other requests on the connection are still being served are held back briefly
+//! (up to 64 frames or 500 µs) so they leave together too. A thread that blocks on a
+//! request (inside [`caller_reads`]) reads its own response from the socket instead of
+//! waiting for the reader task to be woken, and sleeps in `poll(2)` on the socket
+//! ([`wait_for_reply`]): no thread hand-off on a synchronous call's reply path.
 #![forbid(unsafe_code)]
 
 mod conn;
