@@ -14,21 +14,6 @@ fn work(s: &mut S, it: u64) -> u64 {
     granule_bench::work::spin(it)
 }
 
-fn pin(cpu: usize) {
-    use nix::sched::{sched_setaffinity, CpuSet};
-    let mut set = CpuSet::new();
-    let _ = set.set(cpu);
-    for e in std::fs::read_dir("/proc/self/task")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        if let Ok(tid) = e.file_name().to_string_lossy().parse::<i32>() {
-            let _ = sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set);
-        }
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let args: Vec<f64> = std::env::args()
         .skip(1)
@@ -42,14 +27,14 @@ fn main() -> anyhow::Result<()> {
     let node = cluster.worker_nodes()?[0];
     println!("callee pid {}", cluster.spawned_nodes()[0].1);
     if std::env::var_os("PIN").is_some() {
-        pin(0);
-        let p = Proclet::builder(Kind::Compute)
+        // The same placement as `granule bench invoke`.
+        granule_bench::invoke::pin_process(0)?;
+        Proclet::builder(Kind::Compute)
             .on(node)
             .create(1usize, |c: usize| {
-                pin(c);
+                let _ = granule_bench::invoke::pin_process(c);
                 S::default()
             })?;
-        let _ = p;
     }
     let p = Proclet::builder(Kind::Compute)
         .on(node)

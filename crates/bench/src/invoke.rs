@@ -139,7 +139,7 @@ fn serve_raw(mut s: TcpStream) -> std::io::Result<()> {
 }
 
 /// Pin every thread of this process to `cpu` (threads created later inherit it).
-fn pin_process(cpu: usize) -> anyhow::Result<()> {
+pub fn pin_process(cpu: usize) -> anyhow::Result<()> {
     use nix::sched::{sched_setaffinity, CpuSet};
     let mut set = CpuSet::new();
     set.set(cpu)?;

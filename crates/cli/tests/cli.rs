@@ -17,7 +17,14 @@ impl Drop for Reaped {
     }
 }
 
-fn wait_output(mut child: Child, limit: Duration) -> (Option<i32>, String, String) {
+/// Run `cmd` with its output captured; kill it if it takes longer than `limit`.
+/// Returns (exit code, stdout, stderr).
+fn run_bounded(cmd: &mut Command, limit: Duration) -> (Option<i32>, String, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start granule");
     let t = Instant::now();
     loop {
         if let Ok(Some(_)) = child.try_wait() {
@@ -46,8 +53,8 @@ fn a_node_from_another_binary_is_refused() {
         .unwrap()
         .start()
         .unwrap();
-    let child = Command::new(GRANULE)
-        .args([
+    let (code, _out, err) = run_bounded(
+        Command::new(GRANULE).args([
             "node",
             "--controller",
             cluster.controller_addr(),
@@ -55,12 +62,9 @@ fn a_node_from_another_binary_is_refused() {
             "1",
             "--mem",
             "128MiB",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (code, _out, err) = wait_output(child, Duration::from_secs(20));
+        ]),
+        Duration::from_secs(20),
+    );
     assert_ne!(code, Some(0), "the foreign node must not join: {err}");
     assert!(err.contains("binary mismatch"), "stderr: {err}");
     assert!(
@@ -92,26 +96,20 @@ fn status_lists_the_nodes_of_a_cluster() {
         .unwrap()
         .start()
         .unwrap();
-    let child = Command::new(GRANULE)
-        .args(["status", "--controller", cluster.controller_addr()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (code, out, err) = wait_output(child, Duration::from_secs(20));
+    let (code, out, err) = run_bounded(
+        Command::new(GRANULE).args(["status", "--controller", cluster.controller_addr()]),
+        Duration::from_secs(20),
+    );
     assert_eq!(code, Some(0), "{err}");
     assert!(
         out.contains("driver") && out.matches(" node ").count() == 2,
         "{out}"
     );
     // An unreachable controller is a clear error.
-    let child = Command::new(GRANULE)
-        .args(["status", "--controller", "127.0.0.1:1"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (code, _out, err) = wait_output(child, Duration::from_secs(20));
+    let (code, _out, err) = run_bounded(
+        Command::new(GRANULE).args(["status", "--controller", "127.0.0.1:1"]),
+        Duration::from_secs(20),
+    );
     assert_ne!(code, Some(0));
     assert!(
         err.contains("unreachable") && err.contains("127.0.0.1:1"),
@@ -175,14 +173,12 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let child = Command::new(GRANULE)
-        .args(["demo", "--seconds", "0.05"])
-        .env("GRANULE_CONTROLLER", &addr)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (code, out, err) = wait_output(child, Duration::from_secs(60));
+    let (code, out, err) = run_bounded(
+        Command::new(GRANULE)
+            .args(["demo", "--seconds", "0.05"])
+            .env("GRANULE_CONTROLLER", &addr),
+        Duration::from_secs(60),
+    );
     assert_eq!(code, Some(0), "demo failed: {out}\n{err}");
     assert!(out.contains("Done"), "{out}");
     // The demo's proclets ran on the hand-started nodes (n1 and n2; the driver is n3).
@@ -196,15 +192,13 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
 /// The demo as the README runs it, on the embedded cluster.
 #[test]
 fn demo_runs_on_the_embedded_cluster() {
-    let child = Command::new(GRANULE)
-        .args(["demo", "--seconds", "0.05"])
-        .env_remove("GRANULE_CONTROLLER")
-        .env_remove("GRANULE_NODES")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (code, out, err) = wait_output(child, Duration::from_secs(60));
+    let (code, out, err) = run_bounded(
+        Command::new(GRANULE)
+            .args(["demo", "--seconds", "0.05"])
+            .env_remove("GRANULE_CONTROLLER")
+            .env_remove("GRANULE_NODES"),
+        Duration::from_secs(60),
+    );
     assert_eq!(code, Some(0), "demo failed: {out}\n{err}");
     for needle in [
         "Chained calls",

@@ -257,9 +257,7 @@ impl State {
             epoch: 1,
         };
         if let Some((old, _, k)) = self.locations.insert(proclet, (best, 1, kind)) {
-            if let Some(o) = self.nodes.get_mut(&old) {
-                o.placed[k.index()] = o.placed[k.index()].saturating_sub(1);
-            }
+            self.unplace(old, k);
         }
         Some(loc)
     }
@@ -280,9 +278,7 @@ impl State {
             Some((_, e, _)) if *e > epoch => false,
             _ => {
                 if let Some((old, _, k)) = self.locations.insert(proclet, (node, epoch, kind)) {
-                    if let Some(o) = self.nodes.get_mut(&old) {
-                        o.placed[k.index()] = o.placed[k.index()].saturating_sub(1);
-                    }
+                    self.unplace(old, k);
                 }
                 if let Some(n) = self.nodes.get_mut(&node) {
                     n.placed[kind.index()] += 1;
@@ -306,11 +302,16 @@ impl State {
         ))
     }
 
+    /// A proclet of `kind` no longer counts as located on `node`.
+    fn unplace(&mut self, node: NodeId, kind: Kind) {
+        if let Some(n) = self.nodes.get_mut(&node) {
+            n.placed[kind.index()] = n.placed[kind.index()].saturating_sub(1);
+        }
+    }
+
     pub fn forget(&mut self, proclet: ProcletId) {
         if let Some((node, _, kind)) = self.locations.remove(&proclet) {
-            if let Some(n) = self.nodes.get_mut(&node) {
-                n.placed[kind.index()] = n.placed[kind.index()].saturating_sub(1);
-            }
+            self.unplace(node, kind);
         }
     }
 

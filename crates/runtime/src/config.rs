@@ -17,13 +17,18 @@ use granule_wire::NodeSpec;
 use serde::Deserialize;
 use std::time::Duration;
 
-/// Parse a byte size such as `512MiB`, `2GiB`, `1.5G`, `4096`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+/// Split `"512MiB"` into `("512", "MiB")` (surrounding spaces trimmed).
+fn split_number(s: &str) -> (&str, &str) {
     let t = s.trim();
-    let split = t
+    let at = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    t.split_at(at)
+}
+
+/// Parse a byte size such as `512MiB`, `2GiB`, `1.5G`, `4096`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, unit) = split_number(s);
     let n: f64 = num
         .parse()
         .map_err(|_| format!("'{s}' is not a size (examples: 512MiB, 2GiB, 4096)"))?;
@@ -52,11 +57,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// Parse a duration such as `1s`, `250ms`, `2.5s`, `100us`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    let (num, unit) = split_number(s);
     let n: f64 = num
         .parse()
         .map_err(|_| format!("'{s}' is not a duration (examples: 1s, 250ms)"))?;

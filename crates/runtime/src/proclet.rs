@@ -22,7 +22,15 @@
 //! Rules for the closures given to `create`, `run`, `run_ref` and their async forms:
 //! - they capture nothing (checked at compile time: the closure type must be zero-sized);
 //!   everything they need travels in the argument, which is serialized when the proclet
-//!   is remote and moved as is when it is local;
+//!   is remote and moved as is when it is local. This does not compile:
+//!
+//! ```compile_fail
+//! use granule_runtime::{Kind, Proclet};
+//! let p = Proclet::new(Kind::Memory, 0u64).unwrap();
+//! let k = 5u64;
+//! let _ = p.run((), move |s: &mut u64, ()| *s += k); // captures `k`
+//! ```
+//!
 //! - the argument comes first and the closure last, everywhere in Granule's API;
 //! - `run` closures get `&mut S` and are serialized per proclet; `run_ref` closures get
 //!   `&S` and run concurrently with each other (see the crate docs for re-entry);
@@ -104,16 +112,13 @@ impl<S> Serialize for Proclet<S> {
         let node = self.node.clone().or_else(context::current_node);
         let hint = node
             .as_ref()
-            .and_then(|n| {
-                if n.local_slot(self.id).is_some() {
-                    Some(Location {
-                        node: n.id,
-                        addr: n.addr.clone(),
-                        epoch: n.local_slot(self.id).map(|s| s.epoch).unwrap_or(1),
-                    })
-                } else {
-                    n.cached_location(self.id)
-                }
+            .and_then(|n| match n.local_slot(self.id) {
+                Some(slot) => Some(Location {
+                    node: n.id,
+                    addr: n.addr.clone(),
+                    epoch: slot.epoch,
+                }),
+                None => n.cached_location(self.id),
             })
             .or_else(|| self.hint.clone());
         HandleRepr { id: self.id, hint }.serialize(ser)
@@ -208,12 +213,7 @@ impl<S: ProcletState> ProcletBuilder<S> {
         A: Wire,
         F: Fn(A) -> S + Send + Sync + 'static,
     {
-        const {
-            assert!(
-                std::mem::size_of::<F>() == 0,
-                "a proclet constructor must capture nothing: pass what it needs in the argument"
-            )
-        };
+        assert_captures_nothing::<F>();
         let node = context::current_node().ok_or(CallError::NoCluster)?;
         let n = node.clone();
         node.block(
@@ -233,12 +233,7 @@ impl<S: ProcletState> ProcletBuilder<S> {
         A: Wire,
         F: Fn(A) -> S + Send + Sync + 'static,
     {
-        const {
-            assert!(
-                std::mem::size_of::<F>() == 0,
-                "a proclet constructor must capture nothing: pass what it needs in the argument"
-            )
-        };
+        assert_captures_nothing::<F>();
         let node = context::current_node().ok_or(CallError::NoCluster);
         let (kind, on, mem_hint) = (self.kind, self.on, self.mem_hint);
         async move { create_flow(node?, kind, on, mem_hint, arg, ctor).await }
@@ -288,6 +283,53 @@ where
         node: Some(node),
         timeout: None,
         _state: PhantomData,
+    })
+}
+
+/// Compile-time check that a closure shipped to a proclet (a constructor or a call)
+/// captures nothing: its type must be zero-sized. What it needs travels in the argument.
+fn assert_captures_nothing<F>() {
+    const {
+        assert!(
+            std::mem::size_of::<F>() == 0,
+            "a closure shipped to a proclet (constructor or call) must capture nothing: pass what it needs in the argument"
+        )
+    };
+}
+
+/// Run `f` with `&mut S` under a granted lock, on this thread (the local fast path); a
+/// panic becomes `RemotePanic`, as it would on a remote node.
+fn local_mut<S: ProcletState, A, R>(
+    g: &Guard,
+    f: &impl Fn(&mut S, A) -> R,
+    a: A,
+) -> Result<R, CallError> {
+    g.with_mut(|s| {
+        let s = s
+            .downcast_mut::<S>()
+            .ok_or_else(|| CallError::Internal("state type changed".into()))?;
+        caught(g, || f(s, a))
+    })
+}
+
+/// [`local_mut`] for read-only calls.
+fn local_ref<S: ProcletState, A, R>(
+    g: &Guard,
+    f: &impl Fn(&S, A) -> R,
+    a: A,
+) -> Result<R, CallError> {
+    g.with_ref(|s| {
+        let s = s
+            .downcast_ref::<S>()
+            .ok_or_else(|| CallError::Internal("state type changed".into()))?;
+        caught(g, || f(s, a))
+    })
+}
+
+fn caught<R>(g: &Guard, f: impl FnOnce() -> R) -> Result<R, CallError> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|p| CallError::RemotePanic {
+        proclet: g.slot().id,
+        message: panic_message(p),
     })
 }
 
@@ -395,23 +437,10 @@ impl<S: ProcletState> Proclet<S> {
         R: Wire,
         F: Fn(&mut S, A) -> R + Send + Sync + 'static,
     {
-        const {
-            assert!(
-                std::mem::size_of::<F>() == 0,
-                "a closure run on a proclet must capture nothing: pass what it needs in the argument"
-            )
-        };
+        assert_captures_nothing::<F>();
         let code = || shipping::code_ref(shipping::call_mut_desc::<F, S, A, R>());
         self.call_sync(CallMode::Exclusive, arg, code, |g: &Guard, a: A| {
-            g.with_mut(|s| {
-                let s = s
-                    .downcast_mut::<S>()
-                    .ok_or_else(|| CallError::Internal("state type changed".into()))?;
-                catch_unwind(AssertUnwindSafe(|| f(s, a))).map_err(|p| CallError::RemotePanic {
-                    proclet: g.slot().id,
-                    message: panic_message(p),
-                })
-            })
+            local_mut(g, &f, a)
         })
     }
 
@@ -423,23 +452,10 @@ impl<S: ProcletState> Proclet<S> {
         R: Wire,
         F: Fn(&S, A) -> R + Send + Sync + 'static,
     {
-        const {
-            assert!(
-                std::mem::size_of::<F>() == 0,
-                "a closure run on a proclet must capture nothing: pass what it needs in the argument"
-            )
-        };
+        assert_captures_nothing::<F>();
         let code = || shipping::code_ref(shipping::call_ref_desc::<F, S, A, R>());
         self.call_sync(CallMode::Shared, arg, code, |g: &Guard, a: A| {
-            g.with_ref(|s| {
-                let s = s
-                    .downcast_ref::<S>()
-                    .ok_or_else(|| CallError::Internal("state type changed".into()))?;
-                catch_unwind(AssertUnwindSafe(|| f(s, a))).map_err(|p| CallError::RemotePanic {
-                    proclet: g.slot().id,
-                    message: panic_message(p),
-                })
-            })
+            local_ref(g, &f, a)
         })
     }
 
@@ -455,23 +471,10 @@ impl<S: ProcletState> Proclet<S> {
         R: Wire,
         F: Fn(&mut S, A) -> R + Send + Sync + 'static,
     {
-        const {
-            assert!(
-                std::mem::size_of::<F>() == 0,
-                "a closure run on a proclet must capture nothing: pass what it needs in the argument"
-            )
-        };
+        assert_captures_nothing::<F>();
         let code = shipping::code_ref(shipping::call_mut_desc::<F, S, A, R>());
         self.call_async(CallMode::Exclusive, arg, code, move |g: &Guard, a: A| {
-            g.with_mut(|s| {
-                let s = s
-                    .downcast_mut::<S>()
-                    .ok_or_else(|| CallError::Internal("state type changed".into()))?;
-                catch_unwind(AssertUnwindSafe(|| f(s, a))).map_err(|p| CallError::RemotePanic {
-                    proclet: g.slot().id,
-                    message: panic_message(p),
-                })
-            })
+            local_mut(g, &f, a)
         })
     }
 
@@ -486,23 +489,10 @@ impl<S: ProcletState> Proclet<S> {
         R: Wire,
         F: Fn(&S, A) -> R + Send + Sync + 'static,
     {
-        const {
-            assert!(
-                std::mem::size_of::<F>() == 0,
-                "a closure run on a proclet must capture nothing: pass what it needs in the argument"
-            )
-        };
+        assert_captures_nothing::<F>();
         let code = shipping::code_ref(shipping::call_ref_desc::<F, S, A, R>());
         self.call_async(CallMode::Shared, arg, code, move |g: &Guard, a: A| {
-            g.with_ref(|s| {
-                let s = s
-                    .downcast_ref::<S>()
-                    .ok_or_else(|| CallError::Internal("state type changed".into()))?;
-                catch_unwind(AssertUnwindSafe(|| f(s, a))).map_err(|p| CallError::RemotePanic {
-                    proclet: g.slot().id,
-                    message: panic_message(p),
-                })
-            })
+            local_ref(g, &f, a)
         })
     }
 

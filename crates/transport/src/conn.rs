@@ -5,8 +5,8 @@ use crate::handshake::{judge_hello, Identity};
 use crate::{Handler, TransportConfig, TransportError};
 use bytes::{Bytes, BytesMut};
 use granule_wire::{
-    decode_frame, encode_frame, encode_frame_with, peek_frame_len, Frame, FrameKind, Msg, NodeId,
-    RemoteError, Role, WireError, HEADER_LEN,
+    decode_frame, encode_frame, peek_frame_len, Frame, FrameKind, Msg, NodeId, RemoteError, Role,
+    WireError, HEADER_LEN,
 };
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -453,16 +453,35 @@ impl Connection {
             return Ok(());
         }
         // Direct write: whatever is queued first, then this frame, in one buffer.
+        ob.queue.push_back(Bytes::from(frame));
+        self.write_queue_now(ob)
+    }
+
+    /// Write whatever is queued now, from this thread, unless the writer task is in the
+    /// middle of a write (then it will pick the queue up).
+    fn flush_queued(self: &Arc<Self>) {
+        let ob = self.outbox.lock();
+        if ob.closed || ob.writing || ob.queue.is_empty() {
+            return;
+        }
+        let _ = self.write_queue_now(ob);
+    }
+
+    /// Write the whole queue in one non-blocking write from this thread; what the socket
+    /// does not take goes back to the front of the queue for the writer task. The caller
+    /// checked that the writer task is not writing.
+    fn write_queue_now(
+        self: &Arc<Self>,
+        mut ob: parking_lot::MutexGuard<'_, Outbox>,
+    ) -> Result<(), TransportError> {
         ob.queued_since = None;
-        let data: Bytes = if ob.queue.is_empty() {
-            Bytes::from(frame)
+        let data: Bytes = if ob.queue.len() == 1 {
+            ob.queue.pop_front().unwrap_or_default()
         } else {
-            let mut all =
-                Vec::with_capacity(ob.queue.iter().map(|b| b.len()).sum::<usize>() + frame.len());
+            let mut all = Vec::with_capacity(ob.queue.iter().map(|b| b.len()).sum());
             for b in ob.queue.drain(..) {
                 all.extend_from_slice(&b);
             }
-            all.extend_from_slice(&frame);
             Bytes::from(all)
         };
         self.writes.fetch_add(1, Ordering::Relaxed);
@@ -483,41 +502,6 @@ impl Connection {
             self.write_wake.notify_one();
         }
         Ok(())
-    }
-
-    /// Write whatever is queued now, from this thread, unless the writer task is in the
-    /// middle of a write (then it will pick the queue up).
-    fn flush_queued(self: &Arc<Self>) {
-        let mut ob = self.outbox.lock();
-        if ob.closed || ob.writing || ob.queue.is_empty() {
-            return;
-        }
-        ob.queued_since = None;
-        let data: Bytes = if ob.queue.len() == 1 {
-            ob.queue.pop_front().unwrap_or_default()
-        } else {
-            let mut all = Vec::with_capacity(ob.queue.iter().map(|b| b.len()).sum());
-            for b in ob.queue.drain(..) {
-                all.extend_from_slice(&b);
-            }
-            Bytes::from(all)
-        };
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        match self.stream.try_write(&data) {
-            Ok(n) if n == data.len() => {}
-            Ok(n) => ob.queue.push_front(data.slice(n..)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => ob.queue.push_front(data),
-            Err(e) => {
-                drop(ob);
-                self.close(format!("write failed: {e}"));
-                return;
-            }
-        }
-        if !ob.queue.is_empty() && !ob.scheduled {
-            ob.scheduled = true;
-            drop(ob);
-            self.write_wake.notify_one();
-        }
     }
 
     /// Whether an answer sent now should wait for others: more requests on this
@@ -1033,30 +1017,6 @@ impl Responder {
         let bytes = encode_frame(FrameKind::Response, self.id, msg, tail)?;
         let defer = self.conn.defer_answer();
         self.conn.send_frame_with(bytes, defer)
-    }
-
-    /// Answer with a message whose tail `fill` appends to the frame. If `fill` fails, the
-    /// caller gets a decode error instead.
-    pub fn send_with(
-        mut self,
-        msg: &Msg,
-        tail_hint: usize,
-        fill: impl FnOnce(&mut Vec<u8>) -> Result<(), WireError>,
-    ) -> Result<(), TransportError> {
-        self.done = true;
-        match encode_frame_with(FrameKind::Response, self.id, msg, tail_hint, fill) {
-            Ok(bytes) => {
-                let defer = self.conn.defer_answer();
-                self.conn.send_frame_with(bytes, defer)
-            }
-            Err(e) => {
-                let err = Msg::Error(RemoteError::Decode(format!(
-                    "cannot encode the response: {e}"
-                )));
-                let bytes = encode_frame(FrameKind::Response, self.id, &err, &[])?;
-                self.conn.send_frame(bytes)
-            }
-        }
     }
 
     /// Answer with an error.

@@ -44,6 +44,20 @@ async fn server(identity: Arc<Identity>) -> String {
     addr
 }
 
+/// `n` requests in flight at once on `c`, each carrying its index; all must succeed.
+async fn concurrent_requests(c: &Arc<Connection>, n: u32) {
+    let mut futs = Vec::new();
+    for i in 0..n {
+        let c = c.clone();
+        futs.push(tokio::spawn(async move {
+            c.request(&Msg::Done, &i.to_le_bytes()).await.unwrap()
+        }));
+    }
+    for f in futs {
+        f.await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_response_and_pipelining() {
     let addr = server(host(1)).await;
@@ -207,16 +221,7 @@ async fn in_flight_limit_bounds_outstanding_requests() {
     let c = Connection::connect(&addr, host(1), cfg, Arc::new(Echo))
         .await
         .unwrap();
-    let mut futs = Vec::new();
-    for i in 0..100u32 {
-        let c = c.clone();
-        futs.push(tokio::spawn(async move {
-            c.request(&Msg::Done, &i.to_le_bytes()).await.unwrap()
-        }));
-    }
-    for f in futs {
-        f.await.unwrap();
-    }
+    concurrent_requests(&c, 100).await;
 }
 
 #[tokio::test]
@@ -268,16 +273,7 @@ async fn pipelined_frames_are_coalesced_into_fewer_writes() {
     .await
     .unwrap();
     let n = 5000u32;
-    let mut futs = Vec::new();
-    for i in 0..n {
-        let c = c.clone();
-        futs.push(tokio::spawn(async move {
-            c.request(&Msg::Done, &i.to_le_bytes()).await.unwrap()
-        }));
-    }
-    for f in futs {
-        f.await.unwrap();
-    }
+    concurrent_requests(&c, n).await;
     let server_side = spy.0.lock().unwrap().clone().unwrap();
     let (frames, writes) = server_side.write_stats();
     assert!(frames >= n as u64);

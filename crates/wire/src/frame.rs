@@ -92,24 +92,8 @@ pub fn encode_frame(
     msg: &Msg,
     tail: &[u8],
 ) -> Result<Vec<u8>, WireError> {
-    encode_frame_with(kind, id, msg, tail.len(), |buf| {
-        buf.extend_from_slice(tail);
-        Ok(())
-    })
-}
-
-/// Encode a frame whose tail is appended by `tail` directly into the output buffer (so an
-/// argument can be serialized in place, without an intermediate vector). `tail_hint` is a
-/// capacity hint.
-pub fn encode_frame_with(
-    kind: FrameKind,
-    id: u64,
-    msg: &Msg,
-    tail_hint: usize,
-    tail: impl FnOnce(&mut Vec<u8>) -> Result<(), WireError>,
-) -> Result<Vec<u8>, WireError> {
-    let mut buf = begin_frame(kind, id, msg, tail_hint)?;
-    tail(&mut buf)?;
+    let mut buf = begin_frame(kind, id, msg, tail.len())?;
+    buf.extend_from_slice(tail);
     finish_frame(&mut buf)?;
     Ok(buf)
 }

@@ -29,8 +29,8 @@ mod msg;
 mod types;
 
 pub use frame::{
-    begin_frame, decode_frame, encode_frame, encode_frame_with, finish_frame, peek_frame_len,
-    Frame, FrameKind, WireError, DEFAULT_MAX_FRAME, HEADER_LEN, PROTOCOL_VERSION,
+    begin_frame, decode_frame, encode_frame, finish_frame, peek_frame_len, Frame, FrameKind,
+    WireError, DEFAULT_MAX_FRAME, HEADER_LEN, PROTOCOL_VERSION,
 };
 pub use msg::{Msg, RemoteError};
 pub use types::{

@@ -4,10 +4,8 @@ use super::{NewProclet, NodeInner, Remote, MAX_HOPS};
 use crate::context;
 use crate::error::CallError;
 use crate::shipping::{self, Descriptor, ErasedState};
-use granule_transport::TransportError;
 use granule_wire::{
-    begin_frame, finish_frame, CallMode, ChainId, CodeRef, Frame, FrameKind, Kind, Location, Msg,
-    NodeId, ProcletId, RemoteError,
+    CallMode, ChainId, CodeRef, Frame, Kind, Location, Msg, NodeId, ProcletId, RemoteError,
 };
 
 impl NodeInner {
@@ -43,15 +41,7 @@ impl NodeInner {
                 mode,
                 chain,
             };
-            let r = conn
-                .request_with(|rid| {
-                    let mut buf = begin_frame(FrameKind::Request, rid, &msg, arg.len())?;
-                    buf.extend_from_slice(arg);
-                    finish_frame(&mut buf)?;
-                    Ok(buf)
-                })
-                .await;
-            match r {
+            match conn.request(&msg, arg).await {
                 Ok(Frame {
                     msg: Msg::Value,
                     tail,
@@ -77,9 +67,6 @@ impl NodeInner {
                         "unexpected answer {} to a call",
                         f.msg.name()
                     )))
-                }
-                Err(TransportError::Wire(granule_wire::WireError::Encode(m))) => {
-                    return Err(CallError::Decode(m))
                 }
                 Err(e) => return Err(self.transport_error(loc.node, e)),
             }
@@ -121,20 +108,9 @@ impl NodeInner {
         state: &'static Descriptor,
         s: Box<ErasedState>,
     ) -> Result<(), CallError> {
-        self.install(new.id, new.kind, state, new.loc.epoch, s);
-        if !new.placed {
-            if let Err(e) = self
-                .controller
-                .set_location(new.id, new.loc.clone(), new.kind)
-                .await
-            {
-                if let Some(slot) = self.local_slot(new.id) {
-                    self.remove_hosted(&slot);
-                }
-                return Err(e.into());
-            }
-        }
-        Ok(())
+        self.install_new(new.id, new.kind, state, new.loc.epoch, s, !new.placed)
+            .await
+            .map_err(CallError::from)
     }
 
     /// Give up a creation that failed after `prepare_create`.
@@ -163,15 +139,7 @@ impl NodeInner {
             chain: context::chain_for_call(),
             register: !new.placed,
         };
-        let r = conn
-            .request_with(|rid| {
-                let mut buf = begin_frame(FrameKind::Request, rid, &msg, arg.len())?;
-                buf.extend_from_slice(arg);
-                finish_frame(&mut buf)?;
-                Ok(buf)
-            })
-            .await;
-        match r {
+        match conn.request(&msg, arg).await {
             Ok(Frame { msg: Msg::Done, .. }) => {
                 self.learn_location(id, loc);
                 Ok(())

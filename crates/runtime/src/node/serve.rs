@@ -5,6 +5,7 @@ use super::NodeInner;
 use crate::context::{self, NodeCell};
 use crate::shipping::{self, Descriptor, Entry, ErasedState, Expect};
 use crate::slot::{Guard, LockError, Slot, SlotStatus, TryLock};
+use granule_controller::ControllerError;
 use granule_transport::{Connection, Handler, Responder};
 use granule_wire::{
     begin_frame, finish_frame, CallMode, ChainId, Epoch, Frame, FrameKind, Kind, Location, Msg,
@@ -137,6 +138,34 @@ impl NodeInner {
         }
     }
 
+    /// Host a newly created proclet; with `register`, also record its location at the
+    /// controller (undoing the install if that fails).
+    pub(super) async fn install_new(
+        &self,
+        id: ProcletId,
+        kind: Kind,
+        state: &'static Descriptor,
+        epoch: Epoch,
+        s: Box<ErasedState>,
+        register: bool,
+    ) -> Result<(), ControllerError> {
+        self.install(id, kind, state, epoch, s);
+        if register {
+            let loc = Location {
+                node: self.id,
+                addr: self.addr.clone(),
+                epoch,
+            };
+            if let Err(e) = self.controller.set_location(id, loc, kind).await {
+                if let Some(slot) = self.local_slot(id) {
+                    self.remove_hosted(&slot);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     pub(super) async fn serve_create(self: Arc<Self>, frame: Frame) -> Result<Msg, RemoteError> {
         let Msg::Create {
             proclet,
@@ -165,22 +194,13 @@ impl NodeInner {
             let _busy = self.busy.enter();
             build(&frame.tail)?
         };
-        self.install(proclet, kind, state, epoch, s);
-        if register {
-            let loc = Location {
-                node: self.id,
-                addr: self.addr.clone(),
-                epoch,
-            };
-            if let Err(e) = self.controller.set_location(proclet, loc, kind).await {
-                if let Some(slot) = self.local_slot(proclet) {
-                    self.remove_hosted(&slot);
-                }
-                return Err(RemoteError::Internal(format!(
+        self.install_new(proclet, kind, state, epoch, s, register)
+            .await
+            .map_err(|e| {
+                RemoteError::Internal(format!(
                     "cannot record the new proclet at the controller: {e}"
-                )));
-            }
-        }
+                ))
+            })?;
         Ok(Msg::Done)
     }
 
