@@ -244,7 +244,14 @@ async fn join(addr: &str, fake_addr: String) -> Result<(ControllerClient, NodeId
         .await
         .with_context(|| format!("cannot connect a load client to the controller at {addr}"))?;
     let reg = ctl
-        .register(Role::Node, SPEC, fake_addr, BINARY, PROGRAM.to_string())
+        .register(
+            Role::Node,
+            SPEC,
+            fake_addr,
+            BINARY,
+            PROGRAM.to_string(),
+            None,
+        )
         .await
         .context("the controller refused a load client's registration")?;
     Ok((ctl, reg.node))

@@ -3,8 +3,8 @@
 use crate::ControllerError;
 use granule_transport::{Connection, Handler, Identity, TransportConfig, TransportError};
 use granule_wire::{
-    BinaryHash, Kind, Location, Msg, NodeId, NodeInfo, NodeSpec, ProcletId, RemoteError, Role,
-    Usage,
+    BinaryHash, CgroupPaths, Kind, Location, MoveStats, Msg, NodeId, NodeInfo, NodeSpec, ProcletId,
+    RemoteError, Resource, Role, Usage,
 };
 use std::ops::Range;
 use std::sync::Arc;
@@ -120,6 +120,7 @@ impl ControllerClient {
         addr: String,
         binary: BinaryHash,
         program: String,
+        cgroups: Option<CgroupPaths>,
     ) -> Result<Registration, ControllerError> {
         let msg = Msg::Register {
             role,
@@ -128,6 +129,7 @@ impl ControllerClient {
             pid: std::process::id(),
             binary: Some(binary),
             program,
+            cgroups,
         };
         match self.call(&msg).await? {
             Msg::Registered {
@@ -223,14 +225,37 @@ impl ControllerClient {
         }
     }
 
-    /// Move a proclet to `to` (admin API); returns once the move is done.
+    /// Move a proclet to `to` (admin API); returns once the move is done, with what it
+    /// cost (all zero when the proclet already was there).
     pub async fn move_proclet(
         &self,
         proclet: ProcletId,
         to: NodeId,
-    ) -> Result<(), ControllerError> {
+    ) -> Result<MoveStats, ControllerError> {
         match self.call(&Msg::MoveProclet { proclet, to }).await? {
-            Msg::Done => Ok(()),
+            Msg::Moved(s) => Ok(s),
+            Msg::Done => Ok(MoveStats::default()),
+            m => Err(Self::unexpected(m)),
+        }
+    }
+
+    /// A destination for `amount` of `resource` that node `from` wants to shed: the live
+    /// node with the most room for it, or `None` when no node has room.
+    pub async fn propose(
+        &self,
+        from: NodeId,
+        resource: Resource,
+        amount: u64,
+    ) -> Result<Option<(NodeId, String)>, ControllerError> {
+        match self
+            .call(&Msg::Propose {
+                from,
+                resource,
+                amount,
+            })
+            .await?
+        {
+            Msg::Proposed(p) => Ok(p),
             m => Err(Self::unexpected(m)),
         }
     }

@@ -23,7 +23,7 @@ mod state;
 
 pub use client::{ControllerClient, Registration};
 pub use server::{run_standalone, ControllerHandle};
-pub use state::{ControllerConfig, RegisterError, State};
+pub use state::{ControllerConfig, PlaceError, RegisterError, State};
 
 use granule_wire::RemoteError;
 use thiserror::Error;

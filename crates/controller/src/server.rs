@@ -1,7 +1,7 @@
 //! The controller as a network service: answers registration, heartbeats, id blocks,
 //! placement and location queries; detects dead nodes and tells everyone.
 
-use crate::state::{ControllerConfig, RegisterError, State};
+use crate::state::{ControllerConfig, PlaceError, RegisterError, State};
 use crate::ControllerError;
 use granule_transport::{
     serve, Connection, Handler, Identity, Listener, Responder, TransportConfig,
@@ -101,6 +101,7 @@ impl Inner {
                 pid,
                 binary,
                 program,
+                cgroups,
             } => {
                 if host.is_some() {
                     return Err(RemoteError::Protocol("already registered".into()));
@@ -109,6 +110,9 @@ impl Inner {
                     .state
                     .lock()
                     .register(role, spec, addr, pid, binary, &program, now);
+                if let (Ok(node), Some(c)) = (&r, cgroups) {
+                    self.state.lock().set_cgroups(*node, c);
+                }
                 match r {
                     Ok(node) => {
                         self.hosts.lock().insert(node, conn.clone());
@@ -161,13 +165,14 @@ impl Inner {
             } => {
                 need_host()?;
                 match self.state.lock().place(proclet, kind, mem_hint) {
-                    Some(location) => Ok(Msg::Located {
+                    Ok(location) => Ok(Msg::Located {
                         location,
                         alive: true,
                     }),
-                    None => Err(RemoteError::Refused(
+                    Err(PlaceError::NoNode) => Err(RemoteError::Refused(
                         "no alive node to place the proclet on".into(),
                     )),
+                    Err(PlaceError::NoRoom(m)) => Err(RemoteError::NoCapacity(m)),
                 }
             }
             Msg::SetLocation {
@@ -191,6 +196,16 @@ impl Inner {
                 Ok(Msg::Done)
             }
             Msg::ListNodes => Ok(Msg::Nodes(self.state.lock().list(now))),
+            Msg::Propose {
+                from,
+                resource,
+                amount,
+            } => {
+                need_host()?;
+                Ok(Msg::Proposed(
+                    self.state.lock().propose(from, resource, amount),
+                ))
+            }
             other => Err(RemoteError::Protocol(format!(
                 "the controller does not handle {}",
                 other.name()
@@ -237,6 +252,7 @@ impl Inner {
         match host.request(&req, &[]).await {
             Ok(f) => match f.msg {
                 Msg::Error(e) => Err(e),
+                Msg::Moved(s) => Ok(Msg::Moved(s)),
                 _ => Ok(Msg::Done),
             },
             Err(e) => Err(RemoteError::Internal(format!(

@@ -17,8 +17,8 @@
 //! runs the application's own thread; a proclet can still be put there by naming it).
 
 use granule_wire::{
-    BinaryHash, Epoch, Kind, Location, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, Role,
-    Usage,
+    BinaryHash, CgroupPaths, Epoch, Kind, Location, NodeId, NodeInfo, NodeSpec, NodeState,
+    ProcletId, Resource, Role, Usage,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -52,6 +52,28 @@ impl Default for ControllerConfig {
             max_id_block: 1 << 16,
         }
     }
+}
+
+/// Why a proclet could not be placed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PlaceError {
+    /// No alive node at all.
+    NoNode,
+    /// Nodes exist, but none has room.
+    NoRoom(String),
+}
+
+/// Memory a node can still take: its budget (or its cgroup limit, if lower) minus what it
+/// uses (resident memory or the cgroup's charge, whichever is larger) and what was placed
+/// on it since its last heartbeat.
+fn mem_room(e: &NodeEntry) -> f64 {
+    let u = &e.info.usage;
+    let mut limit = e.info.spec.mem_bytes;
+    if u.cgroup_mem_limit > 0 {
+        limit = limit.min(u.cgroup_mem_limit);
+    }
+    let used = u.mem_used.max(u.cgroup_mem_usage) + e.provisional_mem;
+    limit as f64 - used as f64
 }
 
 struct NodeEntry {
@@ -153,6 +175,7 @@ impl State {
                     usage: Usage::default(),
                     state: NodeState::Alive,
                     last_seen_ms: 0,
+                    cgroups: None,
                 },
                 last_seen: now,
                 provisional_cores: 0.0,
@@ -193,24 +216,53 @@ impl State {
             .filter(|e| e.info.state == NodeState::Alive)
     }
 
+    /// Record the cgroups a node runs in (from its registration).
+    pub fn set_cgroups(&mut self, node: NodeId, cgroups: CgroupPaths) {
+        if let Some(e) = self.nodes.get_mut(&node) {
+            e.info.cgroups = Some(cgroups);
+        }
+    }
+
     /// Choose a node for a new proclet (see the module doc) and record its location.
-    pub fn place(&mut self, proclet: ProcletId, kind: Kind, mem_hint: u64) -> Option<Location> {
+    /// Memory and hybrid proclets only go to nodes with room for their hint and no memory
+    /// pressure; `NoRoom` when there is none.
+    pub fn place(
+        &mut self,
+        proclet: ProcletId,
+        kind: Kind,
+        mem_hint: u64,
+    ) -> Result<Location, PlaceError> {
         let any_node = self.alive().any(|e| e.info.role == Role::Node);
         let score = |e: &NodeEntry| -> f64 {
             let spec = e.info.spec;
             let idle = spec.cores - e.info.usage.cores_busy - e.provisional_cores;
-            let free =
-                spec.mem_bytes as f64 - e.info.usage.mem_used as f64 - e.provisional_mem as f64;
+            let free = mem_room(e);
             match kind {
                 Kind::Compute => idle,
                 Kind::Memory => free,
                 Kind::Hybrid => idle / spec.cores + free / spec.mem_bytes as f64,
             }
         };
-        let candidates: Vec<&NodeEntry> = self
+        let hosts: Vec<&NodeEntry> = self
             .alive()
             .filter(|e| !any_node || e.info.role == Role::Node)
             .collect();
+        if hosts.is_empty() {
+            return Err(PlaceError::NoNode);
+        }
+        let candidates: Vec<&NodeEntry> = match kind {
+            Kind::Compute => hosts,
+            Kind::Memory | Kind::Hybrid => hosts
+                .into_iter()
+                .filter(|e| !e.info.usage.mem_pressure && mem_room(e) >= mem_hint as f64)
+                .collect(),
+        };
+        if candidates.is_empty() {
+            return Err(PlaceError::NoRoom(format!(
+                "no node has room for a {kind} proclet of {mem_hint} bytes (every node is \
+                 out of memory budget or under memory pressure)"
+            )));
+        }
         let top = candidates
             .iter()
             .map(|e| score(e))
@@ -238,10 +290,11 @@ impl State {
                             .unwrap_or(std::cmp::Ordering::Equal),
                     )
                     .then(a.info.id.cmp(&b.info.id))
-            })?
+            })
+            .ok_or(PlaceError::NoNode)?
             .info
             .id;
-        let e = self.nodes.get_mut(&best)?;
+        let e = self.nodes.get_mut(&best).ok_or(PlaceError::NoNode)?;
         match kind {
             Kind::Compute => e.provisional_cores += PROVISIONAL_CORES,
             Kind::Memory => e.provisional_mem += mem_hint,
@@ -259,7 +312,53 @@ impl State {
         if let Some((old, _, k)) = self.locations.insert(proclet, (best, 1, kind)) {
             self.unplace(old, k);
         }
-        Some(loc)
+        Ok(loc)
+    }
+
+    /// A destination for `amount` of `resource` that `from` wants to shed (bytes for
+    /// memory, millicores for CPU): the live node other than `from`, not under pressure
+    /// for that resource, with the most room for it, if that room covers `amount`. The
+    /// amount is counted as provisionally taken until the node's next heartbeat, so
+    /// several shedding nodes do not all pick the same destination.
+    pub fn propose(
+        &mut self,
+        from: NodeId,
+        resource: Resource,
+        amount: u64,
+    ) -> Option<(NodeId, String)> {
+        let any_node = self
+            .alive()
+            .any(|e| e.info.role == Role::Node && e.info.id != from);
+        let room = |e: &NodeEntry| -> f64 {
+            match resource {
+                Resource::Memory => mem_room(e),
+                Resource::Cpu => {
+                    (e.info.spec.cores - e.info.usage.cores_busy - e.provisional_cores) * 1000.0
+                }
+            }
+        };
+        let best = self
+            .alive()
+            .filter(|e| e.info.id != from && (!any_node || e.info.role == Role::Node))
+            .filter(|e| match resource {
+                Resource::Memory => !e.info.usage.mem_pressure,
+                Resource::Cpu => !e.info.usage.cpu_pressure,
+            })
+            .filter(|e| room(e) >= amount as f64)
+            .max_by(|a, b| {
+                room(a)
+                    .partial_cmp(&room(b))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then(b.info.id.cmp(&a.info.id))
+            })?
+            .info
+            .id;
+        let e = self.nodes.get_mut(&best)?;
+        match resource {
+            Resource::Memory => e.provisional_mem += amount,
+            Resource::Cpu => e.provisional_cores += amount as f64 / 1000.0,
+        }
+        Some((best, e.info.addr.clone()))
     }
 
     /// Record a location unless a newer epoch is already known. Returns whether it was

@@ -15,7 +15,7 @@ use crate::error::{CallError, ClusterError};
 use crate::node::{Node, NodeInner, NodeOptions};
 use crate::shipping::{binary_hash_hint, HASH_HINT_ENV};
 use granule_controller::{ControllerConfig, ControllerHandle};
-use granule_wire::{NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, Role};
+use granule_wire::{MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, Role};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
@@ -278,7 +278,9 @@ impl Cluster {
 
     /// Move a proclet to another node through the controller (stop-the-world: calls wait
     /// during the move and then continue at the new home; cached locations catch up).
-    pub fn move_proclet(&self, proclet: ProcletId, to: NodeId) -> Result<(), CallError> {
+    /// Returns what the move cost, as the source measured it (all zero if the proclet
+    /// already was on `to`).
+    pub fn move_proclet(&self, proclet: ProcletId, to: NodeId) -> Result<MoveStats, CallError> {
         let inner = self.inner()?;
         let n = inner.clone();
         inner

@@ -44,17 +44,31 @@ pub enum CallError {
     CodeRefused(String),
     /// The controller could not be reached or refused the request.
     #[error(transparent)]
-    Controller(#[from] ControllerError),
+    Controller(ControllerError),
     /// There is no Granule runtime in this process (no `Cluster` was started, or it shut
     /// down).
     #[error("no Granule cluster in this process: start one with granule::Cluster::start() first")]
     NoCluster,
-    /// The request was refused (bad node named, no node to place on, ...).
+    /// No node has room for the new proclet (every node is out of memory budget or under
+    /// memory pressure). Nothing was created.
+    #[error("no capacity: {0}")]
+    NoCapacity(String),
+    /// The request was refused (bad node named, no node to place on, a pinned proclet
+    /// asked to move, ...).
     #[error("refused: {0}")]
     Refused(String),
     /// Something that should not happen; the message says what.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl From<ControllerError> for CallError {
+    fn from(e: ControllerError) -> CallError {
+        match e {
+            ControllerError::Remote(RemoteError::NoCapacity(m)) => CallError::NoCapacity(m),
+            other => CallError::Controller(other),
+        }
+    }
 }
 
 impl CallError {
@@ -71,6 +85,7 @@ impl CallError {
             RemoteError::Reentrant(p) => CallError::Reentrant(p),
             RemoteError::Unauthorized(m) if m.contains("binary") => CallError::BinaryMismatch(m),
             RemoteError::Unauthorized(m) | RemoteError::Refused(m) => CallError::Refused(m),
+            RemoteError::NoCapacity(m) => CallError::NoCapacity(m),
             RemoteError::NotHere { .. } => {
                 CallError::Internal("proclet location kept changing; gave up".into())
             }

@@ -205,7 +205,30 @@ mod tests {
                 usage: Usage::default(),
                 state: NodeState::Alive,
                 last_seen_ms: 12,
+                cgroups: Some(CgroupPaths {
+                    memory: Some("/granule/c1/node0".into()),
+                    cpu: None,
+                }),
             }]),
+            Msg::Transfer {
+                proclet: ProcletId(9),
+                kind: Kind::Memory,
+                state: CodeRef {
+                    offset: -4,
+                    fingerprint: 7,
+                },
+                epoch: 2,
+                offset: 1 << 20,
+                total: 16 << 20,
+                last: false,
+                raw: true,
+                pinned: false,
+            },
+            Msg::Moved(MoveStats {
+                bytes: 5,
+                micros: 6,
+                drain_micros: 1,
+            }),
         ]
     }
 

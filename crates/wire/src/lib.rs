@@ -34,6 +34,6 @@ pub use frame::{
 };
 pub use msg::{Msg, RemoteError};
 pub use types::{
-    BinaryHash, CallMode, ChainId, CodeRef, Epoch, Kind, Location, NodeId, NodeInfo, NodeSpec,
-    NodeState, ProcletId, Role, Usage,
+    BinaryHash, CallMode, CgroupPaths, ChainId, CodeRef, Epoch, Kind, Location, MoveStats, NodeId,
+    NodeInfo, NodeSpec, NodeState, ProcletId, ProcletUsage, Resource, Role, Usage,
 };

@@ -3,8 +3,8 @@
 //! decided by the receiving side (runtime or controller), not here.
 
 use crate::types::{
-    BinaryHash, CallMode, ChainId, CodeRef, Epoch, Kind, Location, NodeId, NodeInfo, NodeSpec,
-    ProcletId, Role, Usage,
+    BinaryHash, CallMode, CgroupPaths, ChainId, CodeRef, Epoch, Kind, Location, MoveStats, NodeId,
+    NodeInfo, NodeSpec, ProcletId, Resource, Role, Usage,
 };
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -69,9 +69,31 @@ pub enum Msg {
         epoch: Epoch,
     },
     /// Ask the host of a proclet to move it to another node (sent by the controller).
+    /// Answered with `Moved`.
     MoveOut {
         proclet: ProcletId,
         to: Location,
+    },
+    /// A move finished.
+    Moved(MoveStats),
+    /// One piece of a moving proclet's encoded state, source → destination, in order on
+    /// one connection. The piece with `last` installs the proclet. *tail*: the bytes at
+    /// `offset` of the encoding. `total` is the encoding's length when known up front
+    /// (0 otherwise); `raw` says the state is a plain byte vector sent as is.
+    Transfer {
+        proclet: ProcletId,
+        kind: Kind,
+        state: CodeRef,
+        epoch: Epoch,
+        offset: u64,
+        total: u64,
+        last: bool,
+        raw: bool,
+        pinned: bool,
+    },
+    /// Source → destination: a transfer was abandoned; drop what arrived.
+    TransferAbort {
+        proclet: ProcletId,
     },
     /// Generic success without a value.
     Done,
@@ -89,6 +111,7 @@ pub enum Msg {
         pid: u32,
         binary: Option<BinaryHash>,
         program: String,
+        cgroups: Option<CgroupPaths>,
     },
     Registered {
         node: NodeId,
@@ -136,7 +159,17 @@ pub enum Msg {
     },
     ListNodes,
     Nodes(Vec<NodeInfo>),
+    /// Propose a destination for a proclet a node under pressure wants to shed: a live
+    /// node other than `from` with room for `amount` of `resource`.
+    Propose {
+        from: NodeId,
+        resource: Resource,
+        amount: u64,
+    },
+    /// The proposal (`None`: no node has room).
+    Proposed(Option<(NodeId, String)>),
     /// Move a proclet to a node (admin API; the controller asks the host to do it).
+    /// Answered with `Moved`.
     MoveProclet {
         proclet: ProcletId,
         to: NodeId,
@@ -164,6 +197,11 @@ impl Msg {
             Msg::Destroy { .. } => "Destroy",
             Msg::Install { .. } => "Install",
             Msg::MoveOut { .. } => "MoveOut",
+            Msg::Moved(_) => "Moved",
+            Msg::Transfer { .. } => "Transfer",
+            Msg::TransferAbort { .. } => "TransferAbort",
+            Msg::Propose { .. } => "Propose",
+            Msg::Proposed(_) => "Proposed",
             Msg::Done => "Done",
             Msg::Value => "Value",
             Msg::Error(_) => "Error",
@@ -209,8 +247,10 @@ pub enum RemoteError {
     Reentrant(ProcletId),
     /// The peer may not do this (e.g. ship code without a verified binary).
     Unauthorized(String),
-    /// The receiver refused the request (bad registration, binary mismatch, no capacity).
+    /// The receiver refused the request (bad registration, binary mismatch, pinned).
     Refused(String),
+    /// No node has room for what was asked (a new proclet, a move).
+    NoCapacity(String),
     /// The peer sent a message that makes no sense here.
     Protocol(String),
     /// Anything else that went wrong on the remote side.
@@ -239,6 +279,7 @@ impl fmt::Display for RemoteError {
             ),
             RemoteError::Unauthorized(m) => write!(f, "unauthorized: {m}"),
             RemoteError::Refused(m) => write!(f, "refused: {m}"),
+            RemoteError::NoCapacity(m) => write!(f, "no capacity: {m}"),
             RemoteError::Protocol(m) => write!(f, "protocol error: {m}"),
             RemoteError::Internal(m) => write!(f, "internal error: {m}"),
         }

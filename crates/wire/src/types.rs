@@ -103,8 +103,9 @@ pub struct NodeSpec {
     pub mem_bytes: u64,
 }
 
-/// Resource use a node reports in its heartbeats.
-#[derive(Clone, Copy, PartialEq, Serialize, Deserialize, Debug, Default)]
+/// Resource use a node reports in its heartbeats (and the controller reports in
+/// `ListNodes`).
+#[derive(Clone, PartialEq, Serialize, Deserialize, Debug, Default)]
 pub struct Usage {
     /// Cores busy over the last heartbeat interval (process CPU time / wall time).
     pub cores_busy: f64,
@@ -114,6 +115,78 @@ pub struct Usage {
     pub proclets: [u32; 3],
     /// Calls served since the node started (local and remote).
     pub calls_served: u64,
+    /// The node's memory budget (its spec), bytes.
+    pub mem_budget: u64,
+    /// Sum of the footprints of the proclets the node hosts, bytes.
+    pub proclet_bytes: u64,
+    /// `memory.limit_in_bytes` of the node's cgroup; 0 when it runs in none (or an
+    /// unlimited one).
+    pub cgroup_mem_limit: u64,
+    /// `memory.usage_in_bytes` of the node's cgroup (everything charged to it, including
+    /// other processes in the same cgroup); 0 when it runs in none.
+    pub cgroup_mem_usage: u64,
+    /// Fraction of CFS periods in which the node's cpu cgroup was throttled, over the last
+    /// interval (0 without a cgroup quota).
+    pub cpu_throttled: f64,
+    /// Run-queue delay: seconds the node's threads spent runnable but not running, per
+    /// second of wall time, over the last interval (from /proc schedstat).
+    pub runq_delay: f64,
+    /// The pressure monitor's verdicts at the last sample.
+    pub mem_pressure: bool,
+    pub cpu_pressure: bool,
+    /// Proclets this node has moved away since it started.
+    pub moves_out: u64,
+    /// The largest hosted proclets (by memory, then CPU), at most 16.
+    pub top: Vec<ProcletUsage>,
+}
+
+/// Resource use of one proclet.
+#[derive(Clone, PartialEq, Serialize, Deserialize, Debug)]
+pub struct ProcletUsage {
+    pub id: ProcletId,
+    pub kind: Kind,
+    /// Its footprint (exact for library types, an estimate otherwise), bytes.
+    pub mem_bytes: u64,
+    /// Cores its calls used over the accounting window.
+    pub cores: f64,
+    pub pinned: bool,
+}
+
+/// A resource the pressure policy sheds.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Debug)]
+pub enum Resource {
+    Memory,
+    Cpu,
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Resource::Memory => "memory",
+            Resource::Cpu => "cpu",
+        })
+    }
+}
+
+/// The cgroup v1 directories a node process runs in, as `/proc/<pid>/cgroup` names them
+/// (relative to each controller's mount, e.g. `/granule/c1234/node0` under
+/// `/sys/fs/cgroup/memory`). Antagonists use them to join a node's cgroups.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, Debug, Default)]
+pub struct CgroupPaths {
+    pub memory: Option<String>,
+    pub cpu: Option<String>,
+}
+
+/// What one move cost, as the source node measured it.
+#[derive(Clone, Copy, PartialEq, Serialize, Deserialize, Debug, Default)]
+pub struct MoveStats {
+    /// Encoded state bytes sent.
+    pub bytes: u64,
+    /// From the start of the move (the proclet's lock taken) to the new location recorded
+    /// and held calls released, microseconds.
+    pub micros: u64,
+    /// Of which waiting for calls in flight to finish, microseconds.
+    pub drain_micros: u64,
 }
 
 /// A shipped piece of code: the offset of a descriptor from the binary's anchor plus the
@@ -152,4 +225,6 @@ pub struct NodeInfo {
     pub state: NodeState,
     /// Milliseconds since the controller last heard from the node.
     pub last_seen_ms: u64,
+    /// The cgroups the node runs in, when it runs in a cgroup v1 hierarchy.
+    pub cgroups: Option<CgroupPaths>,
 }

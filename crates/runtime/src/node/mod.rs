@@ -195,7 +195,7 @@ impl Node {
             control.handle().spawn(async move {
                 let client = ControllerClient::connect(&ctl_addr, ctl_identity, h).await?;
                 let reg = client
-                    .register(role, spec, reg_addr, binary, reg_program)
+                    .register(role, spec, reg_addr, binary, reg_program, None)
                     .await?;
                 Ok::<_, ControllerError>((client, reg))
             }),
@@ -294,6 +294,7 @@ async fn heartbeat_loop(node: Arc<NodeInner>, every: Duration) {
                 node.hosted[2].load(Ordering::Relaxed),
             ],
             calls_served: node.calls_served.load(Ordering::Relaxed),
+            ..Default::default()
         };
         match node.controller.heartbeat(node.id, usage).await {
             Ok(version) => {
