@@ -26,10 +26,12 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub use granule_runtime::pressure;
 pub use granule_runtime::{
-    binary_hash, block_on, config, here, init_logging, run, run_node, CallError, Cluster,
-    ClusterBuilder, ClusterConfig, ClusterError, Kind, NodeArgs, NodeId, NodeInfo, NodeSpec,
-    NodeState, Proclet, ProcletBuilder, ProcletId, ProcletState, Wire,
+    binary_hash, block_on, config, footprint, here, init_logging, run, run_node, should_yield,
+    CallError, Cluster, ClusterBuilder, ClusterConfig, ClusterError, Footprint, Kind, MoveStats,
+    NodeArgs, NodeId, NodeInfo, NodeSpec, NodeState, Proclet, ProcletBuilder, ProcletId,
+    ProcletState, ProcletUsage, RangeJob, Resource, Usage, Wire,
 };
 
 /// The README's Rust examples are compiled and run as doc tests.

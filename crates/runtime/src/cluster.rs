@@ -293,8 +293,21 @@ impl Cluster {
                 granule_controller::ControllerError::Remote(r) => {
                     CallError::from_remote(r, proclet)
                 }
+                granule_controller::ControllerError::Refused(m) => CallError::Refused(m),
                 other => CallError::from(other),
             })
+    }
+
+    /// The node a proclet lives on, as the controller knows it.
+    pub fn locate(&self, proclet: ProcletId) -> Result<NodeId, CallError> {
+        let inner = self.inner()?;
+        let n = inner.clone();
+        inner
+            .block(async move { n.controller.locate(proclet).await }, None)
+            .ok_or_else(|| CallError::Internal("interrupted".into()))?
+            .map_err(CallError::from)?
+            .map(|(loc, _alive)| loc.node)
+            .ok_or(CallError::ProcletGone(proclet))
     }
 
     /// Kill one of the node processes this driver started (SIGKILL), as a failure would.

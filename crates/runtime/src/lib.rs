@@ -15,23 +15,41 @@
 //! granted), instead of deadlocking.
 #![deny(unsafe_code)]
 
+mod accounting;
 mod boot;
 mod busy;
 mod cluster;
+mod codec;
 pub mod config;
 mod context;
 mod error;
+pub mod footprint;
 mod node;
 mod proclet;
+mod range;
 mod shipping;
 mod slot;
 mod usage;
 
+pub use accounting::should_yield;
 pub use boot::{init_logging, run_node, NodeArgs};
 pub use cluster::{run, Cluster, ClusterBuilder};
 pub use config::ClusterConfig;
 pub use context::{block_on_public as block_on, here};
 pub use error::{CallError, ClusterError};
-pub use granule_wire::{Kind, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId};
+pub use footprint::Footprint;
+pub use granule_wire::{
+    Kind, MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, ProcletUsage, Resource,
+    Usage,
+};
+
+/// The pressure policy: the trait a node's policy implements, the default argmax policy,
+/// and the monitor's tunables.
+pub mod pressure {
+    pub use crate::node::monitor::{
+        ArgmaxPolicy, Candidate, Decision, NodeView, PressureConfig, PressurePolicy,
+    };
+}
 pub use proclet::{Proclet, ProcletBuilder, ProcletState, Wire};
+pub use range::{RangeJob, RangePiece};
 pub use shipping::binary_hash;

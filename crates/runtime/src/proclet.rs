@@ -39,6 +39,7 @@
 
 use crate::context;
 use crate::error::CallError;
+use crate::footprint::Footprint;
 use crate::node::{NewProclet, NodeInner, Remote};
 use crate::shipping::{self, panic_message, ErasedState};
 use crate::slot::{Guard, LockError, TryLock};
@@ -149,7 +150,18 @@ pub struct ProcletBuilder<S> {
     kind: Kind,
     on: Option<NodeId>,
     mem_hint: u64,
+    pinned: bool,
+    state_desc: &'static shipping::Descriptor,
     _state: PhantomData<fn() -> S>,
+}
+
+/// What a creation needs besides the constructor and its argument.
+struct CreateOpts {
+    kind: Kind,
+    on: Option<NodeId>,
+    mem_hint: u64,
+    pinned: bool,
+    state_desc: &'static shipping::Descriptor,
 }
 
 /// The node a handle acts through: the one it was made or received on, else the calling
@@ -201,10 +213,38 @@ impl<S: ProcletState> ProcletBuilder<S> {
         self
     }
 
-    /// Expected memory footprint in bytes (placement takes it into account).
+    /// Expected memory footprint in bytes (placement takes it into account: memory and
+    /// hybrid proclets only go to nodes with this much room).
     pub fn mem_hint(mut self, bytes: u64) -> Self {
         self.mem_hint = bytes;
         self
+    }
+
+    /// Never move this proclet: neither the pressure policy nor an explicit move will
+    /// (an explicit move fails with `Refused`).
+    pub fn pinned(mut self) -> Self {
+        self.pinned = true;
+        self
+    }
+
+    /// Account the proclet's memory with its state's own [`Footprint`] instead of the
+    /// default estimate (the length of its encoding); see [`crate::footprint`].
+    pub fn footprint(mut self) -> Self
+    where
+        S: Footprint,
+    {
+        self.state_desc = shipping::exact_state_desc::<S>();
+        self
+    }
+
+    fn opts(&self) -> CreateOpts {
+        CreateOpts {
+            kind: self.kind,
+            on: self.on,
+            mem_hint: self.mem_hint,
+            pinned: self.pinned,
+            state_desc: self.state_desc,
+        }
     }
 
     /// Create the proclet: `ctor(arg)` runs on the chosen node and builds the state.
@@ -216,11 +256,8 @@ impl<S: ProcletState> ProcletBuilder<S> {
         assert_captures_nothing::<F>();
         let node = context::current_node().ok_or(CallError::NoCluster)?;
         let n = node.clone();
-        node.block(
-            create_flow(n, self.kind, self.on, self.mem_hint, arg, ctor),
-            None,
-        )
-        .unwrap_or_else(|| Err(CallError::Internal("interrupted".into())))
+        node.block(create_flow(n, self.opts(), arg, ctor), None)
+            .unwrap_or_else(|| Err(CallError::Internal("interrupted".into())))
     }
 
     /// [`ProcletBuilder::create`], as a future.
@@ -235,16 +272,14 @@ impl<S: ProcletState> ProcletBuilder<S> {
     {
         assert_captures_nothing::<F>();
         let node = context::current_node().ok_or(CallError::NoCluster);
-        let (kind, on, mem_hint) = (self.kind, self.on, self.mem_hint);
-        async move { create_flow(node?, kind, on, mem_hint, arg, ctor).await }
+        let opts = self.opts();
+        async move { create_flow(node?, opts, arg, ctor).await }
     }
 }
 
 async fn create_flow<S, A, F>(
     node: Arc<NodeInner>,
-    kind: Kind,
-    on: Option<NodeId>,
-    mem_hint: u64,
+    opts: CreateOpts,
     arg: A,
     ctor: F,
 ) -> Result<Proclet<S>, CallError>
@@ -253,8 +288,11 @@ where
     A: Wire,
     F: Fn(A) -> S + Send + Sync + 'static,
 {
-    let new: NewProclet = node.prepare_create(kind, on, mem_hint).await?;
-    let state_desc = shipping::state_desc::<S>();
+    let mut new: NewProclet = node
+        .prepare_create(opts.kind, opts.on, opts.mem_hint)
+        .await?;
+    new.pinned = opts.pinned;
+    let state_desc = opts.state_desc;
     let result = if new.loc.node == node.id {
         let built = {
             let _scope = context::ChainScope::enter(context::chain_for_call());
@@ -388,6 +426,8 @@ impl<S: ProcletState> Proclet<S> {
             kind,
             on: None,
             mem_hint: 0,
+            pinned: false,
+            state_desc: shipping::state_desc::<S>(),
             _state: PhantomData,
         }
     }
@@ -405,14 +445,12 @@ impl<S: ProcletState> Proclet<S> {
         p
     }
 
-    /// The node the proclet lives on now.
+    /// The node the proclet lives on now (asks the controller, which every move updates;
+    /// a cached location could be stale).
     pub fn location(&self) -> Result<NodeId, CallError> {
         let node = node_or_current(&self.node)?;
         if node.local_slot(self.id).is_some() {
             return Ok(node.id);
-        }
-        if let Some(l) = node.cached_location(self.id) {
-            return Ok(l.node);
         }
         let n = node.clone();
         let id = self.id;
@@ -420,7 +458,10 @@ impl<S: ProcletState> Proclet<S> {
             .block(async move { n.controller.locate(id).await }, None)
             .ok_or_else(|| CallError::Internal("interrupted".into()))??;
         match loc {
-            Some((l, true)) => Ok(l.node),
+            Some((l, true)) => {
+                node.learn_location(self.id, &l);
+                Ok(l.node)
+            }
             Some((l, false)) => Err(CallError::NodeUnreachable {
                 node: l.node,
                 reason: "the controller declared it dead".into(),

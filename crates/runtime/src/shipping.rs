@@ -48,10 +48,27 @@ pub(crate) type CallMutFn = fn(&mut ErasedState, &[u8], &mut Vec<u8>) -> Result<
 pub(crate) type CallRefFn = fn(&ErasedState, &[u8], &mut Vec<u8>) -> Result<(), RemoteError>;
 /// Trampoline that builds a state from an encoded constructor argument.
 pub(crate) type CtorFn = fn(&[u8]) -> Result<Box<ErasedState>, RemoteError>;
-/// Encode a state (for moves).
-pub(crate) type EncodeStateFn = fn(&ErasedState, &mut Vec<u8>) -> Result<(), RemoteError>;
+/// Encode a state (for moves) in chunks of the given size, each handed to the sink.
+pub(crate) type EncodeStateFn =
+    fn(&ErasedState, usize, &mut crate::codec::ChunkSink<'_>) -> Result<(), RemoteError>;
 /// Decode a state (for moves).
 pub(crate) type DecodeStateFn = fn(&[u8]) -> Result<Box<ErasedState>, RemoteError>;
+/// Take a plain byte-vector state (`Vec<u8>`) out as is; other states come back unchanged.
+pub(crate) type IntoRawFn = fn(Box<ErasedState>) -> Result<Vec<u8>, Box<ErasedState>>;
+/// Make a state from the bytes `IntoRawFn` gave (only for `Vec<u8>` states).
+pub(crate) type FromRawFn = fn(Vec<u8>) -> Option<Box<ErasedState>>;
+/// The state's memory footprint in bytes (exact or estimated, see `StateOps::exact`).
+pub(crate) type FootprintFn = fn(&ErasedState) -> u64;
+
+/// What the runtime does with a state type: move it and account for it.
+#[derive(Clone, Copy)]
+pub(crate) struct StateOps {
+    pub encode: EncodeStateFn,
+    pub decode: DecodeStateFn,
+    pub into_raw: IntoRawFn,
+    pub from_raw: FromRawFn,
+    pub footprint: FootprintFn,
+}
 
 const MAGIC: [u64; 2] = [0x4752_414e_554c_4521, 0x7368_6970_7065_6421];
 
@@ -61,10 +78,7 @@ pub(crate) enum Entry {
     CallMut(CallMutFn),
     CallRef(CallRefFn),
     Ctor(CtorFn),
-    State {
-        encode: EncodeStateFn,
-        decode: DecodeStateFn,
-    },
+    State(StateOps),
 }
 
 impl Entry {
@@ -73,16 +87,22 @@ impl Entry {
             Entry::CallMut(_) => 1,
             Entry::CallRef(_) => 2,
             Entry::Ctor(_) => 3,
-            Entry::State { .. } => 4,
+            Entry::State(_) => 4,
         }
     }
 
-    fn code_addrs(&self) -> [usize; 2] {
+    fn code_addrs(&self) -> [usize; 5] {
         match *self {
-            Entry::CallMut(f) => [f as usize, f as usize],
-            Entry::CallRef(f) => [f as usize, f as usize],
-            Entry::Ctor(f) => [f as usize, f as usize],
-            Entry::State { encode, decode } => [encode as usize, decode as usize],
+            Entry::CallMut(f) => [f as usize; 5],
+            Entry::CallRef(f) => [f as usize; 5],
+            Entry::Ctor(f) => [f as usize; 5],
+            Entry::State(o) => [
+                o.encode as usize,
+                o.decode as usize,
+                o.into_raw as usize,
+                o.from_raw as usize,
+                o.footprint as usize,
+            ],
         }
     }
 }
@@ -144,12 +164,12 @@ pub(crate) fn code_ref(d: &'static Descriptor) -> CodeRef {
 // ---- trampolines and their descriptors ----------------------------------------------
 
 /// Produce the value of a zero-sized closure type.
-fn conjure<F>() -> F {
+pub(crate) fn conjure<F>() -> F {
     const { assert!(std::mem::size_of::<F>() == 0) };
     // SAFETY: `F` is zero-sized (asserted at compile time above), so reading it touches no
     // memory and a dangling, well-aligned pointer is a valid source. `F` is inhabited: the
-    // only way to name this instantiation is through `Proclet::run` & co., which receive a
-    // value of `F` on the sending side. A capture-less closure has no invariants of its
+    // only way to name this instantiation is through `Proclet::run` & co. and
+    // `RangeJob::start`, which receive a value of `F` on the sending side. A capture-less closure has no invariants of its
     // own; a closure capturing only zero-sized values would get those values conjured too,
     // which is documented on `Proclet::run` (capture nothing).
     unsafe { std::ptr::NonNull::<F>::dangling().as_ptr().read() }
@@ -252,10 +272,40 @@ where
 
 fn encode_state<S: Serialize + 'static>(
     state: &ErasedState,
-    out: &mut Vec<u8>,
+    chunk: usize,
+    sink: &mut crate::codec::ChunkSink<'_>,
 ) -> Result<(), RemoteError> {
     let s = state.downcast_ref::<S>().ok_or_else(state_mismatch::<S>)?;
-    encode_into(s, out, "proclet state")
+    crate::codec::encode_chunked(s, chunk, sink)
+}
+
+fn is_byte_vec<S: 'static>() -> bool {
+    TypeId::of::<S>() == TypeId::of::<Vec<u8>>()
+}
+
+fn into_raw<S: 'static>(state: Box<ErasedState>) -> Result<Vec<u8>, Box<ErasedState>> {
+    if !is_byte_vec::<S>() {
+        return Err(state);
+    }
+    state.downcast::<Vec<u8>>().map(|b| *b)
+}
+
+fn from_raw<S: 'static>(bytes: Vec<u8>) -> Option<Box<ErasedState>> {
+    is_byte_vec::<S>().then(|| Box::new(bytes) as Box<ErasedState>)
+}
+
+/// Estimated footprint: a byte vector's capacity, else the length of the encoding.
+fn estimated_footprint<S: Serialize + 'static>(state: &ErasedState) -> u64 {
+    if let Some(v) = state.downcast_ref::<Vec<u8>>() {
+        return (std::mem::size_of::<Vec<u8>>() + v.capacity()) as u64;
+    }
+    state
+        .downcast_ref::<S>()
+        .map_or(0, |s| crate::footprint::encoded_len(s))
+}
+
+fn exact_footprint<S: crate::footprint::Footprint + 'static>(state: &ErasedState) -> u64 {
+    state.downcast_ref::<S>().map_or(0, |s| s.footprint())
 }
 
 fn decode_state<S: DeserializeOwned + Send + Sync + 'static>(
@@ -349,10 +399,36 @@ where
             TypeId::of::<()>(),
             TypeId::of::<()>(),
         ],
-        entry: Entry::State {
+        entry: Entry::State(StateOps {
             encode: encode_state::<S>,
             decode: decode_state::<S>,
-        },
+            into_raw: into_raw::<S>,
+            from_raw: from_raw::<S>,
+            footprint: estimated_footprint::<S>,
+        }),
+    };
+}
+
+impl<S> DescState<S>
+where
+    S: Serialize + DeserializeOwned + crate::footprint::Footprint + Send + Sync + 'static,
+{
+    /// Same as `STATE`, but accounted with the state's own `Footprint`.
+    const EXACT: Descriptor = Descriptor {
+        magic: MAGIC,
+        types: [
+            TypeId::of::<()>(),
+            TypeId::of::<S>(),
+            TypeId::of::<()>(),
+            TypeId::of::<()>(),
+        ],
+        entry: Entry::State(StateOps {
+            encode: encode_state::<S>,
+            decode: decode_state::<S>,
+            into_raw: into_raw::<S>,
+            from_raw: from_raw::<S>,
+            footprint: exact_footprint::<S>,
+        }),
     };
 }
 
@@ -394,6 +470,24 @@ where
     S: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
     &DescState::<S>::STATE
+}
+
+/// Descriptor of the state type `S`, accounted with its own `Footprint`.
+pub(crate) fn exact_state_desc<S>() -> &'static Descriptor
+where
+    S: Serialize + DeserializeOwned + crate::footprint::Footprint + Send + Sync + 'static,
+{
+    &DescState::<S>::EXACT
+}
+
+impl Descriptor {
+    /// The state operations of a state descriptor.
+    pub(crate) fn state_ops(&self) -> Option<StateOps> {
+        match self.entry {
+            Entry::State(o) => Some(o),
+            _ => None,
+        }
+    }
 }
 
 // ---- checking received offsets --------------------------------------------------------
@@ -530,7 +624,7 @@ pub(crate) fn resolve(code: CodeRef, expect: Expect) -> Result<&'static Descript
         (Expect::CallMut, Entry::CallMut(_))
             | (Expect::CallRef, Entry::CallRef(_))
             | (Expect::Ctor, Entry::Ctor(_))
-            | (Expect::State, Entry::State { .. })
+            | (Expect::State, Entry::State(_))
     );
     if !kind_ok {
         return refuse("descriptor of the wrong kind");
@@ -606,6 +700,18 @@ pub fn binary_hash() -> [u8; 32] {
 /// The value of [`HASH_HINT_ENV`] for children of this process.
 pub(crate) fn binary_hash_hint() -> Option<String> {
     Some(format!("{}:{}", hex(&binary_hash()), exe_identity()?))
+}
+
+/// Give memory the allocator holds but no longer uses back to the kernel. After a large
+/// proclet moves away, glibc keeps its freed pages in its arenas; the node's cgroup is
+/// still charged for them and a node shedding under memory pressure would see no relief.
+pub(crate) fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: `malloc_trim` only walks the allocator's own free lists (under its locks)
+    // and returns unused pages with madvise; it takes no pointers and is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 // ---- running before main ---------------------------------------------------------------

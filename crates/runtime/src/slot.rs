@@ -25,7 +25,7 @@ use std::any::TypeId;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -135,6 +135,30 @@ impl LockState {
     }
 }
 
+/// Process-unique slot serials (proclet ids are only unique within one cluster).
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// Resource accounting of one hosted proclet (see `accounting` and `monitor`).
+#[derive(Default)]
+pub(crate) struct SlotStats {
+    /// Last measured footprint, bytes.
+    pub footprint: AtomicU64,
+    /// An exclusive call ran since the footprint was measured.
+    pub dirty: AtomicBool,
+    /// When the footprint was last measured (ns since the monitor's epoch).
+    pub measured_at: AtomicU64,
+    /// CPU charged by the monitor's samples and not yet folded into `cores`, ns.
+    pub cpu_pending_ns: AtomicU64,
+    /// Cores used, averaged over the accounting window (f64 bits).
+    pub cores: AtomicU64,
+}
+
+impl SlotStats {
+    pub fn cores(&self) -> f64 {
+        f64::from_bits(self.cores.load(Ordering::Relaxed))
+    }
+}
+
 /// A proclet hosted on this node.
 pub(crate) struct Slot {
     pub id: ProcletId,
@@ -143,6 +167,13 @@ pub(crate) struct Slot {
     /// Encode/decode of the state type, for moves.
     pub state_desc: &'static Descriptor,
     pub epoch: Epoch,
+    /// Process-unique serial (what threads record while running the proclet's code).
+    pub serial: u64,
+    /// Never moved (by the policy or by an explicit move).
+    pub pinned: AtomicBool,
+    /// A move of this proclet is under way.
+    pub moving: AtomicBool,
+    pub stats: SlotStats,
     lock: Mutex<LockState>,
     /// The state. Only touched by holders of the slot lock, so this inner lock is never
     /// contended; it exists so that no unsafe code is needed to hand out `&mut S`.
@@ -170,6 +201,10 @@ impl Slot {
             state_type: state_desc.state_type(),
             state_desc,
             epoch,
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
+            pinned: AtomicBool::new(false),
+            moving: AtomicBool::new(false),
+            stats: SlotStats::default(),
             lock: Mutex::new(LockState {
                 excl: None,
                 shared: Vec::new(),
@@ -263,6 +298,13 @@ impl Slot {
         for (w, outcome) in woken {
             w.finish(outcome);
         }
+    }
+
+    /// Read access to the state for the runtime's own work on it (encoding for a move)
+    /// while the caller holds the slot's exclusive lock through a guard, possibly on
+    /// another thread.
+    pub fn state_reader(&self) -> parking_lot::RwLockReadGuard<'_, Box<ErasedState>> {
+        self.data.read()
     }
 
     /// Current status (for diagnostics).
@@ -359,16 +401,35 @@ impl Guard {
     }
 
     /// Run `f` on the state with exclusive access. Only valid for exclusive guards.
+    /// The thread counts as running this proclet meanwhile (CPU accounting), and the
+    /// footprint is marked for re-measuring.
     pub fn with_mut<T>(&self, f: impl FnOnce(&mut ErasedState) -> T) -> T {
         debug_assert_eq!(self.mode, CallMode::Exclusive);
+        let _running = crate::accounting::enter(self.slot.serial);
         let mut d = self.slot.data.write();
-        f(d.as_mut())
+        let r = f(d.as_mut());
+        self.slot.stats.dirty.store(true, Ordering::Relaxed);
+        r
     }
 
-    /// Run `f` on the state with shared access.
+    /// Run `f` on the state with shared access (accounted like `with_mut`).
     pub fn with_ref<T>(&self, f: impl FnOnce(&ErasedState) -> T) -> T {
+        let _running = crate::accounting::enter(self.slot.serial);
         let d = self.slot.data.read();
         f(d.as_ref())
+    }
+
+    /// Run `f` on the state without counting it as the proclet's work (the runtime's own
+    /// reads: encoding for a move, measuring the footprint).
+    pub fn inspect<T>(&self, f: impl FnOnce(&ErasedState) -> T) -> T {
+        let d = self.slot.data.read();
+        f(d.as_ref())
+    }
+
+    /// Put a state back (a move that took it out failed).
+    pub fn put_state(&self, state: Box<ErasedState>) {
+        debug_assert_eq!(self.mode, CallMode::Exclusive);
+        *self.slot.data.write() = state;
     }
 
     /// Change the slot's status (exclusive guards only); takes effect for waiters when

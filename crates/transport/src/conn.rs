@@ -405,6 +405,67 @@ impl Connection {
         }
     }
 
+    /// Send a request whose tail is written as is, never copied into a frame buffer (for
+    /// large payloads such as a migrating proclet's state), and return a future for its
+    /// answer. The request is queued in call order when this returns, whether or not the
+    /// future is polled, so a sender can keep several in flight in order. Such requests do
+    /// not count against the in-flight limit: their sender bounds them itself.
+    pub fn start_request_bytes(
+        self: &Arc<Self>,
+        msg: &Msg,
+        tail: Bytes,
+    ) -> Result<impl Future<Output = Result<Frame, TransportError>> + Send + 'static, TransportError>
+    {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut head = granule_wire::begin_frame(FrameKind::Request, id, msg, 0)?;
+        let body = head.len() - 4 + tail.len();
+        let body = u32::try_from(body).map_err(|_| WireError::TooLarge {
+            len: body + 4,
+            max: u32::MAX as usize,
+        })?;
+        head[..4].copy_from_slice(&body.to_le_bytes());
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut p = self.pending.lock();
+            if p.closed {
+                return Err(self.closed_error());
+            }
+            p.map.insert(id, tx);
+        }
+        let guard = OwnedPending {
+            conn: self.clone(),
+            id,
+        };
+        {
+            let mut ob = self.outbox.lock();
+            if ob.closed {
+                drop(ob);
+                return Err(self.closed_error());
+            }
+            if ob.queue.is_empty() {
+                ob.queued_since = Some(std::time::Instant::now());
+            }
+            // Both parts go in together, so no other frame can come between them.
+            ob.queue.push_back(Bytes::from(head));
+            ob.queue.push_back(tail);
+            if !ob.writing && !ob.scheduled {
+                ob.scheduled = true;
+                drop(ob);
+                self.write_wake.notify_one();
+            }
+        }
+        self.frames_sent.fetch_add(1, Ordering::Relaxed);
+        Ok(async move {
+            let out = rx.await;
+            let closed = guard.conn.closed_error();
+            drop(guard);
+            match out {
+                Ok(r) => r,
+                Err(_) => Err(closed),
+            }
+        })
+    }
+
     /// Send a one-way notification.
     pub fn notify(self: &Arc<Self>, msg: &Msg, tail: &[u8]) -> Result<(), TransportError> {
         let bytes = encode_frame(FrameKind::Notify, 0, msg, tail)?;
@@ -974,6 +1035,18 @@ impl Drop for PendingGuard<'_> {
                 *w = std::sync::Weak::new();
             }
         });
+        self.conn.pending.lock().map.remove(&self.id);
+    }
+}
+
+/// Removes a request's pending entry when its answer is no longer awaited.
+struct OwnedPending {
+    conn: Arc<Connection>,
+    id: u64,
+}
+
+impl Drop for OwnedPending {
+    fn drop(&mut self) {
         self.conn.pending.lock().map.remove(&self.id);
     }
 }

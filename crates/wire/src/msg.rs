@@ -56,17 +56,12 @@ pub enum Msg {
         /// Whether the host must record the location at the controller itself
         /// (false when the controller already recorded it during placement).
         register: bool,
+        /// Never move it.
+        pinned: bool,
     },
     /// Free a proclet.
     Destroy {
         proclet: ProcletId,
-    },
-    /// Install a proclet moved from another node. *tail*: the encoded state.
-    Install {
-        proclet: ProcletId,
-        kind: Kind,
-        state: CodeRef,
-        epoch: Epoch,
     },
     /// Ask the host of a proclet to move it to another node (sent by the controller).
     /// Answered with `Moved`.
@@ -195,7 +190,6 @@ impl Msg {
             Msg::Call { .. } => "Call",
             Msg::Create { .. } => "Create",
             Msg::Destroy { .. } => "Destroy",
-            Msg::Install { .. } => "Install",
             Msg::MoveOut { .. } => "MoveOut",
             Msg::Moved(_) => "Moved",
             Msg::Transfer { .. } => "Transfer",

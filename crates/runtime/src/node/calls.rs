@@ -98,6 +98,7 @@ impl NodeInner {
             kind,
             loc,
             placed,
+            pinned: false,
         })
     }
 
@@ -108,9 +109,17 @@ impl NodeInner {
         state: &'static Descriptor,
         s: Box<ErasedState>,
     ) -> Result<(), CallError> {
-        self.install_new(new.id, new.kind, state, new.loc.epoch, s, !new.placed)
-            .await
-            .map_err(CallError::from)
+        self.install_new(
+            new.id,
+            new.kind,
+            state,
+            new.loc.epoch,
+            s,
+            new.pinned,
+            !new.placed,
+        )
+        .await
+        .map_err(CallError::from)
     }
 
     /// Give up a creation that failed after `prepare_create`.
@@ -138,6 +147,7 @@ impl NodeInner {
             epoch: loc.epoch,
             chain: context::chain_for_call(),
             register: !new.placed,
+            pinned: new.pinned,
         };
         match conn.request(&msg, arg).await {
             Ok(Frame { msg: Msg::Done, .. }) => {

@@ -62,6 +62,8 @@ pub(crate) struct NewProclet {
     pub loc: Location,
     /// The controller chose the node (and already recorded the location).
     pub placed: bool,
+    /// Never move it.
+    pub pinned: bool,
 }
 
 /// The result of trying a call remotely.
@@ -98,6 +100,11 @@ pub(crate) struct NodeInner {
     handler: Arc<NodeHandler>,
     /// Which workers are inside closures (for the I/O watchdog).
     pub(crate) busy: Arc<BusyBoard>,
+    /// States arriving from other nodes, by (connection, proclet).
+    incoming: DashMap<(u64, ProcletId), migrate::Incoming>,
+    migration: migrate::MigrationConfig,
+    pub(crate) monitor: monitor::Monitor,
+    pub(crate) moves_out: AtomicU64,
 }
 
 /// Owns a node's runtimes; stopping it stops the node.
@@ -233,6 +240,14 @@ impl Node {
             shutdown: (Mutex::new(None), Condvar::new()),
             handler: handler.clone(),
             busy,
+            incoming: DashMap::new(),
+            migration: migrate::MigrationConfig::from_env(),
+            monitor: monitor::Monitor::new(
+                opts.spec.mem_bytes,
+                opts.spec.cores,
+                monitor::PressureConfig::from_env(),
+            ),
+            moves_out: AtomicU64::new(0),
         });
         let _ = cell.set(Arc::downgrade(&inner));
 
@@ -240,6 +255,7 @@ impl Node {
         let tconfig = inner.tconfig.clone();
         workers.spawn(serve(listener, identity, tconfig, h));
         control.spawn(heartbeat_loop(inner.clone(), reg.heartbeat));
+        control.spawn(inner.clone().monitor_loop());
         // With one worker there is no idle worker to wake: no watchdog needed.
         let weak = Arc::downgrade(&inner);
         if workers_n > 1 {
@@ -285,6 +301,7 @@ async fn heartbeat_loop(node: Arc<NodeInner>, every: Duration) {
         if node.is_stopped() {
             return;
         }
+        let r = node.monitor.reading();
         let usage = Usage {
             cores_busy: meter.sample(),
             mem_used: resident_bytes(),
@@ -294,7 +311,16 @@ async fn heartbeat_loop(node: Arc<NodeInner>, every: Duration) {
                 node.hosted[2].load(Ordering::Relaxed),
             ],
             calls_served: node.calls_served.load(Ordering::Relaxed),
-            ..Default::default()
+            mem_budget: node.monitor.budget(),
+            proclet_bytes: node.proclet_bytes(),
+            cgroup_mem_limit: r.cgroup_limit,
+            cgroup_mem_usage: r.cgroup_usage,
+            cpu_throttled: r.cpu_throttled,
+            runq_delay: r.runq_delay,
+            mem_pressure: r.mem_pressure,
+            cpu_pressure: r.cpu_pressure,
+            moves_out: node.moves_out.load(Ordering::Relaxed),
+            top: node.top_proclets(16),
         };
         match node.controller.heartbeat(node.id, usage).await {
             Ok(version) => {
@@ -595,6 +621,8 @@ impl NodeInner {
 }
 
 mod calls;
+mod migrate;
+pub(crate) mod monitor;
 mod serve;
 
 pub(crate) use serve::NodeHandler;

@@ -22,10 +22,13 @@ impl NodeInner {
         state: &'static Descriptor,
         epoch: Epoch,
         s: Box<ErasedState>,
+        pinned: bool,
     ) {
         let slot = Slot::new(id, kind, state, epoch, s);
+        slot.pinned.store(pinned, Ordering::Relaxed);
         self.forwarding.remove(&id);
         self.locations.remove(&id);
+        self.monitor.measure_now(&slot);
         if self.table.insert(id, slot).is_none() {
             self.hosted[kind.index()].fetch_add(1, Ordering::Relaxed);
         }
@@ -147,9 +150,10 @@ impl NodeInner {
         state: &'static Descriptor,
         epoch: Epoch,
         s: Box<ErasedState>,
+        pinned: bool,
         register: bool,
     ) -> Result<(), ControllerError> {
-        self.install(id, kind, state, epoch, s);
+        self.install(id, kind, state, epoch, s, pinned);
         if register {
             let loc = Location {
                 node: self.id,
@@ -175,6 +179,7 @@ impl NodeInner {
             epoch,
             chain,
             register,
+            pinned,
         } = frame.msg
         else {
             return Err(RemoteError::Protocol("not a create".into()));
@@ -194,7 +199,7 @@ impl NodeInner {
             let _busy = self.busy.enter();
             build(&frame.tail)?
         };
-        self.install_new(proclet, kind, state, epoch, s, register)
+        self.install_new(proclet, kind, state, epoch, s, pinned, register)
             .await
             .map_err(|e| {
                 RemoteError::Internal(format!(
@@ -204,105 +209,10 @@ impl NodeInner {
         Ok(Msg::Done)
     }
 
-    pub(super) async fn serve_install(self: Arc<Self>, frame: Frame) -> Result<Msg, RemoteError> {
-        let Msg::Install {
-            proclet,
-            kind,
-            state,
-            epoch,
-        } = frame.msg
-        else {
-            return Err(RemoteError::Protocol("not an install".into()));
-        };
-        let desc = shipping::resolve(state, Expect::State)?;
-        let Entry::State { decode, .. } = desc.entry else {
-            return Err(RemoteError::CodeMismatch("not a state descriptor".into()));
-        };
-        let s = decode(&frame.tail)?;
-        self.install(proclet, kind, desc, epoch, s);
-        Ok(Msg::Done)
-    }
-
-    /// Move a hosted proclet to `to` (stop-the-world: calls wait on the lock meanwhile,
-    /// then fail over to the new home with a "not here" hint).
-    pub(crate) async fn move_out(
-        self: Arc<Self>,
-        proclet: ProcletId,
-        to: Location,
-    ) -> Result<Msg, RemoteError> {
-        let Some(slot) = self.local_slot(proclet) else {
-            return Err(self.not_here(proclet));
-        };
-        if to.node == self.id {
-            return Ok(Msg::Done);
-        }
-        let guard = self
-            .lock_slot(&slot, context::new_chain(), CallMode::Exclusive)
-            .await?;
-        let conn = self
-            .conn_to(to.node, &to.addr)
-            .await
-            .map_err(|e| RemoteError::Refused(format!("cannot reach the destination: {e}")))?;
-        let Entry::State { encode, .. } = slot.state_desc.entry else {
-            return Err(RemoteError::Internal(
-                "slot without a state descriptor".into(),
-            ));
-        };
-        let msg = Msg::Install {
-            proclet,
-            kind: slot.kind,
-            state: shipping::code_ref(slot.state_desc),
-            epoch: to.epoch,
-        };
-        let mut encode_error = None;
-        let r = conn
-            .request_with(|rid| {
-                let mut buf = begin_frame(FrameKind::Request, rid, &msg, 4096)?;
-                if let Err(e) = guard.with_ref(|s| encode(s, &mut buf)) {
-                    encode_error = Some(e.clone());
-                    return Err(granule_wire::WireError::Encode(e.to_string()));
-                }
-                finish_frame(&mut buf)?;
-                Ok(buf)
-            })
-            .await;
-        if let Some(e) = encode_error {
-            return Err(e);
-        }
-        match r {
-            Ok(Frame { msg: Msg::Done, .. }) => {}
-            Ok(Frame {
-                msg: Msg::Error(e), ..
-            }) => return Err(e),
-            Ok(f) => {
-                return Err(RemoteError::Internal(format!(
-                    "unexpected answer {}",
-                    f.msg.name()
-                )))
-            }
-            Err(e) => return Err(RemoteError::Internal(format!("transfer failed: {e}"))),
-        }
-        if let Err(e) = self
-            .controller
-            .set_location(proclet, to.clone(), slot.kind)
-            .await
-        {
-            tracing::warn!(%proclet, "moved, but the controller was not told: {e}");
-        }
-        self.forwarding.insert(proclet, to.clone());
-        guard.set_status(SlotStatus::Moved(to));
-        let old = guard.take_state();
-        self.remove_hosted(&slot);
-        drop(guard);
-        drop(old);
-        Ok(Msg::Done)
-    }
-
     pub(super) async fn serve(self: Arc<Self>, frame: Frame, reply: Responder) {
         let out = match &frame.msg {
             Msg::Call { .. } => return self.serve_call(frame, reply).await,
             Msg::Create { .. } => self.serve_create(frame).await,
-            Msg::Install { .. } => self.serve_install(frame).await,
             Msg::Destroy { proclet } => {
                 let id = *proclet;
                 match self.local_slot(id) {
@@ -315,7 +225,7 @@ impl NodeInner {
             }
             Msg::MoveOut { proclet, to } => {
                 let (p, t) = (*proclet, to.clone());
-                self.move_out(p, t).await
+                self.move_out(p, t).await.map(Msg::Moved)
             }
             other => Err(RemoteError::Protocol(format!(
                 "a node does not handle {}",
@@ -354,7 +264,7 @@ impl Handler for NodeHandler {
         let verified = peer.is_some_and(|p| p.verified);
         let from_controller = peer.is_some_and(|p| p.role == Role::Controller);
         match &frame.msg {
-            Msg::Call { .. } | Msg::Create { .. } | Msg::Install { .. } | Msg::Destroy { .. } => {
+            Msg::Call { .. } | Msg::Create { .. } | Msg::Transfer { .. } | Msg::Destroy { .. } => {
                 if !verified {
                     reply.error(RemoteError::Unauthorized(
                         "only a proclet host running the identical binary may ship code or \
@@ -380,6 +290,11 @@ impl Handler for NodeHandler {
                 return;
             }
         }
+        if let Msg::Transfer { .. } = &frame.msg {
+            // In order, on the reader: chunks must be appended as they arrive.
+            node.receive_transfer(conn, frame, reply);
+            return;
+        }
         tokio::spawn(node.serve(frame, reply));
     }
 
@@ -389,6 +304,7 @@ impl Handler for NodeHandler {
         match frame.msg {
             Msg::NodeDown { node: n } if from_controller => node.on_node_down(n),
             Msg::Shutdown { reason } if from_controller => node.trigger_shutdown(reason),
+            Msg::TransferAbort { proclet } => node.abort_transfer(conn, proclet),
             other => tracing::debug!("ignored notification {}", other.name()),
         }
     }
@@ -401,6 +317,7 @@ impl Handler for NodeHandler {
                 conn.close_reason().unwrap_or_default()
             ));
         } else {
+            node.drop_transfers_of(conn);
             node.forget_conn(conn);
         }
     }

@@ -1,0 +1,497 @@
+//! The migration engine: moving a hosted proclet to another node while callers keep
+//! calling.
+//!
+//! A move of proclet P from source S to destination D:
+//! 1. S marks P moving and asks code running on P to yield at its next item boundary
+//!    (`should_yield`; only long-running closures look), then takes P's lock exclusively.
+//!    Calls in flight finish first; calls that arrive from now on queue on the lock:
+//!    they are *held*.
+//! 2. S streams P's encoded state to D in `Transfer` chunks over their connection, a
+//!    bounded window of chunks in flight. A plain byte-vector state is sent as is, sliced
+//!    without copying; any other state is encoded chunk by chunk while earlier chunks are
+//!    on the wire, so S never holds a second full copy. D appends the chunks and, at the
+//!    last one, decodes the state and installs P with the next epoch.
+//! 3. S records P's new location (and epoch) at the controller, remembers it as a
+//!    forwarding hint, marks P moved and releases the lock: every held call fails over to
+//!    D with a "not here, now at D" answer and is retried there by its caller's runtime.
+//!    Held calls never ran at S, so none runs twice and none is lost; callers see no error.
+//! 4. If anything fails before D confirmed the install (D unreachable or dying mid-way,
+//!    encoding error), S sends `TransferAbort` (D drops what arrived), puts the state
+//!    back and releases the lock: P stays usable at S and held calls run there.
+//!
+//! Cached locations catch up through epochs: a stale cache entry leads to S (or to a node
+//! that never had P), whose "not here" answer carries the newer location.
+
+use super::NodeInner;
+use crate::context;
+use crate::shipping::{self, Expect, StateOps};
+use crate::slot::{Guard, Slot, SlotStatus};
+use bytes::Bytes;
+use granule_transport::{Connection, Responder, TransportError};
+use granule_wire::{CallMode, Frame, Kind, Location, MoveStats, Msg, ProcletId, RemoteError};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Size of one transfer chunk.
+pub(crate) const CHUNK: usize = 512 << 10;
+/// Chunks in flight at once (bounds the memory a move holds besides the state itself).
+const WINDOW: usize = 8;
+/// States whose last measured footprint is below this are encoded inline on the moving
+/// task; larger ones on a blocking thread, so sending overlaps with encoding.
+const INLINE_ENCODE: u64 = 256 << 10;
+
+/// Knobs of the engine (from the environment, so a driver passes them to its nodes).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MigrationConfig {
+    /// Pace transfers to this many bytes per second (a slow-migration baseline).
+    pub throttle: Option<u64>,
+    /// Wait this long before starting each move (a slow-to-react baseline).
+    pub delay: Duration,
+}
+
+impl MigrationConfig {
+    /// `GRANULE_MIGRATION_THROTTLE` (e.g. `600MB/s`) and `GRANULE_MIGRATION_DELAY`
+    /// (e.g. `200ms`); bad values are reported and ignored.
+    pub(crate) fn from_env() -> MigrationConfig {
+        let mut c = MigrationConfig::default();
+        if let Ok(v) = std::env::var("GRANULE_MIGRATION_THROTTLE") {
+            let bytes = v.trim().trim_end_matches("/s");
+            match crate::config::parse_size(bytes) {
+                Ok(b) if b > 0 => c.throttle = Some(b),
+                _ => {
+                    tracing::warn!("ignoring GRANULE_MIGRATION_THROTTLE={v}: expected e.g. 600MB/s")
+                }
+            }
+        }
+        if let Ok(v) = std::env::var("GRANULE_MIGRATION_DELAY") {
+            match crate::config::parse_duration(&v) {
+                Ok(d) => c.delay = d,
+                Err(_) => {
+                    tracing::warn!("ignoring GRANULE_MIGRATION_DELAY={v}: expected e.g. 200ms")
+                }
+            }
+        }
+        c
+    }
+}
+
+/// A state arriving at this node.
+pub(crate) struct Incoming {
+    buf: Vec<u8>,
+    ops: StateOps,
+    desc: &'static shipping::Descriptor,
+    kind: Kind,
+    epoch: u64,
+    raw: bool,
+    pinned: bool,
+}
+
+type Reply = Pin<Box<dyn Future<Output = Result<Frame, TransportError>> + Send>>;
+
+/// Chunks sent and not yet confirmed, in order.
+struct Window {
+    replies: VecDeque<Reply>,
+    sent: u64,
+    started: Instant,
+    throttle: Option<u64>,
+}
+
+impl Window {
+    async fn wait_one(&mut self) -> Result<(), RemoteError> {
+        let Some(r) = self.replies.pop_front() else {
+            return Ok(());
+        };
+        match r.await {
+            Ok(Frame { msg: Msg::Done, .. }) => Ok(()),
+            Ok(Frame {
+                msg: Msg::Error(e), ..
+            }) => Err(e),
+            Ok(f) => Err(RemoteError::Protocol(format!(
+                "unexpected answer {} to a transfer",
+                f.msg.name()
+            ))),
+            Err(e) => Err(RemoteError::Internal(format!(
+                "the destination is unreachable: {e}"
+            ))),
+        }
+    }
+
+    async fn send(
+        &mut self,
+        conn: &Arc<Connection>,
+        msg: Msg,
+        chunk: Bytes,
+    ) -> Result<(), RemoteError> {
+        while self.replies.len() >= WINDOW {
+            self.wait_one().await?;
+        }
+        if let Some(rate) = self.throttle {
+            let due = Duration::from_secs_f64(self.sent as f64 / rate as f64);
+            let at = self.started + due;
+            if at > Instant::now() {
+                tokio::time::sleep_until(at.into()).await;
+            }
+        }
+        self.sent += chunk.len() as u64;
+        let fut = conn
+            .start_request_bytes(&msg, chunk)
+            .map_err(|e| RemoteError::Internal(format!("the destination is unreachable: {e}")))?;
+        self.replies.push_back(Box::pin(fut));
+        Ok(())
+    }
+
+    async fn finish(&mut self) -> Result<(), RemoteError> {
+        while !self.replies.is_empty() {
+            self.wait_one().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Clears a slot's "moving" mark when a move ends, however it ends.
+struct MovingMark<'a>(&'a Slot);
+
+impl Drop for MovingMark<'_> {
+    fn drop(&mut self) {
+        crate::accounting::clear_yield(self.0.serial);
+        self.0.moving.store(false, Ordering::Release);
+    }
+}
+
+impl NodeInner {
+    /// Move hosted proclet `proclet` to `to` (see the module doc). The epoch in `to` is a
+    /// floor: the new epoch is always above the proclet's current one.
+    pub(crate) async fn move_out(
+        self: &Arc<Self>,
+        proclet: ProcletId,
+        to: Location,
+    ) -> Result<MoveStats, RemoteError> {
+        let Some(slot) = self.local_slot(proclet) else {
+            return Err(self.not_here(proclet));
+        };
+        if to.node == self.id {
+            return Ok(MoveStats::default());
+        }
+        if slot.pinned.load(Ordering::Relaxed) {
+            return Err(RemoteError::Refused(format!(
+                "proclet {proclet} is pinned to node {}",
+                self.id
+            )));
+        }
+        if slot.moving.swap(true, Ordering::AcqRel) {
+            return Err(RemoteError::Refused(format!(
+                "proclet {proclet} is already moving"
+            )));
+        }
+        let _mark = MovingMark(&slot);
+        if !self.migration.delay.is_zero() {
+            tokio::time::sleep(self.migration.delay).await;
+        }
+        let t0 = Instant::now();
+        crate::accounting::request_yield(slot.serial);
+        let guard = self
+            .lock_slot(&slot, context::new_chain(), CallMode::Exclusive)
+            .await?;
+        crate::accounting::clear_yield(slot.serial);
+        let drain = t0.elapsed();
+        let conn = self
+            .conn_to(to.node, &to.addr)
+            .await
+            .map_err(|e| RemoteError::Refused(format!("cannot reach the destination: {e}")))?;
+        let epoch = slot.epoch.max(to.epoch.saturating_sub(1)) + 1;
+        let ops = slot
+            .state_desc
+            .state_ops()
+            .ok_or_else(|| RemoteError::Internal("slot without a state descriptor".into()))?;
+        let bytes = match self.stream_state(&conn, &guard, &slot, ops, epoch).await {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = conn.notify(&Msg::TransferAbort { proclet }, &[]);
+                tracing::warn!(%proclet, to = %to.node, "move abandoned, the proclet stays here: {e}");
+                return Err(e);
+            }
+        };
+        // The destination hosts it now: make that the truth, then let held calls go.
+        let loc = Location {
+            node: to.node,
+            addr: to.addr.clone(),
+            epoch,
+        };
+        if let Err(e) = self
+            .controller
+            .set_location(proclet, loc.clone(), slot.kind)
+            .await
+        {
+            // Callers still find it: this node answers "not here" with the new location.
+            tracing::warn!(%proclet, "moved, but the controller was not told: {e}");
+        }
+        self.forwarding.insert(proclet, loc.clone());
+        guard.set_status(SlotStatus::Moved(loc));
+        let old = guard.take_state();
+        self.remove_hosted(&slot);
+        drop(guard);
+        drop(old);
+        let took = t0.elapsed();
+        if bytes >= (1 << 20) {
+            crate::shipping::release_free_memory();
+        }
+        self.moves_out.fetch_add(1, Ordering::Relaxed);
+        self.monitor.record_move(bytes, took - drain);
+        Ok(MoveStats {
+            bytes,
+            micros: took.as_micros() as u64,
+            drain_micros: drain.as_micros() as u64,
+        })
+    }
+
+    /// Send the state under `guard` to the destination; returns the bytes sent. On error
+    /// the state is back in the slot.
+    async fn stream_state(
+        &self,
+        conn: &Arc<Connection>,
+        guard: &Guard,
+        slot: &Arc<Slot>,
+        ops: StateOps,
+        epoch: u64,
+    ) -> Result<u64, RemoteError> {
+        let header = |offset: u64, total: u64, last: bool, raw: bool| Msg::Transfer {
+            proclet: slot.id,
+            kind: slot.kind,
+            state: shipping::code_ref(slot.state_desc),
+            epoch,
+            offset,
+            total,
+            last,
+            raw,
+            pinned: false,
+        };
+        let mut window = Window {
+            replies: VecDeque::new(),
+            sent: 0,
+            started: Instant::now(),
+            throttle: self.migration.throttle,
+        };
+        // Plain bytes: take the vector out and send slices of it, no copy, no encoding.
+        match (ops.into_raw)(guard.take_state()) {
+            Ok(vec) => {
+                let all = Bytes::from(vec);
+                let total = all.len() as u64;
+                let r = async {
+                    let mut off = 0usize;
+                    loop {
+                        let end = (off + CHUNK).min(all.len());
+                        let last = end == all.len();
+                        window
+                            .send(
+                                conn,
+                                header(off as u64, total, last, true),
+                                all.slice(off..end),
+                            )
+                            .await?;
+                        off = end;
+                        if last {
+                            break;
+                        }
+                    }
+                    window.finish().await
+                }
+                .await;
+                if let Err(e) = r {
+                    drop(window);
+                    let back = (ops.from_raw)(Vec::from(all))
+                        .ok_or_else(|| RemoteError::Internal("cannot restore the state".into()))?;
+                    guard.put_state(back);
+                    return Err(e);
+                }
+                return Ok(total);
+            }
+            Err(state) => guard.put_state(state),
+        }
+        // Small states: encode inline into one chunk.
+        if slot.stats.footprint.load(Ordering::Relaxed) < INLINE_ENCODE {
+            let mut chunks: Vec<Vec<u8>> = Vec::new();
+            guard.inspect(|s| {
+                (ops.encode)(s, CHUNK, &mut |c| {
+                    chunks.push(c);
+                    Ok(())
+                })
+            })?;
+            let n = chunks.len();
+            let mut off = 0u64;
+            for (i, c) in chunks.into_iter().enumerate() {
+                let len = c.len() as u64;
+                window
+                    .send(conn, header(off, 0, i + 1 == n, false), Bytes::from(c))
+                    .await?;
+                off += len;
+            }
+            if n == 0 {
+                window
+                    .send(conn, header(0, 0, true, false), Bytes::new())
+                    .await?;
+            }
+            window.finish().await?;
+            return Ok(off);
+        }
+        // Large states: encode on a blocking thread, chunk by chunk, while sending.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(WINDOW);
+        let enc_slot = slot.clone();
+        let encoder = tokio::task::spawn_blocking(move || {
+            let d = enc_slot.state_reader();
+            (ops.encode)(&**d, CHUNK, &mut |c| {
+                tx.blocking_send(c)
+                    .map_err(|_| RemoteError::Internal("transfer stopped".into()))
+            })
+        });
+        let mut off = 0u64;
+        let mut pending: Option<Vec<u8>> = None;
+        let sent: Result<(), RemoteError> = async {
+            loop {
+                let next = rx.recv().await;
+                if let Some(c) = pending.take() {
+                    let len = c.len() as u64;
+                    let last = next.is_none();
+                    window
+                        .send(conn, header(off, 0, last, false), Bytes::from(c))
+                        .await?;
+                    off += len;
+                }
+                match next {
+                    Some(c) => pending = Some(c),
+                    None => break,
+                }
+            }
+            window.finish().await
+        }
+        .await;
+        drop(rx);
+        let encoded = encoder
+            .await
+            .map_err(|e| RemoteError::Internal(format!("the encoder failed: {e}")))?;
+        encoded?;
+        sent?;
+        if off == 0 {
+            return Err(RemoteError::Internal("the state encoded to nothing".into()));
+        }
+        Ok(off)
+    }
+
+    /// A `Transfer` chunk arrived (called in arrival order by the connection's reader).
+    pub(super) fn receive_transfer(
+        self: &Arc<Self>,
+        conn: &Arc<Connection>,
+        frame: Frame,
+        reply: Responder,
+    ) {
+        let Msg::Transfer {
+            proclet,
+            kind,
+            state,
+            epoch,
+            offset,
+            total,
+            last,
+            raw,
+            pinned,
+        } = frame.msg
+        else {
+            return;
+        };
+        let key = (conn.id(), proclet);
+        if offset == 0 {
+            let desc = match shipping::resolve(state, Expect::State) {
+                Ok(d) => d,
+                Err(e) => return reply.error(e),
+            };
+            let Some(ops) = desc.state_ops() else {
+                return reply.error(RemoteError::CodeMismatch("not a state descriptor".into()));
+            };
+            if raw && (ops.from_raw)(Vec::new()).is_none() {
+                return reply.error(RemoteError::CodeMismatch(
+                    "raw transfer of a state that is not a byte vector".into(),
+                ));
+            }
+            let room = self.monitor.mem_room();
+            if total > 0 && room < total as i64 {
+                return reply.error(RemoteError::NoCapacity(format!(
+                    "node {} has {} bytes of room, the proclet needs {total}",
+                    self.id,
+                    room.max(0)
+                )));
+            }
+            let cap = if total > 0 {
+                total as usize
+            } else {
+                frame.tail.len()
+            };
+            self.incoming.insert(
+                key,
+                Incoming {
+                    buf: Vec::with_capacity(cap),
+                    ops,
+                    desc,
+                    kind,
+                    epoch,
+                    raw,
+                    pinned,
+                },
+            );
+        }
+        let Some(mut entry) = self.incoming.get_mut(&key) else {
+            return reply.error(RemoteError::Protocol(format!(
+                "transfer chunk at offset {offset} for proclet {proclet} without its start"
+            )));
+        };
+        if entry.buf.len() as u64 != offset {
+            let have = entry.buf.len();
+            drop(entry);
+            self.incoming.remove(&key);
+            return reply.error(RemoteError::Protocol(format!(
+                "transfer chunk at offset {offset}, expected {have}"
+            )));
+        }
+        entry.buf.extend_from_slice(&frame.tail);
+        drop(entry);
+        if !last {
+            let _ = reply.send(&Msg::Done, &[]);
+            return;
+        }
+        let Some((_, inc)) = self.incoming.remove(&key) else {
+            return;
+        };
+        // Decoding a large state takes a while: not on the connection's reader.
+        let node = self.clone();
+        tokio::spawn(async move {
+            let state = if inc.raw {
+                (inc.ops.from_raw)(inc.buf)
+                    .ok_or_else(|| RemoteError::CodeMismatch("not a byte-vector state".into()))
+            } else {
+                let s = (inc.ops.decode)(&inc.buf);
+                drop(inc.buf);
+                s
+            };
+            match state {
+                Ok(s) => {
+                    node.install(proclet, inc.kind, inc.desc, inc.epoch, s, inc.pinned);
+                    let _ = reply.send(&Msg::Done, &[]);
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    /// Drop what arrived of a transfer the source gave up.
+    pub(super) fn abort_transfer(&self, conn: &Arc<Connection>, proclet: ProcletId) {
+        self.incoming.remove(&(conn.id(), proclet));
+    }
+
+    /// A connection closed: transfers arriving on it will never finish.
+    pub(super) fn drop_transfers_of(&self, conn: &Arc<Connection>) {
+        let id = conn.id();
+        self.incoming.retain(|(c, _), _| *c != id);
+    }
+}

@@ -1,0 +1,684 @@
+//! The resource monitor and the pressure policy of a node.
+//!
+//! The *monitor* (mechanism) samples, every [`PressureConfig::mem_interval`], the node's
+//! memory: what its cgroup is charged against the cgroup's limit when it runs in one (that
+//! includes every other process in the cgroup, such as an antagonist), else its resident
+//! memory against its budget (its spec's memory). Every [`PressureConfig::cpu_interval`]
+//! it samples CPU: the cgroup's throttling (`cpu.stat`), the run-queue delay of the
+//! node's threads (`/proc/self/task/*/schedstat`), and which proclet each thread was
+//! running, charging the thread's CPU time to it (see `accounting`). Per proclet it keeps
+//! cores used (an exponentially weighted average with a [`PressureConfig::cpu_window`]
+//! time constant) and the footprint (re-measured after mutating calls, rate-limited).
+//!
+//! *Memory pressure*: free memory (limit − used) below a threshold. *CPU pressure*: the
+//! cgroup was throttled in more than a fraction of its CFS periods, or the node's threads
+//! waited on the run queue for more than a fraction of the wall time per core. (Busy cores
+//! never exceed a quota, so they say nothing about pressure.)
+//!
+//! The *policy* ([`PressurePolicy`], a trait, so it can be replaced and tested alone)
+//! decides what to move while pressure lasts; the default [`ArgmaxPolicy`] takes the
+//! proclet with the largest resource use ÷ estimated migration time. The monitor then asks
+//! the controller for a destination with room for that resource and moves the proclet
+//! with the migration engine, one at a time, re-sampling between moves, until the
+//! pressure is gone.
+
+use super::NodeInner;
+use crate::slot::{Slot, TryLock};
+use granule_wire::{CallMode, Kind, Location, ProcletId, ProcletUsage, Resource};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Tunables of the monitor (environment variables in parentheses).
+#[derive(Clone, Debug)]
+pub struct PressureConfig {
+    /// Memory sampling interval (`GRANULE_MEM_INTERVAL`, default 5 ms).
+    pub mem_interval: Duration,
+    /// CPU sampling interval (`GRANULE_CPU_INTERVAL`, default 20 ms).
+    pub cpu_interval: Duration,
+    /// Memory pressure below this much free memory (`GRANULE_MEM_FREE_MIN`); default 10 %
+    /// of the node's limit, at least 32 MiB and at most 256 MiB: at 1 GiB/s of growth that
+    /// leaves 30–250 ms to react, several moves' worth on this machine.
+    pub mem_free_min: Option<u64>,
+    /// CPU pressure above this fraction of throttled CFS periods (default 0.2).
+    pub cpu_throttled_max: f64,
+    /// CPU pressure above this run-queue delay per core (seconds waiting per second;
+    /// default 0.5).
+    pub runq_delay_max: f64,
+    /// Time constant of the per-proclet CPU average (default 1 s).
+    pub cpu_window: Duration,
+    /// Whether the node sheds proclets under pressure (`GRANULE_SHED=off` disables it;
+    /// default on).
+    pub shed: bool,
+}
+
+impl Default for PressureConfig {
+    fn default() -> Self {
+        PressureConfig {
+            mem_interval: Duration::from_millis(5),
+            cpu_interval: Duration::from_millis(20),
+            mem_free_min: None,
+            cpu_throttled_max: 0.2,
+            runq_delay_max: 0.5,
+            cpu_window: Duration::from_secs(1),
+            shed: true,
+        }
+    }
+}
+
+impl PressureConfig {
+    pub(crate) fn from_env() -> PressureConfig {
+        let mut c = PressureConfig::default();
+        let dur = |name: &str, into: &mut Duration| {
+            if let Ok(v) = std::env::var(name) {
+                match crate::config::parse_duration(&v) {
+                    Ok(d) if !d.is_zero() => *into = d,
+                    _ => tracing::warn!("ignoring {name}={v}: expected a duration like 5ms"),
+                }
+            }
+        };
+        dur("GRANULE_MEM_INTERVAL", &mut c.mem_interval);
+        dur("GRANULE_CPU_INTERVAL", &mut c.cpu_interval);
+        if let Ok(v) = std::env::var("GRANULE_MEM_FREE_MIN") {
+            match crate::config::parse_size(&v) {
+                Ok(b) => c.mem_free_min = Some(b),
+                Err(e) => tracing::warn!("ignoring GRANULE_MEM_FREE_MIN={v}: {e}"),
+            }
+        }
+        if let Ok(v) = std::env::var("GRANULE_SHED") {
+            c.shed = !matches!(v.trim(), "off" | "0" | "false" | "no");
+        }
+        c
+    }
+
+    /// The free-memory threshold for a node whose limit is `limit` bytes.
+    pub fn free_min_for(&self, limit: u64) -> u64 {
+        self.mem_free_min
+            .unwrap_or_else(|| (limit / 10).clamp(32 << 20, 256 << 20))
+    }
+}
+
+/// One hosted proclet as the policy sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub id: ProcletId,
+    pub kind: Kind,
+    /// Footprint, bytes.
+    pub mem_bytes: u64,
+    /// Cores used over the accounting window.
+    pub cores: f64,
+}
+
+/// What the policy reads: pressure, candidates, and the cost of moving.
+pub trait NodeView {
+    /// The resource under pressure now, if any (memory first).
+    fn pressure(&self) -> Option<Resource>;
+    /// Proclets that may move (not pinned, not already moving).
+    fn candidates(&self) -> Vec<Candidate>;
+    /// Estimated time to move a state of `bytes`.
+    fn migration_time(&self, bytes: u64) -> Duration;
+}
+
+/// A decision: move `proclet`, which uses `amount` of `resource` (bytes, or millicores),
+/// to a node with room for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub proclet: ProcletId,
+    pub resource: Resource,
+    pub amount: u64,
+}
+
+/// Decides what a node under pressure moves away.
+pub trait PressurePolicy: Send + Sync {
+    /// The next move, or `None` to do nothing now.
+    fn decide(&self, view: &dyn NodeView) -> Option<Decision>;
+}
+
+/// The default policy: under pressure of a resource, move the proclet with the largest
+/// use of it ÷ estimated migration time (what frees the most per second spent moving).
+/// Proclets using none of the resource are never chosen.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ArgmaxPolicy;
+
+impl PressurePolicy for ArgmaxPolicy {
+    fn decide(&self, view: &dyn NodeView) -> Option<Decision> {
+        let resource = view.pressure()?;
+        let use_of = |c: &Candidate| match resource {
+            Resource::Memory => c.mem_bytes as f64,
+            Resource::Cpu => c.cores,
+        };
+        let best = view
+            .candidates()
+            .into_iter()
+            .filter(|c| use_of(c) > 0.0)
+            .map(|c| {
+                let t = view.migration_time(c.mem_bytes).as_secs_f64().max(1e-9);
+                (use_of(&c) / t, c)
+            })
+            .max_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal))?
+            .1;
+        Some(Decision {
+            proclet: best.id,
+            resource,
+            amount: match resource {
+                Resource::Memory => best.mem_bytes,
+                Resource::Cpu => (best.cores * 1000.0).ceil() as u64,
+            },
+        })
+    }
+}
+
+/// The latest readings.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Reading {
+    pub mem_used: u64,
+    pub mem_limit: u64,
+    pub rss: u64,
+    pub cgroup_limit: u64,
+    pub cgroup_usage: u64,
+    pub cpu_throttled: f64,
+    pub runq_delay: f64,
+    pub mem_pressure: bool,
+    pub cpu_pressure: bool,
+}
+
+// TEMPORARY until granule-cgroups lands.
+mod granule_cgroups {
+    #[derive(Clone, Copy)]
+    pub struct CpuStat {
+        pub nr_periods: u64,
+        pub nr_throttled: u64,
+    }
+    pub struct Reader;
+    impl Reader {
+        pub fn for_self() -> Option<Reader> {
+            None
+        }
+        pub fn memory_usage(&self) -> Result<u64, ()> {
+            Err(())
+        }
+        pub fn memory_limit(&self) -> Result<u64, ()> {
+            Err(())
+        }
+        pub fn cpu_stat(&self) -> Result<CpuStat, ()> {
+            Err(())
+        }
+    }
+}
+
+/// Reads the cgroup files of the node's own cgroups, if it runs in any.
+struct CgroupFiles {
+    reader: Option<granule_cgroups::Reader>,
+    last_cpu: Option<granule_cgroups::CpuStat>,
+}
+
+pub(crate) struct Monitor {
+    pub config: PressureConfig,
+    budget: u64,
+    cores: f64,
+    epoch: Instant,
+    latest: Mutex<Reading>,
+    /// Move cost model: fixed overhead (µs) and bandwidth (bytes/s), learned from moves.
+    overhead_us: AtomicU64,
+    bandwidth: AtomicU64,
+    shedding: AtomicBool,
+    policy: Box<dyn PressurePolicy>,
+}
+
+impl Monitor {
+    pub(crate) fn new(budget: u64, cores: f64, config: PressureConfig) -> Monitor {
+        Monitor {
+            config,
+            budget,
+            cores,
+            epoch: Instant::now(),
+            latest: Mutex::new(Reading {
+                mem_limit: budget,
+                ..Default::default()
+            }),
+            overhead_us: AtomicU64::new(300),
+            bandwidth: AtomicU64::new(1 << 30),
+            shedding: AtomicBool::new(false),
+            policy: Box::new(ArgmaxPolicy),
+        }
+    }
+
+    /// The node's memory budget (its spec).
+    pub(crate) fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    pub(crate) fn reading(&self) -> Reading {
+        self.latest.lock().clone()
+    }
+
+    /// Memory this node can still take (negative when over its limit).
+    pub(crate) fn mem_room(&self) -> i64 {
+        let r = self.latest.lock();
+        r.mem_limit as i64 - r.mem_used as i64
+    }
+
+    /// Estimated time to move a state of `bytes`.
+    pub(crate) fn migration_time(&self, bytes: u64) -> Duration {
+        let bw = self.bandwidth.load(Ordering::Relaxed).max(1) as f64;
+        Duration::from_micros(self.overhead_us.load(Ordering::Relaxed))
+            + Duration::from_secs_f64(bytes as f64 / bw)
+    }
+
+    /// Learn from a finished move (`took` excludes waiting for calls to drain).
+    pub(crate) fn record_move(&self, bytes: u64, took: Duration) {
+        let secs = took.as_secs_f64();
+        if bytes >= (256 << 10) && secs > 0.0 {
+            let bw = bytes as f64 / secs;
+            let old = self.bandwidth.load(Ordering::Relaxed) as f64;
+            self.bandwidth
+                .store((0.7 * old + 0.3 * bw) as u64, Ordering::Relaxed);
+        } else if bytes < (64 << 10) {
+            let old = self.overhead_us.load(Ordering::Relaxed) as f64;
+            let us = took.as_micros() as f64;
+            self.overhead_us
+                .store((0.7 * old + 0.3 * us) as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Measure a proclet's footprint now if its lock is free (skipped otherwise).
+    pub(crate) fn measure_now(&self, slot: &Arc<Slot>) {
+        let Some(ops) = slot.state_desc.state_ops() else {
+            return;
+        };
+        if let Ok(TryLock::Granted(g)) = slot.lock(crate::context::new_chain(), CallMode::Shared) {
+            slot.stats.dirty.store(false, Ordering::Relaxed);
+            let bytes = g.inspect(|s| (ops.footprint)(s));
+            slot.stats.footprint.store(bytes, Ordering::Relaxed);
+            slot.stats
+                .measured_at
+                .store(self.now_ns(), Ordering::Relaxed);
+        }
+    }
+
+    fn sample_memory(&self, cg: &mut CgroupFiles, node: &NodeInner) -> Reading {
+        let rss = crate::usage::resident_bytes();
+        let (cg_usage, cg_limit) = match &cg.reader {
+            Some(r) => (r.memory_usage().unwrap_or(0), r.memory_limit().unwrap_or(0)),
+            None => (0, 0),
+        };
+        let mut limit = self.budget;
+        if cg_limit > 0 {
+            limit = limit.min(cg_limit);
+        }
+        let used = rss.max(cg_usage).max(node.proclet_bytes());
+        let free = limit as i64 - used as i64;
+        let mut r = self.latest.lock();
+        r.rss = rss;
+        r.cgroup_usage = cg_usage;
+        r.cgroup_limit = cg_limit;
+        r.mem_used = used;
+        r.mem_limit = limit;
+        r.mem_pressure = free < self.config.free_min_for(limit) as i64;
+        r.clone()
+    }
+}
+
+/// Per-thread CPU bookkeeping of the CPU sampler.
+#[derive(Default)]
+struct CpuSampler {
+    last: HashMap<i32, (u64, u64)>,
+    at: Option<Instant>,
+    high: u32,
+}
+
+impl NodeInner {
+    /// Sum of the footprints of hosted proclets.
+    pub(crate) fn proclet_bytes(&self) -> u64 {
+        self.table
+            .iter()
+            .map(|s| s.stats.footprint.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The largest hosted proclets, for heartbeats.
+    pub(crate) fn top_proclets(&self, n: usize) -> Vec<ProcletUsage> {
+        let mut all: Vec<ProcletUsage> = self
+            .table
+            .iter()
+            .map(|s| ProcletUsage {
+                id: s.id,
+                kind: s.kind,
+                mem_bytes: s.stats.footprint.load(Ordering::Relaxed),
+                cores: s.stats.cores(),
+                pinned: s.pinned.load(Ordering::Relaxed),
+            })
+            .collect();
+        all.sort_by(|a, b| {
+            b.mem_bytes.cmp(&a.mem_bytes).then(
+                b.cores
+                    .partial_cmp(&a.cores)
+                    .unwrap_or(std::cmp::Ordering::Equal),
+            )
+        });
+        all.truncate(n);
+        all
+    }
+
+    fn sample_cpu(&self, s: &mut CpuSampler, cg: &mut CgroupFiles) {
+        let now = Instant::now();
+        let wall = s.at.map(|t| now.duration_since(t).as_secs_f64());
+        s.at = Some(now);
+        // Which slot each registered thread is in.
+        let running: HashMap<i32, u64> = crate::accounting::threads()
+            .iter()
+            .map(|c| (c.tid, c.current.load(Ordering::Relaxed)))
+            .collect();
+        let by_serial: HashMap<u64, Arc<Slot>> = self
+            .table
+            .iter()
+            .map(|e| (e.serial, e.value().clone()))
+            .collect();
+        let mut delay_total = 0u64;
+        let mut seen = Vec::new();
+        if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+            for entry in dir.flatten() {
+                let Some(tid) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|t| t.parse::<i32>().ok())
+                else {
+                    continue;
+                };
+                let Some((cpu, delay)) = crate::accounting::read_schedstat(tid) else {
+                    continue;
+                };
+                seen.push(tid);
+                if let Some((lcpu, ldelay)) = s.last.insert(tid, (cpu, delay)) {
+                    delay_total += delay.saturating_sub(ldelay);
+                    let used = cpu.saturating_sub(lcpu);
+                    if let Some(slot) = running
+                        .get(&tid)
+                        .filter(|serial| **serial != 0)
+                        .and_then(|serial| by_serial.get(serial))
+                    {
+                        slot.stats.cpu_pending_ns.fetch_add(used, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        let gone: Vec<i32> = s
+            .last
+            .keys()
+            .filter(|t| !seen.contains(t))
+            .copied()
+            .collect();
+        for t in &gone {
+            s.last.remove(t);
+        }
+        let registered_gone: Vec<i32> = running
+            .keys()
+            .filter(|t| !seen.contains(t))
+            .copied()
+            .collect();
+        crate::accounting::prune(&registered_gone);
+        let Some(wall) = wall.filter(|w| *w > 0.0) else {
+            return;
+        };
+        // Fold the charges into each proclet's average.
+        let alpha = (wall / self.monitor.config.cpu_window.as_secs_f64()).min(1.0);
+        for slot in by_serial.values() {
+            let used = slot.stats.cpu_pending_ns.swap(0, Ordering::Relaxed) as f64 / 1e9;
+            let rate = used / wall;
+            let old = slot.stats.cores();
+            let new = old + alpha * (rate - old);
+            slot.stats.cores.store(new.to_bits(), Ordering::Relaxed);
+        }
+        let runq = delay_total as f64 / 1e9 / wall;
+        let throttled = match (&cg.reader, cg.last_cpu) {
+            (Some(r), last) => match r.cpu_stat() {
+                Ok(now) => {
+                    cg.last_cpu = Some(now);
+                    match last {
+                        Some(l) if now.nr_periods > l.nr_periods => {
+                            (now.nr_throttled - l.nr_throttled.min(now.nr_throttled)) as f64
+                                / (now.nr_periods - l.nr_periods) as f64
+                        }
+                        _ => 0.0,
+                    }
+                }
+                Err(_) => 0.0,
+            },
+            (None, _) => 0.0,
+        };
+        let cfg = &self.monitor.config;
+        let over =
+            throttled > cfg.cpu_throttled_max || runq / self.monitor.cores > cfg.runq_delay_max;
+        // Two samples in a row, so one scheduling hiccup does not move anything.
+        s.high = if over { s.high + 1 } else { 0 };
+        let mut r = self.monitor.latest.lock();
+        r.cpu_throttled = throttled;
+        r.runq_delay = runq;
+        r.cpu_pressure = s.high >= 2;
+    }
+
+    /// Re-measure footprints of proclets mutated since their last measurement (each at
+    /// most every `footprint::ESTIMATE_EVERY`).
+    fn refresh_footprints(&self) {
+        let now = self.monitor.now_ns();
+        let every = crate::footprint::ESTIMATE_EVERY.as_nanos() as u64;
+        let slots: Vec<Arc<Slot>> = self
+            .table
+            .iter()
+            .filter(|s| {
+                s.stats.dirty.load(Ordering::Relaxed)
+                    && now.saturating_sub(s.stats.measured_at.load(Ordering::Relaxed)) >= every
+            })
+            .map(|s| s.value().clone())
+            .collect();
+        for slot in slots {
+            self.monitor.measure_now(&slot);
+        }
+    }
+
+    /// The monitor loop (runs on the control runtime until the node stops).
+    pub(crate) async fn monitor_loop(self: Arc<Self>) {
+        let mut cg = CgroupFiles {
+            reader: granule_cgroups::Reader::for_self(),
+            last_cpu: None,
+        };
+        let mut cpu = CpuSampler::default();
+        let cfg = self.monitor.config.clone();
+        let mut tick = tokio::time::interval(cfg.mem_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_cpu = Instant::now();
+        let mut next_refresh = Instant::now();
+        loop {
+            tick.tick().await;
+            if self.is_stopped() {
+                return;
+            }
+            let reading = self.monitor.sample_memory(&mut cg, &self);
+            let now = Instant::now();
+            if now >= next_cpu {
+                next_cpu = now + cfg.cpu_interval;
+                self.sample_cpu(&mut cpu, &mut cg);
+            }
+            if now >= next_refresh {
+                next_refresh = now + cfg.cpu_interval;
+                self.refresh_footprints();
+            }
+            let pressured = reading.mem_pressure || self.monitor.latest.lock().cpu_pressure;
+            if cfg.shed && pressured && !self.monitor.shedding.swap(true, Ordering::AcqRel) {
+                let node = self.clone();
+                // Moves run on the workers (they stream state); one at a time.
+                self.handle.spawn(async move {
+                    node.shed_one().await;
+                    node.monitor.shedding.store(false, Ordering::Release);
+                });
+            }
+        }
+    }
+
+    /// Make one move the policy asks for, if any.
+    async fn shed_one(self: &Arc<Self>) {
+        let view = LiveView { node: self };
+        let Some(d) = self.monitor.policy.decide(&view) else {
+            return;
+        };
+        let dest = match self.controller.propose(self.id, d.resource, d.amount).await {
+            Ok(Some(dest)) => dest,
+            Ok(None) => {
+                tracing::warn!(node = %self.id, resource = %d.resource, amount = d.amount,
+                    "under pressure, but no node has room for proclet {}", d.proclet);
+                // Do not spin asking: wait a little before the next attempt.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(node = %self.id, "cannot ask the controller for a destination: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return;
+            }
+        };
+        let to = Location {
+            node: dest.0,
+            addr: dest.1,
+            epoch: 0,
+        };
+        match self.move_out(d.proclet, to).await {
+            Ok(stats) => tracing::info!(node = %self.id, proclet = %d.proclet, to = %dest.0,
+                resource = %d.resource, bytes = stats.bytes, micros = stats.micros, "shed a proclet"),
+            Err(e) => {
+                tracing::info!(node = %self.id, proclet = %d.proclet, "shedding move failed: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// The policy's view of a live node.
+struct LiveView<'a> {
+    node: &'a Arc<NodeInner>,
+}
+
+impl NodeView for LiveView<'_> {
+    fn pressure(&self) -> Option<Resource> {
+        let r = self.node.monitor.latest.lock();
+        if r.mem_pressure {
+            Some(Resource::Memory)
+        } else if r.cpu_pressure {
+            Some(Resource::Cpu)
+        } else {
+            None
+        }
+    }
+
+    fn candidates(&self) -> Vec<Candidate> {
+        self.node
+            .table
+            .iter()
+            .filter(|s| !s.pinned.load(Ordering::Relaxed) && !s.moving.load(Ordering::Relaxed))
+            .map(|s| Candidate {
+                id: s.id,
+                kind: s.kind,
+                mem_bytes: s.stats.footprint.load(Ordering::Relaxed),
+                cores: s.stats.cores(),
+            })
+            .collect()
+    }
+
+    fn migration_time(&self, bytes: u64) -> Duration {
+        self.node.monitor.migration_time(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct FakeNode {
+        pressure: Option<Resource>,
+        candidates: Vec<Candidate>,
+    }
+
+    impl NodeView for FakeNode {
+        fn pressure(&self) -> Option<Resource> {
+            self.pressure
+        }
+        fn candidates(&self) -> Vec<Candidate> {
+            self.candidates.clone()
+        }
+        fn migration_time(&self, bytes: u64) -> Duration {
+            // 1 ms fixed + 1 GB/s.
+            Duration::from_millis(1) + Duration::from_secs_f64(bytes as f64 / 1e9)
+        }
+    }
+
+    fn c(id: u64, mem: u64, cores: f64) -> Candidate {
+        Candidate {
+            id: ProcletId(id),
+            kind: Kind::Hybrid,
+            mem_bytes: mem,
+            cores,
+        }
+    }
+
+    #[test]
+    fn no_pressure_no_move() {
+        let n = FakeNode {
+            pressure: None,
+            candidates: vec![c(1, 1 << 20, 1.0)],
+        };
+        assert_eq!(ArgmaxPolicy.decide(&n), None);
+    }
+
+    #[test]
+    fn memory_pressure_picks_most_bytes_per_second_of_moving() {
+        // 64 MiB: 64 MiB / 68 ms ≈ 0.99 GB/s; 1 MiB: 1 MiB / 2.05 ms ≈ 0.51 GB/s;
+        // 0 bytes never. The biggest frees the most per second here.
+        let n = FakeNode {
+            pressure: Some(Resource::Memory),
+            candidates: vec![c(1, 1 << 20, 0.0), c(2, 64 << 20, 0.0), c(3, 0, 2.0)],
+        };
+        assert_eq!(
+            ArgmaxPolicy.decide(&n),
+            Some(Decision {
+                proclet: ProcletId(2),
+                resource: Resource::Memory,
+                amount: 64 << 20
+            })
+        );
+    }
+
+    #[test]
+    fn cpu_pressure_prefers_cheap_to_move_cpu_users() {
+        // Same cores, but proclet 5 holds 512 MiB (0.54 s to move) and 6 holds 4 KiB:
+        // 6 wins. Proclet 7 uses more CPU but is pricier to move than its CPU is worth.
+        let n = FakeNode {
+            pressure: Some(Resource::Cpu),
+            candidates: vec![
+                c(5, 512 << 20, 0.9),
+                c(6, 4 << 10, 0.9),
+                c(7, 100 << 20, 1.0),
+            ],
+        };
+        assert_eq!(
+            ArgmaxPolicy.decide(&n),
+            Some(Decision {
+                proclet: ProcletId(6),
+                resource: Resource::Cpu,
+                amount: 900
+            })
+        );
+    }
+
+    #[test]
+    fn thresholds_are_sized_by_the_limit() {
+        let c = PressureConfig::default();
+        assert_eq!(c.free_min_for(100 << 20), 32 << 20);
+        assert_eq!(c.free_min_for(1 << 30), (1 << 30) / 10);
+        assert_eq!(c.free_min_for(16 << 30), 256 << 20);
+    }
+}
