@@ -231,8 +231,12 @@ impl Setup {
             .worker_nodes()?
             .first()
             .ok_or_else(|| anyhow!("the cluster has no node"))?;
+        // Every proclet here is pinned: the measurement is about calls at a fixed
+        // placement, and the caller's own spinning would otherwise look like CPU pressure
+        // to the driver's monitor, which would move the "local" proclet away.
         let local = Proclet::builder(Kind::Compute)
             .on(cluster.node_id())
+            .pinned()
             .create((), |()| Bench::default())?;
         // Thread placement: the driver (caller) on vCPU 0, the callee node process on
         // vCPU 1 — the same for Granule and for raw TCP, so both pay the same cross-core
@@ -245,6 +249,7 @@ impl Setup {
             pin_process(0)?;
             let node_pin = Proclet::builder(Kind::Compute)
                 .on(callee)
+                .pinned()
                 .create(1usize, |cpu: usize| {
                     pin_process(cpu).map_err(|e| e.to_string())
                 })?;
@@ -254,9 +259,11 @@ impl Setup {
         }
         let remote = Proclet::builder(Kind::Compute)
             .on(callee)
+            .pinned()
             .create((), |()| Bench::default())?;
         let raw_server = Proclet::builder(Kind::Compute)
             .on(callee)
+            .pinned()
             .create((), |()| RawServer::start())?;
         let addr = raw_server.run_ref((), |s: &RawServer, ()| s.addr.clone())?;
         if addr.starts_with("error") {
@@ -431,8 +438,33 @@ const MODES: [&str; 7] = [
     "raw TCP sync (spin, then block)",
 ];
 
+/// Restores the driver's CPU affinity when dropped: this benchmark pins the driver to
+/// vCPU 0, and benchmarks run after it (`granule bench all`) must not inherit that.
+struct RestoreAffinity(Option<nix::sched::CpuSet>);
+
+impl RestoreAffinity {
+    fn save() -> Self {
+        RestoreAffinity(nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok())
+    }
+}
+
+impl Drop for RestoreAffinity {
+    fn drop(&mut self) {
+        let Some(set) = &self.0 else { return };
+        if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+            for tid in dir
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            {
+                let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), set);
+            }
+        }
+    }
+}
+
 /// Run the benchmark and write its report.
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
+    let _restore = RestoreAffinity::save();
     let reps = if opts.quick { 1 } else { 5 };
     let dur = if opts.quick {
         Duration::from_millis(30)
@@ -620,6 +652,7 @@ thread inside the callee node process. {pin_text}",
     ));
     rep.note("For reference (EVALUATION.md, same machine class): a Ray no-op actor call has p50 ~1.25 ms and 3-4k calls/s pipelined.");
     let dir = rep.write(&opts.out)?;
+    crate::print_cluster_usage(&s.cluster);
     s.cluster.shutdown();
     Ok(dir)
 }

@@ -9,6 +9,8 @@
 
 pub mod controller;
 pub mod invoke;
+pub mod migrate;
+pub mod pressure;
 pub mod work;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +28,8 @@ pub struct BenchOpts {
 pub const BENCHMARKS: &[(&str, &str)] = &[
     ("invoke", "proclet call throughput and latency vs work per call: local, remote, plain function, raw TCP"),
     ("controller", "location resolutions/s and registrations/s one controller sustains"),
+    ("migrate", "migration time of a proclet with 64 KiB to 16 MiB of state, next to raw TCP of the same bytes"),
+    ("pressure", "KV shards under open-loop load while a memory antagonist fills one node: p99 timeline, moves, vs throttled migration"),
 ];
 
 /// Run the benchmark `name`; returns the directory the report was written to.
@@ -33,6 +37,8 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     match name {
         "invoke" => invoke::run(opts),
         "controller" => controller::run(opts),
+        "migrate" => migrate::run(opts),
+        "pressure" => pressure::run(opts),
         other => anyhow::bail!(
             "unknown benchmark '{other}'; known: {}",
             BENCHMARKS
@@ -47,4 +53,18 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
 /// `out/name`, for benchmarks that want to mention it.
 pub fn report_dir(out: &Path, name: &str) -> PathBuf {
     out.join(name)
+}
+
+/// Print the cluster's resource use as the controller reports it (per node: CPU, memory
+/// against budget and cgroup limit, pressure, moves; per proclet: footprint and cores), so
+/// every benchmark run shows what it ran on.
+pub fn print_cluster_usage(cluster: &granule::Cluster) {
+    match cluster.nodes() {
+        Ok(nodes) => {
+            println!("\ncluster resources at the end of the run:");
+            print!("{}", granule_report::usage::node_table(&nodes));
+            print!("{}", granule_report::usage::proclet_table(&nodes));
+        }
+        Err(e) => println!("(cannot read the cluster's resource use: {e})"),
+    }
 }

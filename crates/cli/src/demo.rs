@@ -5,7 +5,6 @@
 //! prints where everything ran, measures call rates (local, remote, pipelined, chained),
 //! moves a shard to another node while keeping its data, and shows typed errors.
 
-use crate::status;
 use anyhow::Context;
 use futures::stream::{FuturesUnordered, StreamExt};
 use granule::{here, CallError, Cluster, ClusterConfig, Kind, NodeId, Proclet};
@@ -116,7 +115,7 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
         cluster.node_id(),
         cluster.spawned_nodes().len()
     );
-    print!("{}", status::table(&cluster.nodes()?));
+    print!("{}", granule_report::usage::node_table(&cluster.nodes()?));
 
     // 1. Proclets, placed by the controller.
     println!("\n-- 1. Create proclets (placed by the controller: memory → most free memory, compute → most idle cores)");
@@ -281,7 +280,7 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
         cluster.controller_addr()
     );
     std::thread::sleep(Duration::from_millis(150)); // one heartbeat, so usage is fresh
-    print!("{}", status::table(&cluster.nodes()?));
+    print!("{}", granule_report::usage::node_table(&cluster.nodes()?));
     cluster.shutdown();
     println!("\nDone: every node process has been stopped.");
     Ok(())

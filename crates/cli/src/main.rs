@@ -5,6 +5,7 @@
 //! the library crates. Like every Granule application, this binary can also act as a
 //! node: the driver it starts for `demo` and `bench` spawns copies of it.
 
+mod antagonist;
 mod demo;
 mod status;
 
@@ -76,6 +77,8 @@ enum Cmd {
         #[arg(long, env = "GRANULE_CONTROLLER")]
         controller: String,
     },
+    /// Put memory or CPU load into a node's cgroups (run as root on the node's machine).
+    Antagonist(antagonist::Args),
 }
 
 fn main() {
@@ -131,6 +134,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Status { controller } => status::run(&controller),
+        Cmd::Antagonist(args) => antagonist::run(args),
     }
 }
 

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 /// Shared by the request handler, the failure sweeper and the handle.
@@ -213,15 +213,44 @@ impl Inner {
         }
     }
 
-    /// Ask a proclet's host to move it to `to` and wait for the move to finish.
+    /// Ask a proclet's host to move it to `to` and wait for the move to finish. If the
+    /// proclet moved elsewhere in the meantime (its node shedding it), follow it.
     async fn move_proclet(
         self: Arc<Self>,
         proclet: granule_wire::ProcletId,
         to: NodeId,
     ) -> Result<Msg, RemoteError> {
+        let mut hint: Option<granule_wire::Location> = None;
+        for attempt in 0..MOVE_ATTEMPTS {
+            match self.clone().move_once(proclet, to, hint.take()).await {
+                Err(RemoteError::NotHere { hint: h }) if attempt + 1 < MOVE_ATTEMPTS => {
+                    hint = h;
+                    // The host's update of the location may still be on its way here.
+                    tokio::time::sleep(Duration::from_millis(2 * (attempt as u64 + 1))).await;
+                }
+                other => return other,
+            }
+        }
+        Err(RemoteError::Internal(format!(
+            "proclet {proclet} kept moving; gave up after {MOVE_ATTEMPTS} attempts"
+        )))
+    }
+
+    async fn move_once(
+        self: Arc<Self>,
+        proclet: granule_wire::ProcletId,
+        to: NodeId,
+        hint: Option<granule_wire::Location>,
+    ) -> Result<Msg, RemoteError> {
         let (loc, alive, dest) = {
             let st = self.state.lock();
-            let (loc, alive) = st.locate(proclet).ok_or(RemoteError::Gone)?;
+            let (mut loc, mut alive) = st.locate(proclet).ok_or(RemoteError::Gone)?;
+            if let Some(h) = hint.filter(|h| h.epoch > loc.epoch) {
+                alive = st
+                    .node(h.node)
+                    .is_some_and(|n| n.state == granule_wire::NodeState::Alive);
+                loc = h;
+            }
             let dest = st
                 .node(to)
                 .filter(|n| n.state == granule_wire::NodeState::Alive)
@@ -262,6 +291,9 @@ impl Inner {
         }
     }
 }
+
+/// How often a move follows a proclet that keeps moving before giving up.
+const MOVE_ATTEMPTS: u32 = 8;
 
 struct ControllerHandler(Arc<Inner>);
 

@@ -352,8 +352,14 @@ fn a_node_over_its_memory_budget_sheds_proclets_to_nodes_with_room() {
             .unwrap()
             .start()
             .unwrap();
-        let nodes = c.worker_nodes().unwrap();
-        let small = nodes[0];
+        // Nodes register in any order: find the small one by its spec.
+        let small = c
+            .nodes()
+            .unwrap()
+            .into_iter()
+            .find(|n| n.spec.mem_bytes == 176 << 20)
+            .unwrap()
+            .id;
         let mut blobs = Vec::new();
         for i in 0..10u8 {
             let p = Proclet::builder(Kind::Memory)

@@ -33,6 +33,7 @@ mod meta;
 mod plot;
 pub mod stats;
 mod table;
+pub mod usage;
 
 use std::path::{Path, PathBuf};
 

@@ -5,7 +5,7 @@ use crate::context;
 use crate::error::ClusterError;
 use crate::node::{Node, NodeOptions};
 use crate::shipping;
-use granule_wire::{NodeSpec, Role};
+use granule_wire::{CgroupPaths, NodeSpec, Role};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::Read;
@@ -20,6 +20,17 @@ pub(crate) struct BootConfig {
     pub spec: NodeSpec,
     pub listen_host: String,
     pub index: usize,
+    /// The cgroups the driver made for this node (its limits), to join before anything
+    /// else runs.
+    #[serde(default)]
+    pub cgroups: Option<CgroupPaths>,
+    /// Whether the node sheds proclets under pressure.
+    #[serde(default = "yes")]
+    pub shed: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// How to run a node by hand.
@@ -56,6 +67,7 @@ pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
         spec: args.spec,
         controller: args.controller,
         listen_host: args.listen_host,
+        shed: true,
     })?;
     context::offer_default_node(&node.inner);
     eprintln!(
@@ -84,6 +96,16 @@ pub(crate) fn run_node_process_from_env(raw: OsString) -> ! {
                 return 2;
             }
         };
+        // Join the node's groups first, while this is the only thread and nothing is
+        // allocated yet: everything the node does from here on counts against its limits.
+        if let Some(paths) = &boot.cgroups {
+            if let Err(e) = granule_cgroups::join_self(paths) {
+                eprintln!(
+                    "granule node {}: cannot join its cgroups ({e}); running without limits",
+                    boot.index
+                );
+            }
+        }
         // The driver holds the other end of our stdin: when it exits, for any reason
         // (even SIGKILL), we read EOF and leave.
         std::thread::Builder::new()
@@ -110,6 +132,7 @@ pub(crate) fn run_node_process_from_env(raw: OsString) -> ! {
             spec: args.spec,
             controller: args.controller,
             listen_host: args.listen_host,
+            shed: boot.shed,
         }) {
             Ok(node) => {
                 context::offer_default_node(&node.inner);

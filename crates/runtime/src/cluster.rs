@@ -40,6 +40,8 @@ pub struct Cluster {
     controller_addr: String,
     spawned: Mutex<Vec<Spawned>>,
     pgid: Option<Pid>,
+    /// The cgroups of the spawned nodes, when they run with real limits.
+    cgroups: Option<granule_cgroups::ClusterGroups>,
 }
 
 /// Builder for [`Cluster`]: starts from [`ClusterConfig::default`] (not the environment).
@@ -78,6 +80,18 @@ impl ClusterBuilder {
     }
     pub fn heartbeat(mut self, t: Duration) -> Self {
         self.config.heartbeat = t;
+        self
+    }
+    /// Whether spawned nodes get cgroup v1 limits (default: when usable).
+    pub fn cgroups(mut self, mode: crate::config::CgroupsMode) -> Self {
+        self.config.cgroups = mode;
+        self
+    }
+
+    /// Whether nodes move proclets away on their own under pressure (default on). Off
+    /// suits programs that place every proclet themselves, and tests of explicit moves.
+    pub fn shed(mut self, on: bool) -> Self {
+        self.config.shed = on;
         self
     }
     pub fn config(&self) -> &ClusterConfig {
@@ -125,6 +139,7 @@ impl Cluster {
             spec: config.driver,
             controller: controller_addr.clone(),
             listen_host: config.listen_host.clone(),
+            shed: config.shed,
         })?;
         context::set_thread_node(&cell_of(&node.inner));
         context::offer_default_node(&node.inner);
@@ -134,6 +149,7 @@ impl Cluster {
             controller_addr,
             spawned: Mutex::new(Vec::new()),
             pgid: None,
+            cgroups: None,
         };
         if cluster.controller.is_some() {
             cluster.spawn_nodes(&config)?;
@@ -146,12 +162,16 @@ impl Cluster {
         let program = std::env::args()
             .next()
             .unwrap_or_else(|| "granule-app".into());
+        self.cgroups = cluster_cgroups(config.cgroups);
         for (index, spec) in config.nodes.iter().enumerate() {
+            let cgroups = node_cgroups(self.cgroups.as_ref(), index, spec);
             let boot = BootConfig {
                 controller: self.controller_addr.clone(),
                 spec: *spec,
                 listen_host: config.listen_host.clone(),
                 index,
+                cgroups,
+                shed: config.shed,
             };
             let boot = serde_json::to_string(&boot)
                 .map_err(|e| ClusterError::Spawn(format!("cannot encode the boot config: {e}")))?;
@@ -267,6 +287,11 @@ impl Cluster {
         Ok(v)
     }
 
+    /// Whether the spawned node processes run in cgroups with their specs as limits.
+    pub fn cgroups_active(&self) -> bool {
+        self.cgroups.is_some()
+    }
+
     /// The node processes this driver started, as (node, pid), in start order.
     pub fn spawned_nodes(&self) -> Vec<(NodeId, u32)> {
         self.spawned
@@ -352,6 +377,12 @@ impl Cluster {
         }
         sp.clear();
         drop(sp);
+        // The node processes are gone (killed and reaped): their groups can go too.
+        if let Some(g) = self.cgroups.take() {
+            if let Err(e) = g.remove() {
+                tracing::warn!("cannot remove the cluster's cgroups: {e}");
+            }
+        }
         if let Some(mut n) = self.node.take() {
             n.stop();
         }
@@ -371,6 +402,56 @@ fn cell_of(node: &Arc<NodeInner>) -> Arc<context::NodeCell> {
     let cell: Arc<context::NodeCell> = Arc::new(std::sync::OnceLock::new());
     let _ = cell.set(Arc::downgrade(node));
     cell
+}
+
+/// The cgroups for a new cluster's node processes, if `mode` allows and cgroup v1 is
+/// usable; groups left by drivers that died are removed first. When unusable, warns once
+/// per process and the nodes run with budget accounting only.
+fn cluster_cgroups(mode: crate::config::CgroupsMode) -> Option<granule_cgroups::ClusterGroups> {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if mode == crate::config::CgroupsMode::Off {
+        return None;
+    }
+    let warn = |why: String| {
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "node processes run without cgroup limits (budgets are only accounted): {why}"
+            )
+        })
+    };
+    let h = match granule_cgroups::Hierarchy::detect() {
+        Ok(h) => h,
+        Err(e) => {
+            warn(e.to_string());
+            return None;
+        }
+    };
+    for dir in granule_cgroups::cleanup_stale(&h) {
+        tracing::info!("removed the cgroup of a driver that is gone: {dir}");
+    }
+    match granule_cgroups::ClusterGroups::new(&h) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            warn(e.to_string());
+            None
+        }
+    }
+}
+
+/// Create the group of spawned node `index`, if the cluster has groups; without one the
+/// node runs unlimited.
+fn node_cgroups(
+    groups: Option<&granule_cgroups::ClusterGroups>,
+    index: usize,
+    spec: &NodeSpec,
+) -> Option<granule_wire::CgroupPaths> {
+    match groups?.node(&format!("node{index}"), spec.cores, spec.mem_bytes) {
+        Ok(g) => Some(g.paths()),
+        Err(e) => {
+            tracing::warn!("node process {index} runs without cgroup limits: {e}");
+            None
+        }
+    }
 }
 
 /// Start the cluster the environment describes, run `f` with it, shut it down.

@@ -9,6 +9,7 @@
 //! | `GRANULE_FAILURE_TIMEOUT` | silence after which a node is declared dead | `1s` |
 //! | `GRANULE_HEARTBEAT` | heartbeat interval | `100ms` |
 //! | `GRANULE_LISTEN_HOST` | address nodes listen on | `127.0.0.1` |
+//! | `GRANULE_CGROUPS` | `auto`: cgroup v1 limits for embedded nodes when usable; `off`: none | `auto` |
 //! | `GRANULE_CONFIG` | a TOML file with the same settings (environment wins) | unset |
 //! | `GRANULE_LOG` | log filter (`warn`, `granule_runtime=debug`, ...) | `warn` |
 
@@ -116,6 +117,27 @@ pub fn parse_spec(s: &str) -> Result<NodeSpec, String> {
     Ok(spec)
 }
 
+/// Whether embedded node processes get real limits (cgroup v1 groups with their spec's
+/// memory limit and CPU quota).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CgroupsMode {
+    /// Never: budgets are only accounted (reported in heartbeats, used by the monitor).
+    Off,
+    /// When cgroup v1 is usable here (root, memory and cpu controllers mounted);
+    /// otherwise warn once and go on without.
+    #[default]
+    Auto,
+}
+
+/// Parse `off` or `auto`.
+pub fn parse_cgroups_mode(s: &str) -> Result<CgroupsMode, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "off" => Ok(CgroupsMode::Off),
+        "auto" => Ok(CgroupsMode::Auto),
+        other => Err(format!("'{other}' is not a cgroups mode (use off or auto)")),
+    }
+}
+
 /// Parse `;`-separated node specs.
 pub fn parse_specs(s: &str) -> Result<Vec<NodeSpec>, String> {
     s.split(';')
@@ -141,6 +163,11 @@ pub struct ClusterConfig {
     pub listen_host: String,
     /// How long to wait for spawned nodes to register.
     pub start_timeout: Duration,
+    /// Whether spawned node processes get cgroup v1 limits.
+    pub cgroups: CgroupsMode,
+    /// Whether nodes move proclets away on their own under pressure (off: only explicit
+    /// moves; `GRANULE_SHED=off` does the same for every node that reads it).
+    pub shed: bool,
 }
 
 impl Default for ClusterConfig {
@@ -162,6 +189,8 @@ impl Default for ClusterConfig {
             heartbeat: Duration::from_millis(100),
             listen_host: "127.0.0.1".into(),
             start_timeout: Duration::from_secs(30),
+            cgroups: CgroupsMode::default(),
+            shed: true,
         }
     }
 }
@@ -176,6 +205,7 @@ struct FileConfig {
     failure_timeout: Option<String>,
     heartbeat: Option<String>,
     listen_host: Option<String>,
+    cgroups: Option<String>,
 }
 
 impl ClusterConfig {
@@ -210,6 +240,9 @@ impl ClusterConfig {
         if let Some(v) = var("GRANULE_LISTEN_HOST") {
             c.listen_host = v;
         }
+        if let Some(v) = var("GRANULE_CGROUPS") {
+            c.cgroups = parse_cgroups_mode(&v).map_err(|e| cfg("GRANULE_CGROUPS", e))?;
+        }
         c.validate()?;
         Ok(c)
     }
@@ -240,6 +273,9 @@ impl ClusterConfig {
         }
         if let Some(h) = f.listen_host {
             self.listen_host = h;
+        }
+        if let Some(m) = f.cgroups {
+            self.cgroups = parse_cgroups_mode(&m)?;
         }
         Ok(())
     }
@@ -301,6 +337,17 @@ mod tests {
         assert_eq!(c.nodes.len(), 2);
         assert_eq!(c.failure_timeout, Duration::from_millis(1500));
         assert!(c.apply_toml("bogus = 1").is_err());
+        assert_eq!(c.cgroups, CgroupsMode::Auto);
+        c.apply_toml("cgroups = \"off\"\n").unwrap();
+        assert_eq!(c.cgroups, CgroupsMode::Off);
+    }
+
+    #[test]
+    fn cgroups_modes() {
+        assert_eq!(parse_cgroups_mode("off"), Ok(CgroupsMode::Off));
+        assert_eq!(parse_cgroups_mode(" Auto "), Ok(CgroupsMode::Auto));
+        let e = parse_cgroups_mode("yes").unwrap_err();
+        assert!(e.contains("off or auto"), "{e}");
     }
 
     #[test]

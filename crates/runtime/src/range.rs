@@ -17,7 +17,7 @@
 use crate::context;
 use crate::error::CallError;
 use crate::proclet::{Proclet, ProcletState, Wire};
-use granule_wire::{Kind, ProcletId};
+use granule_wire::{Kind, NodeId, ProcletId};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::marker::PhantomData;
@@ -92,6 +92,22 @@ impl<T: Wire + Send + 'static> RangeJob<T> {
         A: ProcletState + Clone + Wire,
         F: Fn(&A, u64) -> T + Send + Sync + 'static,
     {
+        Self::start_on(&[], range, pieces, arg, f)
+    }
+
+    /// [`RangeJob::start`], with the pieces created on the given nodes (round robin)
+    /// instead of where the controller places them; empty `nodes`: the controller places.
+    pub fn start_on<A, F>(
+        nodes: &[NodeId],
+        range: Range<u64>,
+        pieces: usize,
+        arg: A,
+        f: F,
+    ) -> Result<Self, CallError>
+    where
+        A: ProcletState + Clone + Wire,
+        F: Fn(&A, u64) -> T + Send + Sync + 'static,
+    {
         const {
             assert!(
                 std::mem::size_of::<F>() == 0,
@@ -106,16 +122,18 @@ impl<T: Wire + Send + 'static> RangeJob<T> {
         for k in 0..n {
             let lo = range.start + len * k / n;
             let hi = range.start + len * (k + 1) / n;
-            let p = Proclet::create(
-                Kind::Compute,
-                (arg.clone(), lo, hi),
-                |(arg, next, end): (A, u64, u64)| RangePiece {
+            let mut b = Proclet::builder(Kind::Compute);
+            if !nodes.is_empty() {
+                b = b.on(nodes[k as usize % nodes.len()]);
+            }
+            let p = b.create((arg.clone(), lo, hi), |(arg, next, end): (A, u64, u64)| {
+                RangePiece {
                     arg,
                     next,
                     end,
                     _f: PhantomData,
-                },
-            )?;
+                }
+            })?;
             handles.push(p);
         }
         let progress = Arc::new(Mutex::new(Progress {

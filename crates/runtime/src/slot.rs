@@ -151,6 +151,8 @@ pub(crate) struct SlotStats {
     pub cpu_pending_ns: AtomicU64,
     /// Cores used, averaged over the accounting window (f64 bits).
     pub cores: AtomicU64,
+    /// The kind-vs-use warning was given.
+    pub warned: AtomicBool,
 }
 
 impl SlotStats {
@@ -174,6 +176,8 @@ pub(crate) struct Slot {
     /// A move of this proclet is under way.
     pub moving: AtomicBool,
     pub stats: SlotStats,
+    /// When this node started hosting it.
+    pub since: std::time::Instant,
     lock: Mutex<LockState>,
     /// The state. Only touched by holders of the slot lock, so this inner lock is never
     /// contended; it exists so that no unsafe code is needed to hand out `&mut S`.
@@ -205,6 +209,7 @@ impl Slot {
             pinned: AtomicBool::new(false),
             moving: AtomicBool::new(false),
             stats: SlotStats::default(),
+            since: std::time::Instant::now(),
             lock: Mutex::new(LockState {
                 excl: None,
                 shared: Vec::new(),

@@ -73,8 +73,9 @@ pub enum Msg {
     Moved(MoveStats),
     /// One piece of a moving proclet's encoded state, source → destination, in order on
     /// one connection. The piece with `last` installs the proclet. *tail*: the bytes at
-    /// `offset` of the encoding. `total` is the encoding's length when known up front
-    /// (0 otherwise); `raw` says the state is a plain byte vector sent as is.
+    /// `offset` of the encoding. `raw` says the state is a plain byte vector sent as is;
+    /// then `total` is its length, otherwise an estimate (the proclet's footprint) for the
+    /// destination to reserve memory and check its room (0: unknown).
     Transfer {
         proclet: ProcletId,
         kind: Kind,

@@ -123,7 +123,7 @@ pub struct Usage {
     /// unlimited one).
     pub cgroup_mem_limit: u64,
     /// `memory.usage_in_bytes` of the node's cgroup (everything charged to it, including
-    /// other processes in the same cgroup); 0 when it runs in none.
+    /// other processes in the same cgroup); 0 when it runs in none (or an unlimited one).
     pub cgroup_mem_usage: u64,
     /// Fraction of CFS periods in which the node's cpu cgroup was throttled, over the last
     /// interval (0 without a cgroup quota).
@@ -182,8 +182,9 @@ pub struct CgroupPaths {
 pub struct MoveStats {
     /// Encoded state bytes sent.
     pub bytes: u64,
-    /// From the start of the move (the proclet's lock taken) to the new location recorded
-    /// and held calls released, microseconds.
+    /// From the start of the move (asking for the proclet's lock) until the destination
+    /// hosts it and held calls are released to it, microseconds: how long the proclet was
+    /// unavailable. (The controller's record is updated right after.)
     pub micros: u64,
     /// Of which waiting for calls in flight to finish, microseconds.
     pub drain_micros: u64,

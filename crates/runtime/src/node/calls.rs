@@ -109,17 +109,16 @@ impl NodeInner {
         state: &'static Descriptor,
         s: Box<ErasedState>,
     ) -> Result<(), CallError> {
-        self.install_new(
-            new.id,
-            new.kind,
+        let h = super::serve::Hosting {
+            id: new.id,
+            kind: new.kind,
             state,
-            new.loc.epoch,
-            s,
-            new.pinned,
-            !new.placed,
-        )
-        .await
-        .map_err(CallError::from)
+            epoch: new.loc.epoch,
+            pinned: new.pinned,
+        };
+        self.install_new(h, s, !new.placed)
+            .await
+            .map_err(CallError::from)
     }
 
     /// Give up a creation that failed after `prepare_create`.

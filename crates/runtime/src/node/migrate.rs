@@ -36,6 +36,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How long a move waits for another move of the same proclet to finish.
+const MOVE_WAIT: Duration = Duration::from_secs(30);
 /// Size of one transfer chunk.
 pub(crate) const CHUNK: usize = 512 << 10;
 /// Chunks in flight at once (bounds the memory a move holds besides the state itself).
@@ -163,6 +165,27 @@ impl Drop for MovingMark<'_> {
 }
 
 impl NodeInner {
+    /// [`NodeInner::move_out`], run on the node's workers, where the connections' tasks
+    /// live (no cross-thread wake-ups while streaming). A closure running on the proclet
+    /// is asked to yield first, from here: it may be occupying the very worker the move
+    /// needs.
+    pub(crate) async fn move_out_on_workers(
+        self: &Arc<Self>,
+        proclet: ProcletId,
+        to: Location,
+    ) -> Result<MoveStats, RemoteError> {
+        if let Some(slot) = self.local_slot(proclet) {
+            if !slot.pinned.load(Ordering::Relaxed) && !slot.moving.load(Ordering::Relaxed) {
+                crate::accounting::request_yield(slot.serial);
+            }
+        }
+        let node = self.clone();
+        self.handle
+            .spawn(async move { node.move_out(proclet, to).await })
+            .await
+            .map_err(|e| RemoteError::Internal(format!("the move task failed: {e}")))?
+    }
+
     /// Move hosted proclet `proclet` to `to` (see the module doc). The epoch in `to` is a
     /// floor: the new epoch is always above the proclet's current one.
     pub(crate) async fn move_out(
@@ -182,10 +205,23 @@ impl NodeInner {
                 self.id
             )));
         }
-        if slot.moving.swap(true, Ordering::AcqRel) {
-            return Err(RemoteError::Refused(format!(
-                "proclet {proclet} is already moving"
-            )));
+        // One move at a time: a second one waits for the first, then moves the proclet
+        // on if it is still here, or says where it went.
+        let deadline = Instant::now() + MOVE_WAIT;
+        while slot.moving.swap(true, Ordering::AcqRel) {
+            if Instant::now() > deadline {
+                return Err(RemoteError::Refused(format!(
+                    "proclet {proclet} is still moving after {MOVE_WAIT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if self
+            .local_slot(proclet)
+            .is_none_or(|s| !Arc::ptr_eq(&s, &slot))
+        {
+            slot.moving.store(false, Ordering::Release);
+            return Err(self.not_here(proclet));
         }
         let _mark = MovingMark(&slot);
         if !self.migration.delay.is_zero() {
@@ -207,7 +243,7 @@ impl NodeInner {
             .state_desc
             .state_ops()
             .ok_or_else(|| RemoteError::Internal("slot without a state descriptor".into()))?;
-        let bytes = match self.stream_state(&conn, &guard, &slot, ops, epoch).await {
+        let (bytes, sent_state) = match self.stream_state(&conn, &guard, &slot, ops, epoch).await {
             Ok(b) => b,
             Err(e) => {
                 let _ = conn.notify(&Msg::TransferAbort { proclet }, &[]);
@@ -215,30 +251,37 @@ impl NodeInner {
                 return Err(e);
             }
         };
-        // The destination hosts it now: make that the truth, then let held calls go.
+        // The destination hosts it now: let held calls go there (they are told where),
+        // then make it the truth at the controller. Until the controller has it, callers
+        // that ask it are sent here and redirected by the forwarding entry; a later move
+        // records a higher epoch, which the controller keeps even if this update arrives
+        // after it.
         let loc = Location {
             node: to.node,
             addr: to.addr.clone(),
             epoch,
         };
-        if let Err(e) = self
-            .controller
-            .set_location(proclet, loc.clone(), slot.kind)
-            .await
-        {
-            // Callers still find it: this node answers "not here" with the new location.
-            tracing::warn!(%proclet, "moved, but the controller was not told: {e}");
-        }
         self.forwarding.insert(proclet, loc.clone());
-        guard.set_status(SlotStatus::Moved(loc));
+        guard.set_status(SlotStatus::Moved(loc.clone()));
         let old = guard.take_state();
         self.remove_hosted(&slot);
         drop(guard);
-        drop(old);
         let took = t0.elapsed();
-        if bytes >= (1 << 20) {
-            crate::shipping::release_free_memory();
+        if let Err(e) = self.controller.set_location(proclet, loc, slot.kind).await {
+            tracing::warn!(%proclet, "moved, but the controller was not told: {e}");
         }
+        // Freeing a large state takes a while: not on the workers. Under memory pressure
+        // the freed pages also go back to the kernel (what the move was for); otherwise the
+        // allocator keeps them for the next state this node receives, which then does not
+        // pay a page fault per page.
+        let trim = bytes >= (1 << 20) && self.monitor.reading().mem_pressure;
+        tokio::task::spawn_blocking(move || {
+            drop(old);
+            drop(sent_state);
+            if trim {
+                crate::shipping::release_free_memory();
+            }
+        });
         self.moves_out.fetch_add(1, Ordering::Relaxed);
         self.monitor.record_move(bytes, took - drain);
         Ok(MoveStats {
@@ -248,8 +291,9 @@ impl NodeInner {
         })
     }
 
-    /// Send the state under `guard` to the destination; returns the bytes sent. On error
-    /// the state is back in the slot.
+    /// Send the state under `guard` to the destination; returns the bytes sent, and the
+    /// byte-vector state itself when it was taken out to be sent as is (for the caller to
+    /// free off the critical path). On error the state is back in the slot.
     async fn stream_state(
         &self,
         conn: &Arc<Connection>,
@@ -257,7 +301,7 @@ impl NodeInner {
         slot: &Arc<Slot>,
         ops: StateOps,
         epoch: u64,
-    ) -> Result<u64, RemoteError> {
+    ) -> Result<(u64, Option<Bytes>), RemoteError> {
         let header = |offset: u64, total: u64, last: bool, raw: bool| Msg::Transfer {
             proclet: slot.id,
             kind: slot.kind,
@@ -307,12 +351,15 @@ impl NodeInner {
                     guard.put_state(back);
                     return Err(e);
                 }
-                return Ok(total);
+                return Ok((total, Some(all)));
             }
             Err(state) => guard.put_state(state),
         }
+        // Encoded states: their length is known only at the end; the footprint tells the
+        // destination roughly what to reserve (and whether it has room).
+        let hint = slot.stats.footprint.load(Ordering::Relaxed);
         // Small states: encode inline into one chunk.
-        if slot.stats.footprint.load(Ordering::Relaxed) < INLINE_ENCODE {
+        if hint < INLINE_ENCODE {
             let mut chunks: Vec<Vec<u8>> = Vec::new();
             guard.inspect(|s| {
                 (ops.encode)(s, CHUNK, &mut |c| {
@@ -325,17 +372,17 @@ impl NodeInner {
             for (i, c) in chunks.into_iter().enumerate() {
                 let len = c.len() as u64;
                 window
-                    .send(conn, header(off, 0, i + 1 == n, false), Bytes::from(c))
+                    .send(conn, header(off, hint, i + 1 == n, false), Bytes::from(c))
                     .await?;
                 off += len;
             }
             if n == 0 {
                 window
-                    .send(conn, header(0, 0, true, false), Bytes::new())
+                    .send(conn, header(0, hint, true, false), Bytes::new())
                     .await?;
             }
             window.finish().await?;
-            return Ok(off);
+            return Ok((off, None));
         }
         // Large states: encode on a blocking thread, chunk by chunk, while sending.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(WINDOW);
@@ -356,7 +403,7 @@ impl NodeInner {
                     let len = c.len() as u64;
                     let last = next.is_none();
                     window
-                        .send(conn, header(off, 0, last, false), Bytes::from(c))
+                        .send(conn, header(off, hint, last, false), Bytes::from(c))
                         .await?;
                     off += len;
                 }
@@ -377,7 +424,7 @@ impl NodeInner {
         if off == 0 {
             return Err(RemoteError::Internal("the state encoded to nothing".into()));
         }
-        Ok(off)
+        Ok((off, None))
     }
 
     /// A `Transfer` chunk arrived (called in arrival order by the connection's reader).
@@ -463,9 +510,10 @@ impl NodeInner {
         let Some((_, inc)) = self.incoming.remove(&key) else {
             return;
         };
-        // Decoding a large state takes a while: not on the connection's reader.
+        self.received_bytes
+            .fetch_add(inc.buf.len() as u64, Ordering::Relaxed);
         let node = self.clone();
-        tokio::spawn(async move {
+        let finish = move |inc: Incoming| {
             let state = if inc.raw {
                 (inc.ops.from_raw)(inc.buf)
                     .ok_or_else(|| RemoteError::CodeMismatch("not a byte-vector state".into()))
@@ -476,12 +524,27 @@ impl NodeInner {
             };
             match state {
                 Ok(s) => {
-                    node.install(proclet, inc.kind, inc.desc, inc.epoch, s, inc.pinned);
+                    let h = super::serve::Hosting {
+                        id: proclet,
+                        kind: inc.kind,
+                        state: inc.desc,
+                        epoch: inc.epoch,
+                        pinned: inc.pinned,
+                    };
+                    node.install(h, s);
                     let _ = reply.send(&Msg::Done, &[]);
                 }
                 Err(e) => reply.error(e),
             }
-        });
+        };
+        if inc.raw {
+            // The bytes are the state: nothing to decode.
+            finish(inc);
+        } else {
+            // Decoding takes a while (about 1 µs per small allocation it makes): not on
+            // the node's workers, which keep serving calls meanwhile.
+            tokio::task::spawn_blocking(move || finish(inc));
+        }
     }
 
     /// Drop what arrived of a transfer the source gave up.

@@ -53,6 +53,8 @@ pub(crate) struct NodeOptions {
     pub spec: NodeSpec,
     pub controller: String,
     pub listen_host: String,
+    /// Shed proclets under pressure (unless `GRANULE_SHED=off`).
+    pub shed: bool,
 }
 
 /// A proclet being created: its id and where it goes.
@@ -105,6 +107,8 @@ pub(crate) struct NodeInner {
     migration: migrate::MigrationConfig,
     pub(crate) monitor: monitor::Monitor,
     pub(crate) moves_out: AtomicU64,
+    /// Bytes of state received by migration since the node started.
+    pub(crate) received_bytes: AtomicU64,
 }
 
 /// Owns a node's runtimes; stopping it stops the node.
@@ -202,7 +206,14 @@ impl Node {
             control.handle().spawn(async move {
                 let client = ControllerClient::connect(&ctl_addr, ctl_identity, h).await?;
                 let reg = client
-                    .register(role, spec, reg_addr, binary, reg_program, None)
+                    .register(
+                        role,
+                        spec,
+                        reg_addr,
+                        binary,
+                        reg_program,
+                        granule_cgroups::current_paths(),
+                    )
                     .await?;
                 Ok::<_, ControllerError>((client, reg))
             }),
@@ -242,12 +253,13 @@ impl Node {
             busy,
             incoming: DashMap::new(),
             migration: migrate::MigrationConfig::from_env(),
-            monitor: monitor::Monitor::new(
-                opts.spec.mem_bytes,
-                opts.spec.cores,
-                monitor::PressureConfig::from_env(),
-            ),
+            monitor: monitor::Monitor::new(opts.spec.mem_bytes, opts.spec.cores, {
+                let mut pc = monitor::PressureConfig::from_env();
+                pc.shed &= opts.shed;
+                pc
+            }),
             moves_out: AtomicU64::new(0),
+            received_bytes: AtomicU64::new(0),
         });
         let _ = cell.set(Arc::downgrade(&inner));
 

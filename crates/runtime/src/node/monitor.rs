@@ -31,6 +31,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Pause after a move made for CPU pressure, before the next decision.
+const CPU_SETTLE: Duration = Duration::from_millis(200);
+
 /// Tunables of the monitor (environment variables in parentheses).
 #[derive(Clone, Debug)]
 pub struct PressureConfig {
@@ -44,9 +47,15 @@ pub struct PressureConfig {
     pub mem_free_min: Option<u64>,
     /// CPU pressure above this fraction of throttled CFS periods (default 0.2).
     pub cpu_throttled_max: f64,
-    /// CPU pressure above this run-queue delay per core (seconds waiting per second;
-    /// default 0.5).
+    /// CPU pressure above this run-queue delay per core (seconds the node's threads spent
+    /// runnable but waiting, per second and per core of its spec; default 1.0: on average
+    /// a whole thread per core kept waiting).
     pub runq_delay_max: f64,
+    /// Memory pressure also when free memory would last less than this at the current
+    /// growth rate (`GRANULE_MEM_HORIZON`, default 2 s: shedding then starts while memory
+    /// is still plentiful, so moves run at full speed instead of against a cgroup that is
+    /// reclaiming at its limit).
+    pub mem_horizon: Duration,
     /// Time constant of the per-proclet CPU average (default 1 s).
     pub cpu_window: Duration,
     /// Whether the node sheds proclets under pressure (`GRANULE_SHED=off` disables it;
@@ -60,8 +69,9 @@ impl Default for PressureConfig {
             mem_interval: Duration::from_millis(5),
             cpu_interval: Duration::from_millis(20),
             mem_free_min: None,
+            mem_horizon: Duration::from_secs(2),
             cpu_throttled_max: 0.2,
-            runq_delay_max: 0.5,
+            runq_delay_max: 1.0,
             cpu_window: Duration::from_secs(1),
             shed: true,
         }
@@ -81,6 +91,7 @@ impl PressureConfig {
         };
         dur("GRANULE_MEM_INTERVAL", &mut c.mem_interval);
         dur("GRANULE_CPU_INTERVAL", &mut c.cpu_interval);
+        dur("GRANULE_MEM_HORIZON", &mut c.mem_horizon);
         if let Ok(v) = std::env::var("GRANULE_MEM_FREE_MIN") {
             match crate::config::parse_size(&v) {
                 Ok(b) => c.mem_free_min = Some(b),
@@ -138,9 +149,19 @@ pub trait PressurePolicy: Send + Sync {
 
 /// The default policy: under pressure of a resource, move the proclet with the largest
 /// use of it ÷ estimated migration time (what frees the most per second spent moving).
-/// Proclets using none of the resource are never chosen.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ArgmaxPolicy;
+/// Proclets using none of the resource are never chosen, nor, for CPU, proclets using
+/// less than `min_cores` (moving them would not relieve the node; a node's CPU can also be
+/// contended by other processes of the machine, which no move fixes).
+#[derive(Clone, Copy, Debug)]
+pub struct ArgmaxPolicy {
+    pub min_cores: f64,
+}
+
+impl Default for ArgmaxPolicy {
+    fn default() -> Self {
+        ArgmaxPolicy { min_cores: 0.1 }
+    }
+}
 
 impl PressurePolicy for ArgmaxPolicy {
     fn decide(&self, view: &dyn NodeView) -> Option<Decision> {
@@ -149,10 +170,14 @@ impl PressurePolicy for ArgmaxPolicy {
             Resource::Memory => c.mem_bytes as f64,
             Resource::Cpu => c.cores,
         };
+        let floor = match resource {
+            Resource::Memory => 0.0,
+            Resource::Cpu => self.min_cores,
+        };
         let best = view
             .candidates()
             .into_iter()
-            .filter(|c| use_of(c) > 0.0)
+            .filter(|c| use_of(c) > floor)
             .map(|c| {
                 let t = view.migration_time(c.mem_bytes).as_secs_f64().max(1e-9);
                 (use_of(&c) / t, c)
@@ -182,37 +207,19 @@ pub(crate) struct Reading {
     pub runq_delay: f64,
     pub mem_pressure: bool,
     pub cpu_pressure: bool,
-}
-
-// TEMPORARY until granule-cgroups lands.
-mod granule_cgroups {
-    #[derive(Clone, Copy)]
-    pub struct CpuStat {
-        pub nr_periods: u64,
-        pub nr_throttled: u64,
-    }
-    pub struct Reader;
-    impl Reader {
-        pub fn for_self() -> Option<Reader> {
-            None
-        }
-        pub fn memory_usage(&self) -> Result<u64, ()> {
-            Err(())
-        }
-        pub fn memory_limit(&self) -> Result<u64, ()> {
-            Err(())
-        }
-        pub fn cpu_stat(&self) -> Result<CpuStat, ()> {
-            Err(())
-        }
-    }
+    /// Memory growth, bytes per second.
+    pub mem_growth: f64,
 }
 
 /// Reads the cgroup files of the node's own cgroups, if it runs in any.
 struct CgroupFiles {
     reader: Option<granule_cgroups::Reader>,
-    last_cpu: Option<granule_cgroups::CpuStat>,
+    /// Recent `cpu.stat` readings, oldest first, spanning about `THROTTLE_WINDOW`.
+    cpu_history: std::collections::VecDeque<(Instant, granule_cgroups::CpuStat)>,
 }
+
+/// The window over which cgroup throttling is measured (fifteen 20 ms CFS periods).
+const THROTTLE_WINDOW: Duration = Duration::from_millis(300);
 
 pub(crate) struct Monitor {
     pub config: PressureConfig,
@@ -241,7 +248,7 @@ impl Monitor {
             overhead_us: AtomicU64::new(300),
             bandwidth: AtomicU64::new(1 << 30),
             shedding: AtomicBool::new(false),
-            policy: Box::new(ArgmaxPolicy),
+            policy: Box::new(ArgmaxPolicy::default()),
         }
     }
 
@@ -302,26 +309,113 @@ impl Monitor {
         }
     }
 
-    fn sample_memory(&self, cg: &mut CgroupFiles, node: &NodeInner) -> Reading {
+    fn sample_memory(
+        &self,
+        cg: &mut CgroupFiles,
+        growth: &mut Growth,
+        node: &NodeInner,
+    ) -> Reading {
         let rss = crate::usage::resident_bytes();
+        // Only a cgroup with a limit says anything about this node's room: an unlimited
+        // one (a driver started in some session's cgroup) is charged for unrelated
+        // processes.
         let (cg_usage, cg_limit) = match &cg.reader {
-            Some(r) => (r.memory_usage().unwrap_or(0), r.memory_limit().unwrap_or(0)),
+            Some(r) => match r.memory_limit() {
+                Ok(limit) if limit > 0 => (r.memory_usage().unwrap_or(0), limit),
+                _ => (0, 0),
+            },
             None => (0, 0),
         };
-        let mut limit = self.budget;
-        if cg_limit > 0 {
-            limit = limit.min(cg_limit);
-        }
-        let used = rss.max(cg_usage).max(node.proclet_bytes());
-        let free = limit as i64 - used as i64;
+        // Free memory is the smaller of what the budget leaves (against what this
+        // process holds) and what the cgroup leaves (against everything charged to it).
+        let own = rss.max(node.proclet_bytes());
+        let budget_free = self.budget as i64 - own as i64;
+        let cgroup_free = cg_limit as i64 - cg_usage as i64;
+        let (used, limit, free) = if cg_limit > 0 && cgroup_free < budget_free {
+            (cg_usage, cg_limit, cgroup_free)
+        } else {
+            (own, self.budget, budget_free)
+        };
+        // Memory growing fast (an antagonist allocating in the node's cgroup) leaves less
+        // time than the static threshold assumes: keep enough free for `mem_horizon` of
+        // the current growth, up to half the limit.
+        // Proclets arriving by migration are not the growth to run from (that would send
+        // them straight back): count them out.
+        let arrived = node.received_bytes.load(Ordering::Relaxed);
+        let rate = growth.observe(Instant::now(), used.saturating_sub(arrived));
+        let predictive = ((rate * self.config.mem_horizon.as_secs_f64()) as u64).min(limit / 2);
+        let threshold = self.config.free_min_for(limit).max(predictive);
         let mut r = self.latest.lock();
         r.rss = rss;
         r.cgroup_usage = cg_usage;
         r.cgroup_limit = cg_limit;
         r.mem_used = used;
         r.mem_limit = limit;
-        r.mem_pressure = free < self.config.free_min_for(limit) as i64;
+        r.mem_growth = rate;
+        r.mem_pressure = free < threshold as i64;
         r.clone()
+    }
+}
+
+/// Compute proclets should use at least this many cores per MiB they hold...
+const COMPUTE_MIN_CORES_PER_MIB: f64 = 0.1;
+/// ...and memory proclets at most this many.
+const MEMORY_MAX_CORES_PER_MIB: f64 = 0.001;
+
+/// Warn (once per proclet, after its CPU average settled) when a proclet's use does not
+/// match its kind: placement and the pressure policy trust the kind, so a memory proclet
+/// that burns CPU, or a compute proclet that mostly holds data, lands in the wrong place.
+fn warn_if_misdeclared(slot: &Slot, cores: f64) {
+    if slot.since.elapsed() < Duration::from_secs(3) || slot.stats.warned.load(Ordering::Relaxed) {
+        return;
+    }
+    let mib = slot.stats.footprint.load(Ordering::Relaxed) as f64 / (1 << 20) as f64;
+    let ratio = cores / mib.max(1e-9);
+    let odd = match slot.kind {
+        Kind::Compute => mib >= 1.0 && ratio < COMPUTE_MIN_CORES_PER_MIB,
+        Kind::Memory => mib >= 1.0 && ratio > MEMORY_MAX_CORES_PER_MIB && cores >= 0.05,
+        Kind::Hybrid => false,
+    };
+    if odd && !slot.stats.warned.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            proclet = %slot.id,
+            kind = %slot.kind,
+            cores = format!("{cores:.3}"),
+            mib = format!("{mib:.1}"),
+            "this proclet's use does not match its kind ({:.4} cores/MiB; compute proclets \
+             should use ≥ {COMPUTE_MIN_CORES_PER_MIB}, memory proclets ≤ {MEMORY_MAX_CORES_PER_MIB}); \
+             consider Kind::Hybrid or splitting it",
+            ratio
+        );
+    }
+}
+
+/// Growth rate of a node's memory use over the last [`GROWTH_WINDOW`].
+#[derive(Default)]
+pub(crate) struct Growth {
+    samples: std::collections::VecDeque<(Instant, u64)>,
+}
+
+/// The window over which memory growth is measured.
+const GROWTH_WINDOW: Duration = Duration::from_millis(50);
+
+impl Growth {
+    /// Record a reading; returns the growth in bytes per second (0 when shrinking).
+    pub(crate) fn observe(&mut self, now: Instant, used: u64) -> f64 {
+        self.samples.push_back((now, used));
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|(t, _)| now.duration_since(*t) >= GROWTH_WINDOW)
+        {
+            self.samples.pop_front();
+        }
+        match self.samples.front() {
+            Some((t, u)) if now > *t => {
+                used.saturating_sub(*u) as f64 / now.duration_since(*t).as_secs_f64()
+            }
+            _ => 0.0,
+        }
     }
 }
 
@@ -330,7 +424,7 @@ impl Monitor {
 struct CpuSampler {
     last: HashMap<i32, (u64, u64)>,
     at: Option<Instant>,
-    high: u32,
+    runq_high: u32,
 }
 
 impl NodeInner {
@@ -434,33 +528,43 @@ impl NodeInner {
             let old = slot.stats.cores();
             let new = old + alpha * (rate - old);
             slot.stats.cores.store(new.to_bits(), Ordering::Relaxed);
+            warn_if_misdeclared(slot, new);
         }
         let runq = delay_total as f64 / 1e9 / wall;
-        let throttled = match (&cg.reader, cg.last_cpu) {
-            (Some(r), last) => match r.cpu_stat() {
-                Ok(now) => {
-                    cg.last_cpu = Some(now);
-                    match last {
-                        Some(l) if now.nr_periods > l.nr_periods => {
-                            (now.nr_throttled - l.nr_throttled.min(now.nr_throttled)) as f64
-                                / (now.nr_periods - l.nr_periods) as f64
-                        }
-                        _ => 0.0,
-                    }
+        // CFS periods are 100 ms long and counted only while the group runs: throttling is
+        // judged over the last THROTTLE_WINDOW, several periods, not per sample.
+        let throttled = match cg.reader.as_ref().map(|r| r.cpu_stat()) {
+            Some(Ok(stat)) => {
+                cg.cpu_history.push_back((now, stat));
+                while cg
+                    .cpu_history
+                    .get(1)
+                    .is_some_and(|(t, _)| now.duration_since(*t) >= THROTTLE_WINDOW)
+                {
+                    cg.cpu_history.pop_front();
                 }
-                Err(_) => 0.0,
-            },
-            (None, _) => 0.0,
+                match cg.cpu_history.front() {
+                    Some((_, old)) if stat.nr_periods > old.nr_periods => {
+                        stat.nr_throttled.saturating_sub(old.nr_throttled) as f64
+                            / (stat.nr_periods - old.nr_periods) as f64
+                    }
+                    _ => 0.0,
+                }
+            }
+            _ => 0.0,
         };
         let cfg = &self.monitor.config;
-        let over =
-            throttled > cfg.cpu_throttled_max || runq / self.monitor.cores > cfg.runq_delay_max;
-        // Two samples in a row, so one scheduling hiccup does not move anything.
-        s.high = if over { s.high + 1 } else { 0 };
+        // Throttling is already a 300 ms average; run-queue delay must persist for three
+        // samples, so a scheduling hiccup does not move anything.
+        s.runq_high = if runq / self.monitor.cores > cfg.runq_delay_max {
+            s.runq_high + 1
+        } else {
+            0
+        };
         let mut r = self.monitor.latest.lock();
         r.cpu_throttled = throttled;
         r.runq_delay = runq;
-        r.cpu_pressure = s.high >= 2;
+        r.cpu_pressure = throttled > cfg.cpu_throttled_max || s.runq_high >= 3;
     }
 
     /// Re-measure footprints of proclets mutated since their last measurement (each at
@@ -486,9 +590,10 @@ impl NodeInner {
     pub(crate) async fn monitor_loop(self: Arc<Self>) {
         let mut cg = CgroupFiles {
             reader: granule_cgroups::Reader::for_self(),
-            last_cpu: None,
+            cpu_history: Default::default(),
         };
         let mut cpu = CpuSampler::default();
+        let mut growth = Growth::default();
         let cfg = self.monitor.config.clone();
         let mut tick = tokio::time::interval(cfg.mem_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -499,7 +604,7 @@ impl NodeInner {
             if self.is_stopped() {
                 return;
             }
-            let reading = self.monitor.sample_memory(&mut cg, &self);
+            let reading = self.monitor.sample_memory(&mut cg, &mut growth, &self);
             let now = Instant::now();
             if now >= next_cpu {
                 next_cpu = now + cfg.cpu_interval;
@@ -512,8 +617,9 @@ impl NodeInner {
             let pressured = reading.mem_pressure || self.monitor.latest.lock().cpu_pressure;
             if cfg.shed && pressured && !self.monitor.shedding.swap(true, Ordering::AcqRel) {
                 let node = self.clone();
-                // Moves run on the workers (they stream state); one at a time.
-                self.handle.spawn(async move {
+                // On the control runtime, like this loop: a worker may be busy in the
+                // very closure the move must ask to yield. One move at a time.
+                tokio::spawn(async move {
                     node.shed_one().await;
                     node.monitor.shedding.store(false, Ordering::Release);
                 });
@@ -547,9 +653,16 @@ impl NodeInner {
             addr: dest.1,
             epoch: 0,
         };
-        match self.move_out(d.proclet, to).await {
-            Ok(stats) => tracing::info!(node = %self.id, proclet = %d.proclet, to = %dest.0,
-                resource = %d.resource, bytes = stats.bytes, micros = stats.micros, "shed a proclet"),
+        match self.move_out_on_workers(d.proclet, to).await {
+            Ok(stats) => {
+                tracing::info!(node = %self.id, proclet = %d.proclet, to = %dest.0,
+                    resource = %d.resource, bytes = stats.bytes, micros = stats.micros, "shed a proclet");
+                if d.resource == Resource::Cpu {
+                    // CPU readings are averages over a window: give them time to show the
+                    // move before deciding the next one.
+                    tokio::time::sleep(CPU_SETTLE).await;
+                }
+            }
             Err(e) => {
                 tracing::info!(node = %self.id, proclet = %d.proclet, "shedding move failed: {e}");
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -631,7 +744,7 @@ mod tests {
             pressure: None,
             candidates: vec![c(1, 1 << 20, 1.0)],
         };
-        assert_eq!(ArgmaxPolicy.decide(&n), None);
+        assert_eq!(ArgmaxPolicy::default().decide(&n), None);
     }
 
     #[test]
@@ -643,7 +756,7 @@ mod tests {
             candidates: vec![c(1, 1 << 20, 0.0), c(2, 64 << 20, 0.0), c(3, 0, 2.0)],
         };
         assert_eq!(
-            ArgmaxPolicy.decide(&n),
+            ArgmaxPolicy::default().decide(&n),
             Some(Decision {
                 proclet: ProcletId(2),
                 resource: Resource::Memory,
@@ -665,13 +778,37 @@ mod tests {
             ],
         };
         assert_eq!(
-            ArgmaxPolicy.decide(&n),
+            ArgmaxPolicy::default().decide(&n),
             Some(Decision {
                 proclet: ProcletId(6),
                 resource: Resource::Cpu,
                 amount: 900
             })
         );
+    }
+
+    #[test]
+    fn growth_is_measured_over_the_window() {
+        let mut g = Growth::default();
+        let t0 = Instant::now();
+        assert_eq!(g.observe(t0, 100 << 20), 0.0);
+        // +10 MiB in 10 ms: 1 GiB/s.
+        let r = g.observe(t0 + Duration::from_millis(10), 110 << 20);
+        assert!((r - (1u64 << 30) as f64).abs() < 1e6, "{r}");
+        // Shrinking is no growth.
+        assert_eq!(g.observe(t0 + Duration::from_millis(20), 50 << 20), 0.0);
+        // Old samples leave the window.
+        let r = g.observe(t0 + Duration::from_millis(200), 50 << 20);
+        assert_eq!(r, 0.0);
+    }
+
+    #[test]
+    fn cpu_pressure_ignores_proclets_using_little_cpu() {
+        let n = FakeNode {
+            pressure: Some(Resource::Cpu),
+            candidates: vec![c(8, 7 << 20, 0.02), c(9, 1 << 10, 0.05)],
+        };
+        assert_eq!(ArgmaxPolicy::default().decide(&n), None);
     }
 
     #[test]

@@ -14,16 +14,24 @@ use granule_wire::{
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// What a node records about a proclet it starts hosting.
+pub(super) struct Hosting {
+    pub id: ProcletId,
+    pub kind: Kind,
+    pub state: &'static Descriptor,
+    pub epoch: Epoch,
+    pub pinned: bool,
+}
+
 impl NodeInner {
-    pub(super) fn install(
-        &self,
-        id: ProcletId,
-        kind: Kind,
-        state: &'static Descriptor,
-        epoch: Epoch,
-        s: Box<ErasedState>,
-        pinned: bool,
-    ) {
+    pub(super) fn install(&self, h: Hosting, s: Box<ErasedState>) {
+        let Hosting {
+            id,
+            kind,
+            state,
+            epoch,
+            pinned,
+        } = h;
         let slot = Slot::new(id, kind, state, epoch, s);
         slot.pinned.store(pinned, Ordering::Relaxed);
         self.forwarding.remove(&id);
@@ -145,15 +153,12 @@ impl NodeInner {
     /// controller (undoing the install if that fails).
     pub(super) async fn install_new(
         &self,
-        id: ProcletId,
-        kind: Kind,
-        state: &'static Descriptor,
-        epoch: Epoch,
+        h: Hosting,
         s: Box<ErasedState>,
-        pinned: bool,
         register: bool,
     ) -> Result<(), ControllerError> {
-        self.install(id, kind, state, epoch, s, pinned);
+        let (id, kind, epoch) = (h.id, h.kind, h.epoch);
+        self.install(h, s);
         if register {
             let loc = Location {
                 node: self.id,
@@ -199,13 +204,18 @@ impl NodeInner {
             let _busy = self.busy.enter();
             build(&frame.tail)?
         };
-        self.install_new(proclet, kind, state, epoch, s, pinned, register)
-            .await
-            .map_err(|e| {
-                RemoteError::Internal(format!(
-                    "cannot record the new proclet at the controller: {e}"
-                ))
-            })?;
+        let h = Hosting {
+            id: proclet,
+            kind,
+            state,
+            epoch,
+            pinned,
+        };
+        self.install_new(h, s, register).await.map_err(|e| {
+            RemoteError::Internal(format!(
+                "cannot record the new proclet at the controller: {e}"
+            ))
+        })?;
         Ok(Msg::Done)
     }
 
@@ -225,7 +235,7 @@ impl NodeInner {
             }
             Msg::MoveOut { proclet, to } => {
                 let (p, t) = (*proclet, to.clone());
-                self.move_out(p, t).await.map(Msg::Moved)
+                self.move_out_on_workers(p, t).await.map(Msg::Moved)
             }
             other => Err(RemoteError::Protocol(format!(
                 "a node does not handle {}",

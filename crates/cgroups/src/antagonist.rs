@@ -1,0 +1,243 @@
+//! Antagonists: load put into a node's groups from outside, to exercise how a node reacts
+//! to pressure it did not cause (shedding proclets, throttling, the OOM killer).
+//!
+//! A memory antagonist joins a node's *memory* group only, so its pages are charged to
+//! the node, and volunteers as the OOM killer's victim ([`set_oom_score_adj`]). For CPU it
+//! sits in a group of its own ([`OwnCpuGroup`]) so that its page faulting is not billed to
+//! the node's CPU quota. A CPU antagonist joins the node's cpu group and [`spin`]s.
+
+use crate::group::{join_pid, remove_tree, sweep};
+use crate::hierarchy::{Controller, Hierarchy};
+use crate::procfs::{current_paths, process_start_time};
+use crate::{CgroupError, ANTAGONIST_DIR};
+use granule_wire::CgroupPaths;
+use std::collections::TryReserveError;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Memory is taken in steps of this size.
+pub const STEP: usize = 4 << 20;
+/// One byte in every this many is written, so that every page is really allocated.
+pub const PAGE: usize = 4096;
+
+/// Set this process's `oom_score_adj` (-1000 ..= 1000; 1000 makes it the first victim
+/// of the OOM killer in any group it is charged to).
+pub fn set_oom_score_adj(score: i32) -> Result<(), CgroupError> {
+    crate::group::write_value(std::path::Path::new("/proc/self/oom_score_adj"), score)
+}
+
+/// A cpu group of this process's own, `granule-antagonists/a<pid>-<start>`, with no
+/// quota. Entering it moves the process; removing it (or dropping it) moves the process
+/// back to the cpu group it came from and deletes the directory. If the process dies
+/// first (an OOM kill), [`crate::cleanup_stale`] or the next antagonist removes it.
+#[derive(Debug)]
+pub struct OwnCpuGroup {
+    h: Hierarchy,
+    dir: PathBuf,
+    previous: String,
+    removed: bool,
+}
+
+impl OwnCpuGroup {
+    /// Create the group and move this process into it.
+    pub fn enter(h: &Hierarchy) -> Result<OwnCpuGroup, CgroupError> {
+        let parent = h.controller_dir(Controller::Cpu).join(ANTAGONIST_DIR);
+        // Groups left by earlier antagonists that were killed.
+        let mut removed = Vec::new();
+        sweep(&parent, 'a', &mut removed);
+        for d in removed {
+            tracing::info!("removed the cgroup of a dead antagonist: {d}");
+        }
+        let pid = std::process::id();
+        let start = process_start_time(pid).ok_or_else(|| CgroupError::Parse {
+            path: PathBuf::from("/proc/self/stat"),
+            text: "no start time".into(),
+        })?;
+        let dir = parent.join(format!("a{pid}-{start}"));
+        std::fs::create_dir_all(&dir).map_err(|e| CgroupError::io("create", &dir, e))?;
+        let previous = current_paths()
+            .and_then(|p| p.cpu)
+            .unwrap_or_else(|| "/".into());
+        let g = OwnCpuGroup {
+            h: h.clone(),
+            previous,
+            removed: false,
+            dir,
+        };
+        let rel = format!("/{ANTAGONIST_DIR}/a{pid}-{start}");
+        join_pid(
+            &g.h,
+            pid,
+            &CgroupPaths {
+                memory: None,
+                cpu: Some(rel),
+            },
+        )?;
+        Ok(g)
+    }
+
+    /// Limit the group to `cores` of CPU (a CFS quota): the antagonist is a tenant with
+    /// its own CPU allocation, not a process free to take the whole machine.
+    pub fn limit_cores(&self, cores: f64) -> Result<(), CgroupError> {
+        crate::group::write_value(&self.dir.join("cpu.cfs_period_us"), crate::CFS_PERIOD_US)?;
+        crate::group::write_value(
+            &self.dir.join("cpu.cfs_quota_us"),
+            crate::group::quota_us(cores),
+        )
+    }
+
+    /// Leave the group and delete it.
+    pub fn remove(mut self) -> Result<(), CgroupError> {
+        self.leave()
+    }
+
+    fn leave(&mut self) -> Result<(), CgroupError> {
+        self.removed = true;
+        join_pid(
+            &self.h,
+            std::process::id(),
+            &CgroupPaths {
+                memory: None,
+                cpu: Some(self.previous.clone()),
+            },
+        )?;
+        remove_tree(&self.dir)
+    }
+}
+
+impl Drop for OwnCpuGroup {
+    fn drop(&mut self) {
+        if !self.removed {
+            if let Err(e) = self.leave() {
+                tracing::warn!("cannot remove {}: {e}", self.dir.display());
+            }
+        }
+    }
+}
+
+/// Memory held by [`allocate_paced`]; freed on drop.
+#[derive(Debug, Default)]
+pub struct Hog {
+    chunks: Vec<Vec<u8>>,
+}
+
+impl Hog {
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.len() as u64).sum()
+    }
+}
+
+/// Allocate `size` bytes in [`STEP`]s at about `rate` bytes per second (0: as fast as
+/// possible), paced against the wall clock from the start, so a slow step is caught up
+/// rather than lowering the rate. Every page of every step is written, so the memory is
+/// resident (and charged) at once. `progress` gets the total after each step. An
+/// allocation the allocator refuses ends it with an error; a cgroup limit does not, it
+/// ends in the OOM killer.
+pub fn allocate_paced(
+    size: u64,
+    rate: u64,
+    mut progress: impl FnMut(u64),
+) -> Result<Hog, TryReserveError> {
+    let started = Instant::now();
+    let mut hog = Hog::default();
+    let mut total = 0u64;
+    while total < size {
+        let n = STEP.min((size - total) as usize);
+        // Zeroed memory comes from the kernel's zero pages (no memset here); touching one
+        // byte per page then faults each page in, which is what charges the cgroup.
+        let mut chunk: Vec<u8> = vec![0u8; n];
+        for i in (0..n).step_by(PAGE) {
+            chunk[i] = 0xa5;
+        }
+        // Keep the writes: nothing ever reads this memory.
+        hog.chunks.push(std::hint::black_box(chunk));
+        total += n as u64;
+        progress(total);
+        if rate > 0 {
+            let due = started + Duration::from_secs_f64(total as f64 / rate as f64);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+        }
+    }
+    Ok(hog)
+}
+
+/// Busy-loop on `threads` threads for `duration`. Returns the loop iterations done (the
+/// work is real and observable, so it cannot be optimized away).
+pub fn spin(threads: usize, duration: Duration) -> u64 {
+    let end = Instant::now() + duration;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(move || {
+                    let mut n = 0u64;
+                    let mut x = 1u64;
+                    while Instant::now() < end {
+                        for _ in 0..1000 {
+                            x = std::hint::black_box(
+                                x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                            );
+                        }
+                        n += 1000;
+                    }
+                    n
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procfs::paths_of;
+
+    #[test]
+    fn allocation_is_paced_and_reported() {
+        let mut seen = Vec::new();
+        let t = Instant::now();
+        // 10 MiB at 100 MiB/s: three steps (4 + 4 + 2 MiB), about 100 ms.
+        let hog = allocate_paced(10 << 20, 100 << 20, |b| seen.push(b)).unwrap();
+        let took = t.elapsed();
+        assert_eq!(hog.bytes(), 10 << 20);
+        assert_eq!(seen, vec![4 << 20, 8 << 20, 10 << 20]);
+        assert!(took >= Duration::from_millis(95), "{took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        // Unpaced.
+        assert_eq!(allocate_paced(1 << 20, 0, |_| {}).unwrap().bytes(), 1 << 20);
+    }
+
+    #[test]
+    fn spinning_lasts_as_long_as_asked() {
+        let t = Instant::now();
+        assert!(spin(2, Duration::from_millis(50)) > 0);
+        assert!(t.elapsed() >= Duration::from_millis(50));
+    }
+
+    #[test]
+    fn own_cpu_group_is_entered_and_left() {
+        let h = match Hierarchy::detect() {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("skipping a real-cgroup test: {e}");
+                return;
+            }
+        };
+        let me = std::process::id();
+        let before = paths_of(me).and_then(|p| p.cpu);
+        let g = OwnCpuGroup::enter(&h).unwrap();
+        let dir = g.dir.clone();
+        let inside = paths_of(me).and_then(|p| p.cpu).unwrap_or_default();
+        assert!(
+            inside.starts_with(&format!("/{ANTAGONIST_DIR}/a{me}-")),
+            "{inside}"
+        );
+        g.remove().unwrap();
+        assert!(!dir.exists());
+        assert_eq!(paths_of(me).and_then(|p| p.cpu), before);
+    }
+}

@@ -1,0 +1,84 @@
+//! Real resource limits for local node processes: cgroup v1 memory and CPU groups.
+//!
+//! This crate owns everything Granule does under `/sys/fs/cgroup`:
+//!
+//! - detecting whether cgroup v1 is usable here ([`Hierarchy::detect`], with a human
+//!   reason when it is not, so callers can fall back to budget accounting);
+//! - one directory per local cluster, `granule/c<driver pid>-<driver start time>-<n>`, with
+//!   one group per node process below it ([`ClusterGroups`], [`NodeGroup`]): a memory
+//!   limit (`memory.limit_in_bytes`) and a CFS quota (`cpu.cfs_quota_us`) from the node's
+//!   spec;
+//! - removing those directories when the cluster ends, and those of drivers that died
+//!   without removing theirs ([`cleanup_stale`]);
+//! - moving processes into groups ([`join_pid`], [`join_self`]) and naming the groups a
+//!   process runs in ([`current_paths`]);
+//! - cheap repeated readings of a group's usage, limit, OOM kills and throttling
+//!   ([`Reader`]), which node monitors sample every few milliseconds;
+//! - antagonists that put memory or CPU load into a node's groups ([`antagonist`]).
+//!
+//! It must not touch cgroups it did not create: only directories below `granule/` and
+//! `granule-antagonists/` whose names it can parse are ever removed, and only tasks
+//! inside them are ever killed. It knows nothing of proclets, the controller or the
+//! transport; the runtime decides when to create and remove groups. cgroup v2 (the
+//! unified hierarchy) is not supported: [`Hierarchy::detect`] reports it as unavailable.
+//!
+//! Processes are identified by pid within one pid namespace: a driver in another pid
+//! namespace that shares this cgroup file system would look dead to [`cleanup_stale`].
+#![forbid(unsafe_code)]
+
+pub mod antagonist;
+mod group;
+mod hierarchy;
+mod procfs;
+mod reader;
+
+pub use granule_wire::CgroupPaths;
+pub use group::{cleanup_stale, join_pid, join_self, ClusterGroups, NodeGroup};
+pub use hierarchy::{Controller, Hierarchy, Unavailable, DEFAULT_ROOT};
+pub use procfs::{current_paths, parse_proc_cgroup, paths_of, process_start_time};
+pub use reader::{CpuStat, Reader};
+
+use std::path::PathBuf;
+
+/// The directory (in every controller's hierarchy) that holds one directory per cluster.
+pub const GRANULE_DIR: &str = "granule";
+/// The directory (in the cpu hierarchy) that holds one directory per antagonist process.
+pub const ANTAGONIST_DIR: &str = "granule-antagonists";
+/// CFS period written for every node group, microseconds. A fifth of the kernel's
+/// default: a group that used its quota early in a period is frozen until the period
+/// ends, so the period bounds the stall a throttled node's calls see (20 ms, not 100).
+pub const CFS_PERIOD_US: u64 = 20_000;
+/// The smallest CFS quota the kernel accepts, microseconds.
+pub const MIN_CFS_QUOTA_US: u64 = 1_000;
+
+/// What can go wrong with a cgroup operation.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup v1 unavailable: {0}")]
+    Unavailable(#[from] Unavailable),
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unexpected content in {path}: {text:?}")]
+    Parse { path: PathBuf, text: String },
+    #[error("no {0} cgroup to read (the process runs in none, or the paths named none)")]
+    NoController(Controller),
+    #[error("refused cgroup path {path:?}: {why}")]
+    BadPath { path: String, why: &'static str },
+    #[error("cgroup {path} still has tasks {pids:?}; cannot remove it")]
+    Busy { path: PathBuf, pids: Vec<u32> },
+}
+
+impl CgroupError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        CgroupError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}
