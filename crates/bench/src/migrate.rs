@@ -555,6 +555,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let displaced = rig.displaced;
     let _ = rig.client.destroy();
     let _ = sink.destroy();
+    crate::print_cluster_usage(&cluster);
     cluster.shutdown();
     drop(affinity);
 

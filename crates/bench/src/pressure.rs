@@ -1153,6 +1153,7 @@ fn run_once(p: &Params, label: &'static str, baseline: bool) -> anyhow::Result<R
     let errors = shared.errors.lock().map(|e| e.clone()).unwrap_or_default();
     let error_count = shared.error_count.load(Ordering::Relaxed);
     drop(shared);
+    crate::print_cluster_usage(&cluster);
     cluster.shutdown();
     Ok(RunResult {
         label,

@@ -392,7 +392,7 @@ mod tests {
             (256u64 << 20).to_string()
         );
         assert_eq!(read("cpu/granule/c1-2-0/node0/cpu.cfs_period_us"), "20000");
-        assert_eq!(read("cpu/granule/c1-2-0/node0/cpu.cfs_quota_us"), "150000");
+        assert_eq!(read("cpu/granule/c1-2-0/node0/cpu.cfs_quota_us"), "30000");
         assert_eq!(g.paths().memory.as_deref(), Some("/granule/c1-2-0/node0"));
         assert!(NodeGroup::create(&h, "c1-2-0", "../x", 1.0, 1 << 20).is_err());
         assert!(NodeGroup::create(&h, "c1-2-0", "n", 0.0, 1 << 20).is_err());
