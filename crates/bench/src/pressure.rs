@@ -561,8 +561,15 @@ fn run_antagonist(
     let start_ns = now_ns();
     let spawned = std::fs::File::create(&log_path).and_then(|f| {
         let f2 = f.try_clone()?;
-        std::process::Command::new("/proc/self/exe")
-            .args(&args)
+        // On the nodes' vCPU (see `run_once`).
+        let mut cmd = if two_vcpus() {
+            let mut c = std::process::Command::new("taskset");
+            c.args(["-c", "1"]).arg(std::env::current_exe()?);
+            c
+        } else {
+            std::process::Command::new("/proc/self/exe")
+        };
+        cmd.args(&args)
             .stdin(std::process::Stdio::null())
             .stdout(f)
             .stderr(f2)
@@ -699,6 +706,20 @@ impl DriverAffinity {
         }
         DriverAffinity { saved }
     }
+}
+
+/// Pin every thread of this process to one vCPU (threads and processes made later inherit
+/// it).
+fn pin_to(cpu: usize) {
+    let mut set = CpuSet::new();
+    if set.set(cpu).is_ok() {
+        let _ = set_process_affinity(&set);
+    }
+}
+
+/// Whether the machine has the two vCPUs the placement below needs.
+fn two_vcpus() -> bool {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2
 }
 
 impl Drop for DriverAffinity {
@@ -902,9 +923,22 @@ fn run_once(p: &Params, label: &'static str, baseline: bool) -> anyhow::Result<R
             granule::config::parse_cgroups_mode(&v).map_err(|e| anyhow!("GRANULE_CGROUPS: {e}"))?;
         builder = builder.cgroups(mode);
     }
+    // Placement: the node processes (and later the antagonist) on vCPU 1, the driver —
+    // the measuring instrument: load generator, client side of every call — on vCPU 0, a
+    // stand-in for a client machine of its own. So the antagonist's page faulting and the
+    // kernel's OOM kill disturb the nodes, as they would on a real machine, but not the
+    // clock that measures them. Nodes inherit the affinity the driver has when it spawns
+    // them.
+    let split = two_vcpus();
+    if split {
+        pin_to(1);
+    }
     let cluster = builder
         .start()
         .with_context(|| format!("starting the {label} cluster"))?;
+    if split {
+        pin_to(0);
+    }
     let nodes: Vec<NodeId> = cluster.spawned_nodes().iter().map(|(n, _)| *n).collect();
     if nodes.len() != p.nodes {
         bail!(
@@ -1549,9 +1583,10 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     // Provenance.
     let placement = format!(
         "driver process (embedded controller, the driver node hosting no shard, the load generator thread, \
-one tokio worker thread running the calls in flight, a sampler thread) and {} node processes {} (worker \
-threads = ceil(cpu)); nothing pinned: the driver's affinity is reset to every vCPU before the clusters start, \
-and the node processes inherit it",
+one tokio worker thread running the calls in flight, a sampler thread) pinned to vCPU 0; {} node processes {} \
+(worker threads = ceil(cpu)) and the antagonist pinned to vCPU 1 (on a machine with fewer vCPUs, nothing is \
+pinned). The driver is the measuring instrument and stands in for a client machine: the antagonist and the \
+kernel's OOM kill disturb the nodes, not the clock measuring them.",
         p.nodes,
         p.node_spec()
     );
