@@ -138,18 +138,7 @@ fn serve_raw(mut s: TcpStream) -> std::io::Result<()> {
     }
 }
 
-/// Pin every thread of this process to `cpu` (threads created later inherit it).
-pub fn pin_process(cpu: usize) -> anyhow::Result<()> {
-    use nix::sched::{sched_setaffinity, CpuSet};
-    let mut set = CpuSet::new();
-    set.set(cpu)?;
-    for entry in std::fs::read_dir("/proc/self/task")? {
-        let tid: i32 = entry?.file_name().to_string_lossy().parse()?;
-        // A thread may have exited since the listing: ignore those.
-        let _ = sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set);
-    }
-    Ok(())
-}
+pub use crate::affinity::pin_process;
 
 fn write_all_nonblocking(s: &mut TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
     while !buf.is_empty() {
@@ -438,33 +427,9 @@ const MODES: [&str; 7] = [
     "raw TCP sync (spin, then block)",
 ];
 
-/// Restores the driver's CPU affinity when dropped: this benchmark pins the driver to
-/// vCPU 0, and benchmarks run after it (`granule bench all`) must not inherit that.
-struct RestoreAffinity(Option<nix::sched::CpuSet>);
-
-impl RestoreAffinity {
-    fn save() -> Self {
-        RestoreAffinity(nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok())
-    }
-}
-
-impl Drop for RestoreAffinity {
-    fn drop(&mut self) {
-        let Some(set) = &self.0 else { return };
-        if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
-            for tid in dir
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            {
-                let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), set);
-            }
-        }
-    }
-}
-
 /// Run the benchmark and write its report.
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
-    let _restore = RestoreAffinity::save();
+    let _restore = crate::affinity::SavedAffinity::save();
     let reps = if opts.quick { 1 } else { 5 };
     let dur = if opts.quick {
         Duration::from_millis(30)

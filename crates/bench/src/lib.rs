@@ -7,6 +7,7 @@
 //! same code for a few seconds, as a smoke test (CI runs those).
 #![forbid(unsafe_code)]
 
+pub mod affinity;
 pub mod controller;
 pub mod invoke;
 pub mod migrate;

@@ -40,8 +40,6 @@ use crate::BenchOpts;
 use anyhow::{anyhow, bail, Context};
 use granule::{Cluster, Kind, NodeId, NodeSpec, Proclet, ProcletId};
 use granule_report::{Cell, Meta, Plot, Report, Summary, Table};
-use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
-use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use std::hint::black_box;
 use std::io::{ErrorKind, Read, Write};
@@ -289,45 +287,6 @@ impl Samples {
     }
 }
 
-/// Every thread of this process gets `set` (threads created later inherit it).
-fn set_process_affinity(set: &CpuSet) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir("/proc/self/task")? {
-        let tid: i32 = entry?.file_name().to_string_lossy().parse()?;
-        // A thread may have exited since the listing: ignore those.
-        let _ = sched_setaffinity(Pid::from_raw(tid), set);
-    }
-    Ok(())
-}
-
-/// Lets the driver float over every vCPU for the run (nodes started now inherit that),
-/// and restores the affinity it had when dropped.
-struct DriverAffinity {
-    saved: Option<CpuSet>,
-}
-
-impl DriverAffinity {
-    fn unpin() -> DriverAffinity {
-        let saved = sched_getaffinity(Pid::from_raw(0)).ok();
-        let mut all = CpuSet::new();
-        for cpu in 0..CpuSet::count() {
-            let _ = all.set(cpu);
-        }
-        // The kernel keeps only CPUs that exist and that the cgroup allows.
-        if let Err(e) = set_process_affinity(&all) {
-            eprintln!("migrate: cannot reset the driver's CPU affinity: {e}");
-        }
-        DriverAffinity { saved }
-    }
-}
-
-impl Drop for DriverAffinity {
-    fn drop(&mut self) {
-        if let Some(s) = &self.saved {
-            let _ = set_process_affinity(s);
-        }
-    }
-}
-
 /// Pin every thread of `node`'s process to `cpu`, through a proclet call there.
 fn pin_node(node: NodeId, cpu: usize) -> anyhow::Result<()> {
     let p = Proclet::builder(Kind::Compute)
@@ -493,7 +452,7 @@ fn num(v: f64) -> Cell {
 /// Run the benchmark and write its report.
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let reps = if opts.quick { REPS_QUICK } else { REPS_FULL };
-    let affinity = DriverAffinity::unpin();
+    let affinity = crate::affinity::SavedAffinity::unpin();
     let cluster = Cluster::builder()
         .nodes(NODES)?
         .driver(NodeSpec {

@@ -40,8 +40,6 @@ use anyhow::{anyhow, bail, Context};
 use granule::{Cluster, Footprint, Kind, NodeId, NodeInfo, NodeSpec, NodeState, Proclet};
 use granule_report::{Cell, Latency, Meta, Plot, Report, Table};
 use granule_wire::Role;
-use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
-use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -680,54 +678,15 @@ impl Drop for BaselineEnv {
     }
 }
 
-/// Lets the driver float over every vCPU (node processes started now inherit that; an
-/// earlier benchmark of `granule bench all` may have pinned it), restored when dropped.
-struct DriverAffinity {
-    saved: Option<CpuSet>,
-}
-
-fn set_process_affinity(set: &CpuSet) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir("/proc/self/task")? {
-        let tid: i32 = entry?.file_name().to_string_lossy().parse()?;
-        let _ = sched_setaffinity(Pid::from_raw(tid), set);
-    }
-    Ok(())
-}
-
-impl DriverAffinity {
-    fn unpin() -> DriverAffinity {
-        let saved = sched_getaffinity(Pid::from_raw(0)).ok();
-        let mut all = CpuSet::new();
-        for cpu in 0..CpuSet::count() {
-            let _ = all.set(cpu);
-        }
-        if let Err(e) = set_process_affinity(&all) {
-            eprintln!("pressure: cannot reset the driver's CPU affinity: {e}");
-        }
-        DriverAffinity { saved }
-    }
-}
-
 /// Pin every thread of this process to one vCPU (threads and processes made later inherit
 /// it).
 fn pin_to(cpu: usize) {
-    let mut set = CpuSet::new();
-    if set.set(cpu).is_ok() {
-        let _ = set_process_affinity(&set);
-    }
+    let _ = crate::affinity::pin_process(cpu);
 }
 
 /// Whether the machine has the two vCPUs the placement below needs.
 fn two_vcpus() -> bool {
     std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2
-}
-
-impl Drop for DriverAffinity {
-    fn drop(&mut self) {
-        if let Some(s) = &self.saved {
-            let _ = set_process_affinity(s);
-        }
-    }
 }
 
 /// Everything one run measured.
@@ -1397,7 +1356,7 @@ fn opt(v: f64) -> Cell {
 /// Run the benchmark and write its report.
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let p = Params::new(opts.quick);
-    let _affinity = DriverAffinity::unpin();
+    let _affinity = crate::affinity::SavedAffinity::unpin();
     eprintln!(
         "pressure: 2 runs (Granule, then migration throttled to {BASELINE_THROTTLE} after {BASELINE_DELAY}); \
          {} nodes {}; {} shards × ~{} MiB; {} req/s",

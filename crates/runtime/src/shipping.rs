@@ -384,14 +384,15 @@ where
     };
 }
 
-/// Descriptors of state types (encode/decode for moves).
+/// Descriptors of state types (encode/decode for moves, footprint for accounting).
 pub(crate) struct DescState<S>(Mark<S>);
 
-impl<S> DescState<S>
+/// The descriptor of state type `S`, with the given footprint function.
+const fn state_descriptor<S>(footprint: FootprintFn) -> Descriptor
 where
     S: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    const STATE: Descriptor = Descriptor {
+    Descriptor {
         magic: MAGIC,
         types: [
             TypeId::of::<()>(),
@@ -404,9 +405,16 @@ where
             decode: decode_state::<S>,
             into_raw: into_raw::<S>,
             from_raw: from_raw::<S>,
-            footprint: estimated_footprint::<S>,
+            footprint,
         }),
-    };
+    }
+}
+
+impl<S> DescState<S>
+where
+    S: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    const STATE: Descriptor = state_descriptor::<S>(estimated_footprint::<S>);
 }
 
 impl<S> DescState<S>
@@ -414,22 +422,7 @@ where
     S: Serialize + DeserializeOwned + crate::footprint::Footprint + Send + Sync + 'static,
 {
     /// Same as `STATE`, but accounted with the state's own `Footprint`.
-    const EXACT: Descriptor = Descriptor {
-        magic: MAGIC,
-        types: [
-            TypeId::of::<()>(),
-            TypeId::of::<S>(),
-            TypeId::of::<()>(),
-            TypeId::of::<()>(),
-        ],
-        entry: Entry::State(StateOps {
-            encode: encode_state::<S>,
-            decode: decode_state::<S>,
-            into_raw: into_raw::<S>,
-            from_raw: from_raw::<S>,
-            footprint: exact_footprint::<S>,
-        }),
-    };
+    const EXACT: Descriptor = state_descriptor::<S>(exact_footprint::<S>);
 }
 
 /// Descriptor of an exclusive call of `F` on `S`.

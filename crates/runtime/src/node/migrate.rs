@@ -174,16 +174,30 @@ impl NodeInner {
         proclet: ProcletId,
         to: Location,
     ) -> Result<MoveStats, RemoteError> {
-        if let Some(slot) = self.local_slot(proclet) {
-            if !slot.pinned.load(Ordering::Relaxed) && !slot.moving.load(Ordering::Relaxed) {
-                crate::accounting::request_yield(slot.serial);
-            }
+        let slot = self.local_slot(proclet);
+        let asked = slot.as_ref().filter(|s| {
+            to.node != self.id
+                && !s.pinned.load(Ordering::Relaxed)
+                && !s.moving.load(Ordering::Relaxed)
+        });
+        if let Some(s) = asked {
+            crate::accounting::request_yield(s.serial);
         }
         let node = self.clone();
-        self.handle
+        let out = self
+            .handle
             .spawn(async move { node.move_out(proclet, to).await })
             .await
-            .map_err(|e| RemoteError::Internal(format!("the move task failed: {e}")))?
+            .map_err(|e| RemoteError::Internal(format!("the move task failed: {e}")))?;
+        // A move that ended early (refused, or the proclet left meanwhile) never reached
+        // the point that withdraws the request: withdraw it here, unless another move of
+        // the proclet is under way and still needs it.
+        if let Some(s) = asked {
+            if !s.moving.load(Ordering::Acquire) {
+                crate::accounting::clear_yield(s.serial);
+            }
+        }
+        out
     }
 
     /// Move hosted proclet `proclet` to `to` (see the module doc). The epoch in `to` is a
