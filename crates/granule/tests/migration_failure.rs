@@ -97,3 +97,71 @@ fn destination_dying_mid_transfer_leaves_the_proclet_at_its_source() {
         );
     });
 }
+
+/// While an encoded state streams (slowly here), read-only calls keep being answered at
+/// the source; a write waits and lands at the new home, once.
+#[test]
+fn reads_are_served_during_a_move_and_writes_land_at_the_new_home() {
+    std::env::set_var("GRANULE_MIGRATION_THROTTLE", "32MB/s");
+    bounded(Duration::from_secs(90), || {
+        let cluster = Cluster::builder()
+            .nodes("cpu=1,mem=512MiB;cpu=1,mem=512MiB")
+            .unwrap()
+            .shed(false)
+            .start()
+            .unwrap();
+        let nodes = cluster.worker_nodes().unwrap();
+        let (src, dst) = (nodes[0], nodes[1]);
+        // ~4 MiB encoded: about 130 ms at 32 MB/s.
+        let p = Proclet::builder(Kind::Memory)
+            .on(src)
+            .create(4000u64, |n: u64| {
+                (0..n)
+                    .map(|i| (i, vec![(i % 251) as u8; 1000]))
+                    .collect::<std::collections::HashMap<u64, Vec<u8>>>()
+            })
+            .unwrap();
+        let id = p.id();
+        std::thread::scope(|s| {
+            let c = &cluster;
+            let mover = s.spawn(move || c.move_proclet(id, dst));
+            std::thread::sleep(Duration::from_millis(30));
+            // Mid-transfer: reads answer quickly (from the source).
+            let mut slowest = Duration::ZERO;
+            for _ in 0..10 {
+                let t = Instant::now();
+                let n = p
+                    .run_ref((), |m: &std::collections::HashMap<u64, Vec<u8>>, ()| {
+                        m.len()
+                    })
+                    .unwrap();
+                assert_eq!(n, 4000);
+                slowest = slowest.max(t.elapsed());
+            }
+            // A write during the transfer waits for it and runs once, at the new home.
+            let w = p
+                .run((), |m: &mut std::collections::HashMap<u64, Vec<u8>>, ()| {
+                    m.insert(99_999, vec![1]);
+                    (m.len(), granule::here())
+                })
+                .unwrap();
+            let stats = mover.join().unwrap().unwrap();
+            assert!(
+                stats.micros > 60_000,
+                "the transfer was slow enough to overlap: {stats:?}"
+            );
+            assert!(
+                slowest < Duration::from_millis(40),
+                "reads during the move took up to {slowest:?}"
+            );
+            assert_eq!(w, (4001, Some(dst)));
+        });
+        assert_eq!(p.location().unwrap(), dst);
+        assert_eq!(
+            p.run_ref((), |m: &std::collections::HashMap<u64, Vec<u8>>, ()| m
+                .len())
+                .unwrap(),
+            4001
+        );
+    });
+}

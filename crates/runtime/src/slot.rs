@@ -431,21 +431,36 @@ impl Guard {
         f(d.as_ref())
     }
 
-    /// Put a state back (a move that took it out failed).
+    /// Put a state back (a move that took it out failed). Exclusive guards only.
     pub fn put_state(&self, state: Box<ErasedState>) {
-        debug_assert_eq!(self.mode, CallMode::Exclusive);
+        assert_eq!(
+            self.mode,
+            CallMode::Exclusive,
+            "put_state needs exclusive access"
+        );
         *self.slot.data.write() = state;
     }
 
-    /// Change the slot's status (exclusive guards only); takes effect for waiters when
-    /// the guard is released.
+    /// Change the slot's status. New lock requests see it at once; waiters see it when
+    /// the guard is released. A shared guard may do this only if nothing else changes
+    /// the status meanwhile (a move holding its proclet shared: writers are excluded).
     pub fn set_status(&self, status: SlotStatus) {
-        debug_assert_eq!(self.mode, CallMode::Exclusive);
         self.slot.lock.lock().status = status;
     }
 
-    /// Replace the state with a placeholder and return the old one (for destroy).
+    /// Whether this guard holds the lock exclusively.
+    pub fn is_exclusive(&self) -> bool {
+        self.mode == CallMode::Exclusive
+    }
+
+    /// Replace the state with a placeholder and return the old one (for destroy and
+    /// moves). Exclusive guards only.
     pub fn take_state(&self) -> Box<ErasedState> {
+        assert_eq!(
+            self.mode,
+            CallMode::Exclusive,
+            "take_state needs exclusive access"
+        );
         let mut d = self.slot.data.write();
         std::mem::replace(&mut *d, Box::new(()))
     }

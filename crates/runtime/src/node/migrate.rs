@@ -3,9 +3,11 @@
 //!
 //! A move of proclet P from source S to destination D:
 //! 1. S marks P moving and asks code running on P to yield at its next item boundary
-//!    (`should_yield`; only long-running closures look), then takes P's lock exclusively.
-//!    Calls in flight finish first; calls that arrive from now on queue on the lock:
-//!    they are *held*.
+//!    (`should_yield`; only long-running closures look), then takes P's lock: exclusively
+//!    for a byte-vector state (taken out to be sent as is), shared for any other (encoded
+//!    in place). Calls in flight that change the state finish first; from now on calls
+//!    that would change it queue on the lock: they are *held*. With a shared lock,
+//!    read-only calls keep being served at S meanwhile — nothing can change the state.
 //! 2. S streams P's encoded state to D in `Transfer` chunks over their connection, a
 //!    bounded window of chunks in flight. A plain byte-vector state is sent as is, sliced
 //!    without copying; any other state is encoded chunk by chunk while earlier chunks are
@@ -241,11 +243,23 @@ impl NodeInner {
         if !self.migration.delay.is_zero() {
             tokio::time::sleep(self.migration.delay).await;
         }
+        let ops = slot
+            .state_desc
+            .state_ops()
+            .ok_or_else(|| RemoteError::Internal("slot without a state descriptor".into()))?;
+        // A byte-vector state is taken out of the slot and sent as is: that needs the lock
+        // exclusively. Any other state is encoded from a shared lock: calls that only read
+        // (`run_ref`) keep being served here while it streams — nothing can change it —
+        // and calls that would change it are held, then bounced to the new home.
+        let exclusive = (ops.from_raw)(Vec::new()).is_some();
+        let mode = if exclusive {
+            CallMode::Exclusive
+        } else {
+            CallMode::Shared
+        };
         let t0 = Instant::now();
         crate::accounting::request_yield(slot.serial);
-        let guard = self
-            .lock_slot(&slot, context::new_chain(), CallMode::Exclusive)
-            .await?;
+        let guard = self.lock_slot(&slot, context::new_chain(), mode).await?;
         crate::accounting::clear_yield(slot.serial);
         let drain = t0.elapsed();
         let conn = self
@@ -253,10 +267,6 @@ impl NodeInner {
             .await
             .map_err(|e| RemoteError::Refused(format!("cannot reach the destination: {e}")))?;
         let epoch = slot.epoch.max(to.epoch.saturating_sub(1)) + 1;
-        let ops = slot
-            .state_desc
-            .state_ops()
-            .ok_or_else(|| RemoteError::Internal("slot without a state descriptor".into()))?;
         let (bytes, sent_state) = match self.stream_state(&conn, &guard, &slot, ops, epoch).await {
             Ok(b) => b,
             Err(e) => {
@@ -276,8 +286,10 @@ impl NodeInner {
             epoch,
         };
         self.forwarding.insert(proclet, loc.clone());
+        // From here no new call is granted here; readers still inside finish on the old
+        // state, which is freed with the slot when the last of them is done.
         guard.set_status(SlotStatus::Moved(loc.clone()));
-        let old = guard.take_state();
+        let old = exclusive.then(|| guard.take_state());
         self.remove_hosted(&slot);
         drop(guard);
         let took = t0.elapsed();
@@ -289,9 +301,11 @@ impl NodeInner {
         // allocator keeps them for the next state this node receives, which then does not
         // pay a page fault per page.
         let trim = bytes >= (1 << 20) && self.monitor.reading().mem_pressure;
+        drop(_mark);
         tokio::task::spawn_blocking(move || {
             drop(old);
             drop(sent_state);
+            drop(slot);
             if trim {
                 crate::shipping::release_free_memory();
             }
@@ -333,8 +347,13 @@ impl NodeInner {
             started: Instant::now(),
             throttle: self.migration.throttle,
         };
-        // Plain bytes: take the vector out and send slices of it, no copy, no encoding.
-        match (ops.into_raw)(guard.take_state()) {
+        // Plain bytes (under an exclusive lock): take the vector out and send slices of
+        // it, no copy, no encoding.
+        let taken = match guard.is_exclusive() {
+            true => (ops.into_raw)(guard.take_state()),
+            false => Err(Box::new(()) as Box<crate::shipping::ErasedState>),
+        };
+        match taken {
             Ok(vec) => {
                 let all = Bytes::from(vec);
                 let total = all.len() as u64;
@@ -367,7 +386,11 @@ impl NodeInner {
                 }
                 return Ok((total, Some(all)));
             }
-            Err(state) => guard.put_state(state),
+            Err(state) => {
+                if guard.is_exclusive() {
+                    guard.put_state(state);
+                }
+            }
         }
         // Encoded states: their length is known only at the end; the footprint tells the
         // destination roughly what to reserve (and whether it has room).
