@@ -301,10 +301,13 @@ impl Cluster {
             .collect()
     }
 
-    /// Move a proclet to another node through the controller (stop-the-world: calls wait
-    /// during the move and then continue at the new home; cached locations catch up).
+    /// Move a proclet to another node through the controller while callers keep calling:
+    /// calls that would change it are held during the transfer and then served at the new
+    /// home (read-only calls keep being served at the source, except for `Vec<u8>` states),
+    /// and cached locations catch up. If the node is moving the proclet already (its
+    /// pressure policy), this waits for that move and then moves it on from where it went.
     /// Returns what the move cost, as the source measured it (all zero if the proclet
-    /// already was on `to`).
+    /// already was on `to`). Fails with `Refused` for a pinned proclet.
     pub fn move_proclet(&self, proclet: ProcletId, to: NodeId) -> Result<MoveStats, CallError> {
         let inner = self.inner()?;
         let n = inner.clone();
