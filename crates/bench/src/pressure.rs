@@ -6,14 +6,14 @@
 //!
 //! - **Cluster**: three node processes `cpu=1,mem=768MiB` (quick: `mem=512MiB`) next to
 //!   the driver (`cpu=1,mem=1GiB`, which hosts no shard: the controller only places on the
-//!   driver when no other node is alive). 3 × 0.5 cores of node quota plus the driver's load
-//!   generator fit the machine's 2 vCPUs. With cgroups, each node process runs in its own
+//!   driver when no other node is alive). The nodes and the antagonist share vCPU 1; the
+//!   driver, the measuring instrument, has vCPU 0. With cgroups, each node process runs in its own
 //!   memory cgroup whose limit is its spec's memory; without, nodes account against their
 //!   budget, the antagonist cannot join them and its phase is skipped (the report says so).
-//! - **Data**: 24 memory proclets (quick: 8), each a `HashMap<u64, Vec<u8>>` of 1 KiB values
-//!   of ~7 MiB (quick: 2 MiB), accounted exactly through [`Footprint`], values encoded as
-//!   byte strings (as `serde_bytes` would; see `values_as_bytes`). Keys are hashed to
-//!   shards; the controller places the shards (they spread over the nodes).
+//! - **Data**: 48 memory proclets (quick: 8), each a `HashMap` of 1 KiB values of ~3.5 MiB
+//!   (quick: 2 MiB), accounted exactly through [`Footprint`], values encoded as byte
+//!   strings (`serde_bytes::ByteBuf`). Keys are hashed to shards; the controller places the
+//!   shards (they spread over the nodes).
 //! - **Load**: open loop, 2000 requests/s (quick: 500), 90 % GET / 10 % SET, keys uniform.
 //!   Request *i* is due at `t0 + i / rate`; a generator thread sleeps until then and hands
 //!   the call (`run_ref_async` / `run_async`) to a one-worker tokio runtime, so any number
@@ -41,6 +41,7 @@ use granule::{Cluster, Footprint, Kind, NodeId, NodeInfo, NodeSpec, NodeState, P
 use granule_report::{Cell, Latency, Meta, Plot, Report, Table};
 use granule_wire::Role;
 use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -141,91 +142,22 @@ impl Params {
 
 // ----- the data ---------------------------------------------------------------------
 
-/// One shard of the store.
+/// One shard of the store. Values are `serde_bytes::ByteBuf`s, encoded as one byte
+/// string each: serde's default for a `Vec<u8>` is a sequence of separate `u8`s, which
+/// makes every move of a shard 2–3 times slower to encode and decode.
 #[derive(Serialize, Deserialize)]
 struct Shard {
     index: u32,
-    #[serde(with = "values_as_bytes")]
-    map: HashMap<u64, Vec<u8>>,
-}
-
-/// Serde for a shard's map that writes each value as one byte string (what `serde_bytes`
-/// does, and what a Rust key-value store would use): serde's default for `Vec<u8>` is a
-/// sequence of separate `u8`s, which makes encoding and decoding a 7 MiB shard, so every
-/// move of it, 2–3 times slower here (measured: 40–90 ms instead of 15–35 ms per move).
-mod values_as_bytes {
-    use serde::de::{MapAccess, SeqAccess, Visitor};
-    use serde::ser::SerializeMap;
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-    use std::collections::HashMap;
-    use std::fmt;
-
-    struct Bytes<'a>(&'a [u8]);
-
-    impl Serialize for Bytes<'_> {
-        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_bytes(self.0)
-        }
-    }
-
-    struct ByteBuf(Vec<u8>);
-
-    impl<'de> Deserialize<'de> for ByteBuf {
-        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct V;
-            impl<'de> Visitor<'de> for V {
-                type Value = ByteBuf;
-                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                    f.write_str("a byte string")
-                }
-                fn visit_bytes<E>(self, b: &[u8]) -> Result<ByteBuf, E> {
-                    Ok(ByteBuf(b.to_vec()))
-                }
-                fn visit_byte_buf<E>(self, b: Vec<u8>) -> Result<ByteBuf, E> {
-                    Ok(ByteBuf(b))
-                }
-                fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<ByteBuf, A::Error> {
-                    let mut v = Vec::with_capacity(a.size_hint().unwrap_or(0).min(1 << 20));
-                    while let Some(b) = a.next_element::<u8>()? {
-                        v.push(b);
-                    }
-                    Ok(ByteBuf(v))
-                }
-            }
-            d.deserialize_byte_buf(V)
-        }
-    }
-
-    pub fn serialize<S: Serializer>(m: &HashMap<u64, Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(m.len()))?;
-        for (k, v) in m {
-            map.serialize_entry(k, &Bytes(v))?;
-        }
-        map.end()
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<u64, Vec<u8>>, D::Error> {
-        struct M;
-        impl<'de> Visitor<'de> for M {
-            type Value = HashMap<u64, Vec<u8>>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map of u64 to byte strings")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-                let mut m = HashMap::with_capacity(a.size_hint().unwrap_or(0).min(1 << 20));
-                while let Some((k, ByteBuf(v))) = a.next_entry::<u64, ByteBuf>()? {
-                    m.insert(k, v);
-                }
-                Ok(m)
-            }
-        }
-        d.deserialize_map(M)
-    }
+    map: HashMap<u64, ByteBuf>,
 }
 
 impl Footprint for Shard {
+    /// The table (a slot and a control byte per bucket, as `HashMap` lays it out) plus
+    /// every value's buffer.
     fn footprint(&self) -> u64 {
-        std::mem::size_of::<Shard>() as u64 + self.map.heap_bytes()
+        let table = self.map.capacity() * (std::mem::size_of::<(u64, ByteBuf)>() + 1);
+        let values: usize = self.map.values().map(|v| v.capacity()).sum();
+        (std::mem::size_of::<Shard>() + table + values) as u64
     }
 }
 
@@ -287,7 +219,7 @@ fn build_shard(s: ShardSpec) -> Shard {
     let mut map = HashMap::with_capacity((expect + expect / 20) as usize);
     for k in 0..s.keys {
         if shard_of(k, s.shards) == s.index {
-            map.insert(k, value(k, 0));
+            map.insert(k, ByteBuf::from(value(k, 0)));
         }
     }
     Shard {
@@ -297,11 +229,11 @@ fn build_shard(s: ShardSpec) -> Shard {
 }
 
 fn get(s: &Shard, key: u64) -> Option<Vec<u8>> {
-    s.map.get(&key).cloned()
+    s.map.get(&key).map(|v| v.to_vec())
 }
 
 fn set(s: &mut Shard, kv: (u64, Vec<u8>)) -> bool {
-    s.map.insert(kv.0, kv.1).is_some()
+    s.map.insert(kv.0, ByteBuf::from(kv.1)).is_some()
 }
 
 fn describe(s: &Shard, _: ()) -> (u32, u64, u64) {
@@ -1566,7 +1498,7 @@ kernel's OOM kill disturb the nodes, not the clock measuring them.",
     let mut rep = Report::new("pressure", meta);
     rep.title("Memory pressure: shedding shards away from a memory antagonist");
     rep.note(format!(
-        "data: {} memory proclets (`HashMap<u64, Vec<u8>>`, {VALUE_LEN} B values serialized as byte strings, \
+        "data: {} memory proclets (`HashMap<u64, ByteBuf>`, {VALUE_LEN} B values serialized as byte strings, \
          exact `Footprint`), {} keys, \
          {:.1} MiB in all (shards {:.2}–{:.2} MiB); placed by the controller: {}",
         p.shards,

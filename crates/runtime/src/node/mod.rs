@@ -266,8 +266,10 @@ impl Node {
         let h: Arc<dyn Handler> = handler;
         let tconfig = inner.tconfig.clone();
         workers.spawn(serve(listener, identity, tconfig, h));
-        control.spawn(heartbeat_loop(inner.clone(), reg.heartbeat));
+        // The monitor first: its first sample (immediate) then precedes the first
+        // heartbeat, which so reports real readings (cgroup limit, pressure).
         control.spawn(inner.clone().monitor_loop());
+        control.spawn(heartbeat_loop(inner.clone(), reg.heartbeat));
         // With one worker there is no idle worker to wake: no watchdog needed.
         let weak = Arc::downgrade(&inner);
         if workers_n > 1 {
