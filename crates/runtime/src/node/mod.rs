@@ -10,12 +10,17 @@
 //!   read connections and run incoming calls to completion on the thread that read them
 //!   (each call is its own task, so a call blocked in a nested call never stops its
 //!   connection from being read);
-//! - *control* (one thread): the controller connection, heartbeats, move orders. It is
-//!   separate so a node whose cores are saturated by long closures still heartbeats and is
-//!   not declared dead.
+//! - *control* (one thread): the controller connection, heartbeats, move orders, the
+//!   resource monitor and the pressure policy. It is separate so a node whose cores are
+//!   saturated by long closures still heartbeats, notices pressure and asks closures to
+//!   yield;
+//! - *blocking* threads (tokio's pool, on demand): encoding and decoding large states of
+//!   moving proclets, freeing moved-out states.
 //!
 //! `calls` holds the calling side (finding proclets, sending calls, creating, destroying),
-//! `serve` the hosting side (the proclet table, serving requests, moves).
+//! `serve` the hosting side (the proclet table, serving requests), `migrate` the migration
+//! engine (both ends of a move), `monitor` resource accounting, pressure detection and the
+//! policy that sheds proclets.
 
 use crate::busy::BusyBoard;
 use crate::context::{self, NodeCell};
