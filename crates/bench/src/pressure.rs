@@ -519,9 +519,7 @@ fn run_antagonist(
         }
     };
     // Growing to `size` at the given rate, holding, plus generous slack.
-    let rate = granule::config::parse_size(p.antagonist_rate.trim_end_matches("/s"))
-        .unwrap_or(1 << 30)
-        .max(1);
+    let rate = granule::config::parse_rate(p.antagonist_rate).unwrap_or(1 << 30);
     let limit =
         Duration::from_secs_f64(size as f64 / rate as f64) + p.hold + Duration::from_secs(20);
     let waited = Instant::now();

@@ -5,7 +5,7 @@
 //! must run on the node's machine, as root.
 
 use anyhow::{bail, Context};
-use granule::config::{parse_duration, parse_size};
+use granule::config::{parse_duration, parse_rate, parse_size};
 use granule_cgroups::antagonist::{allocate_paced, set_oom_score_adj, spin, OwnCpuGroup};
 use granule_cgroups::{join_pid, CgroupPaths, Hierarchy};
 use granule_controller::ControllerClient;
@@ -78,7 +78,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     bail!("--cpu must be a positive number of cores, got {c}");
                 }
             }
-            let rate = parse_rate(&rate).context("--rate")?;
+            let rate = parse_rate(&rate)
+                .map_err(anyhow::Error::msg)
+                .context("--rate")?;
             let size = parse_size(&size)
                 .map_err(anyhow::Error::msg)
                 .context("--size")?;
@@ -249,16 +251,6 @@ fn parse_node(s: &str) -> anyhow::Result<NodeId> {
 }
 
 /// A rate such as `1GiB/s` or `256MiB` (per second either way), in bytes per second.
-fn parse_rate(s: &str) -> anyhow::Result<u64> {
-    let t = s.trim();
-    let size = t.strip_suffix("/s").unwrap_or(t);
-    let v = parse_size(size).map_err(|e| anyhow::anyhow!("bad rate '{s}': {e}"))?;
-    if v == 0 {
-        bail!("bad rate '{s}': must be more than 0");
-    }
-    Ok(v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

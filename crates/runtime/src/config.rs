@@ -56,6 +56,18 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v as u64)
 }
 
+/// Parse a rate in bytes per second such as `1GiB/s`, `600MB/s` (the `/s` may be left
+/// out); it must be more than 0.
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let size = t.strip_suffix("/s").unwrap_or(t);
+    match parse_size(size) {
+        Ok(0) => Err(format!("bad rate '{s}': must be more than 0")),
+        Ok(v) => Ok(v),
+        Err(e) => Err(format!("bad rate '{s}': {e}")),
+    }
+}
+
 /// Parse a duration such as `1s`, `250ms`, `2.5s`, `100us`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = split_number(s);
@@ -301,6 +313,15 @@ impl ClusterConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("1GiB/s").unwrap(), 1 << 30);
+        assert_eq!(parse_rate(" 600MB/s ").unwrap(), 600_000_000);
+        assert_eq!(parse_rate("256MiB").unwrap(), 256 << 20);
+        assert!(parse_rate("0/s").is_err());
+        assert!(parse_rate("fast").is_err());
+    }
 
     #[test]
     fn sizes_and_durations() {

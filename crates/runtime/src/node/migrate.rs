@@ -63,11 +63,12 @@ impl MigrationConfig {
     pub(crate) fn from_env() -> MigrationConfig {
         let mut c = MigrationConfig::default();
         if let Ok(v) = std::env::var("GRANULE_MIGRATION_THROTTLE") {
-            let bytes = v.trim().trim_end_matches("/s");
-            match crate::config::parse_size(bytes) {
-                Ok(b) if b > 0 => c.throttle = Some(b),
-                _ => {
-                    tracing::warn!("ignoring GRANULE_MIGRATION_THROTTLE={v}: expected e.g. 600MB/s")
+            match crate::config::parse_rate(&v) {
+                Ok(b) => c.throttle = Some(b),
+                Err(e) => {
+                    tracing::warn!(
+                        "ignoring GRANULE_MIGRATION_THROTTLE: {e} (expected e.g. 600MB/s)"
+                    )
                 }
             }
         }
