@@ -27,7 +27,7 @@ use crate::context::{self, NodeCell};
 use crate::error::{CallError, ClusterError};
 use crate::shipping::{self};
 use crate::slot::Slot;
-use crate::usage::{resident_bytes, CpuMeter};
+use crate::usage::CpuMeter;
 use bytes::Bytes;
 use dashmap::DashMap;
 use granule_controller::{ControllerClient, ControllerError};
@@ -323,7 +323,8 @@ async fn heartbeat_loop(node: Arc<NodeInner>, every: Duration) {
         let r = node.monitor.reading();
         let usage = Usage {
             cores_busy: meter.sample(),
-            mem_used: resident_bytes(),
+            // The monitor read these at most one memory interval ago.
+            mem_used: r.rss,
             proclets: [
                 node.hosted[0].load(Ordering::Relaxed),
                 node.hosted[1].load(Ordering::Relaxed),
@@ -331,7 +332,7 @@ async fn heartbeat_loop(node: Arc<NodeInner>, every: Duration) {
             ],
             calls_served: node.calls_served.load(Ordering::Relaxed),
             mem_budget: node.monitor.budget(),
-            proclet_bytes: node.proclet_bytes(),
+            proclet_bytes: r.proclet_bytes,
             cgroup_mem_limit: r.cgroup_limit,
             cgroup_mem_usage: r.cgroup_usage,
             cpu_throttled: r.cpu_throttled,

@@ -201,6 +201,8 @@ pub(crate) struct Reading {
     pub mem_used: u64,
     pub mem_limit: u64,
     pub rss: u64,
+    /// Sum of the hosted proclets' footprints.
+    pub proclet_bytes: u64,
     pub cgroup_limit: u64,
     pub cgroup_usage: u64,
     pub cpu_throttled: f64,
@@ -328,7 +330,8 @@ impl Monitor {
         };
         // Free memory is the smaller of what the budget leaves (against what this
         // process holds) and what the cgroup leaves (against everything charged to it).
-        let own = rss.max(node.proclet_bytes());
+        let proclet_bytes = node.proclet_bytes();
+        let own = rss.max(proclet_bytes);
         let budget_free = self.budget as i64 - own as i64;
         let cgroup_free = cg_limit as i64 - cg_usage as i64;
         let (used, limit, free) = if cg_limit > 0 && cgroup_free < budget_free {
@@ -347,6 +350,7 @@ impl Monitor {
         let threshold = self.config.free_min_for(limit).max(predictive);
         let mut r = self.latest.lock();
         r.rss = rss;
+        r.proclet_bytes = proclet_bytes;
         r.cgroup_usage = cg_usage;
         r.cgroup_limit = cg_limit;
         r.mem_used = used;
