@@ -217,7 +217,7 @@ pub(crate) struct Reading {
 struct CgroupFiles {
     reader: Option<granule_cgroups::Reader>,
     /// Recent `cpu.stat` readings, oldest first, spanning about `THROTTLE_WINDOW`.
-    cpu_history: std::collections::VecDeque<(Instant, granule_cgroups::CpuStat)>,
+    cpu_history: Recent<granule_cgroups::CpuStat>,
 }
 
 /// The window over which cgroup throttling is measured (fifteen 20 ms CFS periods).
@@ -394,29 +394,54 @@ fn warn_if_misdeclared(slot: &Slot, cores: f64) {
     }
 }
 
-/// Growth rate of a node's memory use over the last [`GROWTH_WINDOW`].
-#[derive(Default)]
-pub(crate) struct Growth {
-    samples: std::collections::VecDeque<(Instant, u64)>,
+/// Readings over a sliding window of time: what a rate over the last `span` is computed
+/// from (the newest reading against the oldest one kept).
+struct Recent<T> {
+    span: Duration,
+    samples: std::collections::VecDeque<(Instant, T)>,
 }
+
+impl<T> Recent<T> {
+    fn new(span: Duration) -> Self {
+        Recent {
+            span,
+            samples: Default::default(),
+        }
+    }
+
+    /// Record a reading; returns the baseline to compare it with: the newest reading at
+    /// least `span` old, or the oldest one there is (the reading itself, at first).
+    fn push(&mut self, now: Instant, value: T) -> &(Instant, T) {
+        self.samples.push_back((now, value));
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|(t, _)| now.duration_since(*t) >= self.span)
+        {
+            self.samples.pop_front();
+        }
+        &self.samples[0]
+    }
+}
+
+/// Growth rate of a node's memory use over the last [`GROWTH_WINDOW`].
+pub(crate) struct Growth(Recent<u64>);
 
 /// The window over which memory growth is measured.
 const GROWTH_WINDOW: Duration = Duration::from_millis(50);
 
+impl Default for Growth {
+    fn default() -> Self {
+        Growth(Recent::new(GROWTH_WINDOW))
+    }
+}
+
 impl Growth {
     /// Record a reading; returns the growth in bytes per second (0 when shrinking).
     pub(crate) fn observe(&mut self, now: Instant, used: u64) -> f64 {
-        self.samples.push_back((now, used));
-        while self
-            .samples
-            .get(1)
-            .is_some_and(|(t, _)| now.duration_since(*t) >= GROWTH_WINDOW)
-        {
-            self.samples.pop_front();
-        }
-        match self.samples.front() {
-            Some((t, u)) if now > *t => {
-                used.saturating_sub(*u) as f64 / now.duration_since(*t).as_secs_f64()
+        match *self.0.push(now, used) {
+            (t, u) if now > t => {
+                used.saturating_sub(u) as f64 / now.duration_since(t).as_secs_f64()
             }
             _ => 0.0,
         }
@@ -535,26 +560,16 @@ impl NodeInner {
             warn_if_misdeclared(slot, new);
         }
         let runq = delay_total as f64 / 1e9 / wall;
-        // CFS periods are 100 ms long and counted only while the group runs: throttling is
-        // judged over the last THROTTLE_WINDOW, several periods, not per sample.
+        // CFS periods (20 ms) are counted only while the group runs: throttling is judged
+        // over the last THROTTLE_WINDOW, many periods, not per sample.
         let throttled = match cg.reader.as_ref().map(|r| r.cpu_stat()) {
-            Some(Ok(stat)) => {
-                cg.cpu_history.push_back((now, stat));
-                while cg
-                    .cpu_history
-                    .get(1)
-                    .is_some_and(|(t, _)| now.duration_since(*t) >= THROTTLE_WINDOW)
-                {
-                    cg.cpu_history.pop_front();
+            Some(Ok(stat)) => match cg.cpu_history.push(now, stat) {
+                (_, old) if stat.nr_periods > old.nr_periods => {
+                    stat.nr_throttled.saturating_sub(old.nr_throttled) as f64
+                        / (stat.nr_periods - old.nr_periods) as f64
                 }
-                match cg.cpu_history.front() {
-                    Some((_, old)) if stat.nr_periods > old.nr_periods => {
-                        stat.nr_throttled.saturating_sub(old.nr_throttled) as f64
-                            / (stat.nr_periods - old.nr_periods) as f64
-                    }
-                    _ => 0.0,
-                }
-            }
+                _ => 0.0,
+            },
             _ => 0.0,
         };
         let cfg = &self.monitor.config;
@@ -594,7 +609,7 @@ impl NodeInner {
     pub(crate) async fn monitor_loop(self: Arc<Self>) {
         let mut cg = CgroupFiles {
             reader: granule_cgroups::Reader::for_self(),
-            cpu_history: Default::default(),
+            cpu_history: Recent::new(THROTTLE_WINDOW),
         };
         let mut cpu = CpuSampler::default();
         let mut growth = Growth::default();
