@@ -4,22 +4,14 @@
 //!
 //! Skipped, with a printed note, when cgroup v1 is not usable here (not root).
 
+mod common;
+
+use common::{Reaped, GRANULE};
 use granule::{Cluster, NodeId};
 use granule_cgroups::{paths_of, CgroupPaths, Hierarchy, Reader};
 use std::io::{BufRead, BufReader, Lines};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
-
-const GRANULE: &str = env!("CARGO_BIN_EXE_granule");
-
-/// Kills the child when dropped (tests must never leave processes behind).
-struct Reaped(Child);
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A one-node cluster with cgroups, its node and the node's groups; `None` (after saying
 /// why) when cgroups are not usable.

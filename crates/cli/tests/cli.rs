@@ -1,21 +1,13 @@
 //! The `granule` command against real clusters: the identical-binary rule, a standalone
 //! controller with hand-started nodes, `status`, and the demo.
 
+mod common;
+
+use common::{Reaped, GRANULE};
 use granule::{Cluster, Kind, NodeState, Proclet};
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const GRANULE: &str = env!("CARGO_BIN_EXE_granule");
-
-/// Kills the child when dropped (tests must never leave processes behind).
-struct Reaped(Child);
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Run `cmd` with its output captured; kill it if it takes longer than `limit`.
 /// Returns (exit code, stdout, stderr).

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{bounded, process_gone};
+use common::{bounded, cgroups_usable, process_gone};
 use granule::config::CgroupsMode;
 use granule::{Cluster, NodeId};
 use granule_cgroups::{paths_of, CgroupPaths, Controller, Hierarchy, Reader};
@@ -17,17 +17,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// The system hierarchy, or `None` after saying why the test is skipped.
-fn usable() -> Option<Hierarchy> {
-    match Hierarchy::detect() {
-        Ok(h) => Some(h),
-        Err(e) => {
-            eprintln!("skipping: cgroup v1 not usable here ({e})");
-            None
-        }
-    }
-}
 
 /// The cluster directories (in both controllers) a node's group lives in.
 fn cluster_dirs(h: &Hierarchy, paths: &CgroupPaths) -> Vec<PathBuf> {
@@ -46,7 +35,7 @@ fn cluster_dirs(h: &Hierarchy, paths: &CgroupPaths) -> Vec<PathBuf> {
 
 #[test]
 fn nodes_run_in_their_groups_with_their_specs_as_limits() {
-    let Some(h) = usable() else { return };
+    let Some(h) = cgroups_usable() else { return };
     // A group left by an earlier driver: this test's pid, but another start time.
     let me = std::process::id();
     let planted: Vec<PathBuf> = Controller::ALL
@@ -102,7 +91,7 @@ fn nodes_run_in_their_groups_with_their_specs_as_limits() {
 
 #[test]
 fn with_cgroups_off_nothing_is_created() {
-    let Some(_h) = usable() else { return };
+    let Some(_h) = cgroups_usable() else { return };
     bounded(LIMIT, || {
         let cluster = Cluster::builder()
             .nodes("cpu=1,mem=128MiB")
@@ -154,7 +143,7 @@ fn driver_helper() {
 /// the machine does.
 #[test]
 fn groups_of_a_killed_driver_are_removed_by_the_next_cluster() {
-    let Some(h) = usable() else { return };
+    let Some(h) = cgroups_usable() else { return };
     let mut driver = Command::new(std::env::current_exe().unwrap())
         .args([
             "driver_helper",

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bounded, cluster};
+use common::{bounded, checksum, cluster};
 use granule::{CallError, Footprint, Kind, NodeId, Proclet, RangeJob};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -165,12 +165,6 @@ fn a_closure_calling_a_moving_proclet_while_its_own_proclet_moves() {
         assert_eq!(outer.run_ref((), |c: &Counter, ()| c.n).unwrap(), 60);
         assert_eq!(inner.run_ref((), |c: &Counter, ()| c.n).unwrap(), 1200);
     });
-}
-
-fn checksum(v: &[u8]) -> u64 {
-    v.iter().enumerate().fold(0u64, |h, (i, b)| {
-        h.wrapping_mul(31).wrapping_add(*b as u64 ^ i as u64)
-    })
 }
 
 #[test]

@@ -6,30 +6,32 @@
 
 mod common;
 
-use common::bounded;
+use common::{bounded, checksum};
+use granule::NodeId;
 use granule::{CallError, Cluster, Kind, Proclet};
 use std::time::{Duration, Instant};
 
-fn checksum(v: &[u8]) -> u64 {
-    v.iter().enumerate().fold(0u64, |h, (i, b)| {
-        h.wrapping_mul(31).wrapping_add(*b as u64 ^ i as u64)
-    })
+/// Two nodes whose moves are paced at 32 MB/s (so a test can act in the middle of one),
+/// with shedding off: only the test moves proclets.
+fn throttled_pair() -> (Cluster, NodeId, NodeId) {
+    std::env::set_var("GRANULE_MIGRATION_THROTTLE", "32MB/s");
+    let cluster = Cluster::builder()
+        .nodes("cpu=1,mem=512MiB;cpu=1,mem=512MiB")
+        .unwrap()
+        .shed(false)
+        .failure_timeout(Duration::from_millis(1000))
+        .start()
+        .unwrap();
+    let nodes = cluster.worker_nodes().unwrap();
+    let (src, dst) = (nodes[0], nodes[1]);
+    (cluster, src, dst)
 }
 
 #[test]
 fn destination_dying_mid_transfer_leaves_the_proclet_at_its_source() {
-    // 8 MiB at 32 MB/s: the transfer takes about 260 ms.
-    std::env::set_var("GRANULE_MIGRATION_THROTTLE", "32MB/s");
     bounded(Duration::from_secs(90), || {
-        let cluster = Cluster::builder()
-            .nodes("cpu=1,mem=512MiB;cpu=1,mem=512MiB")
-            .unwrap()
-            .shed(false)
-            .failure_timeout(Duration::from_millis(1000))
-            .start()
-            .unwrap();
-        let nodes = cluster.worker_nodes().unwrap();
-        let (src, dst) = (nodes[0], nodes[1]);
+        // 8 MiB at 32 MB/s: the transfer takes about 260 ms.
+        let (cluster, src, dst) = throttled_pair();
         let p = Proclet::builder(Kind::Memory)
             .on(src)
             .create(8usize << 20, |n: usize| {
@@ -102,16 +104,8 @@ fn destination_dying_mid_transfer_leaves_the_proclet_at_its_source() {
 /// the source; a write waits and lands at the new home, once.
 #[test]
 fn reads_are_served_during_a_move_and_writes_land_at_the_new_home() {
-    std::env::set_var("GRANULE_MIGRATION_THROTTLE", "32MB/s");
     bounded(Duration::from_secs(90), || {
-        let cluster = Cluster::builder()
-            .nodes("cpu=1,mem=512MiB;cpu=1,mem=512MiB")
-            .unwrap()
-            .shed(false)
-            .start()
-            .unwrap();
-        let nodes = cluster.worker_nodes().unwrap();
-        let (src, dst) = (nodes[0], nodes[1]);
+        let (cluster, src, dst) = throttled_pair();
         // ~4 MiB encoded: about 130 ms at 32 MB/s.
         let p = Proclet::builder(Kind::Memory)
             .on(src)

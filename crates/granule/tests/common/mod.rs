@@ -54,3 +54,23 @@ pub fn process_gone(pid: u32) -> bool {
             .unwrap_or(false),
     }
 }
+
+/// A checksum of a byte state that also depends on positions (a state that moved must
+/// come back byte for byte).
+pub fn checksum(v: &[u8]) -> u64 {
+    v.iter().enumerate().fold(0u64, |h, (i, b)| {
+        h.wrapping_mul(31).wrapping_add(*b as u64 ^ i as u64)
+    })
+}
+
+/// The system's cgroup v1 hierarchy, or `None` after saying why the calling test is
+/// skipped (not root, no v1 controllers).
+pub fn cgroups_usable() -> Option<granule_cgroups::Hierarchy> {
+    match granule_cgroups::Hierarchy::detect() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            eprintln!("skipping: cgroup v1 not usable here ({e})");
+            None
+        }
+    }
+}
