@@ -67,13 +67,8 @@ pub enum PlaceError {
 /// uses (resident memory or the cgroup's charge, whichever is larger) and what was placed
 /// on it since its last heartbeat.
 fn mem_room(e: &NodeEntry) -> f64 {
-    let u = &e.info.usage;
-    let mut limit = e.info.spec.mem_bytes;
-    if u.cgroup_mem_limit > 0 {
-        limit = limit.min(u.cgroup_mem_limit);
-    }
-    let used = u.mem_used.max(u.cgroup_mem_usage) + e.provisional_mem;
-    limit as f64 - used as f64
+    let (used, limit) = e.info.memory();
+    limit as f64 - (used + e.provisional_mem) as f64
 }
 
 struct NodeEntry {

@@ -60,13 +60,7 @@ pub fn node_table(nodes: &[NodeInfo]) -> String {
     .to_vec()];
     for n in nodes {
         let u = &n.usage;
-        let limit = match (u.cgroup_mem_limit, u.mem_budget) {
-            (0, 0) => n.spec.mem_bytes,
-            (0, b) => b,
-            (c, 0) => c,
-            (c, b) => c.min(b),
-        };
-        let used = u.mem_used.max(u.cgroup_mem_usage);
+        let (used, limit) = n.memory();
         let limit_src = if u.cgroup_mem_limit > 0 && u.cgroup_mem_limit <= limit {
             " (cgroup)"
         } else {

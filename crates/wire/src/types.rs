@@ -229,3 +229,17 @@ pub struct NodeInfo {
     /// The cgroups the node runs in, when it runs in a cgroup v1 hierarchy.
     pub cgroups: Option<CgroupPaths>,
 }
+
+impl NodeInfo {
+    /// Memory (used, limit) as its last heartbeat tells: the limit is the tighter of its
+    /// spec and its cgroup's limit; used is the larger of its resident memory and what
+    /// its cgroup is charged (which includes other processes in the cgroup).
+    pub fn memory(&self) -> (u64, u64) {
+        let u = &self.usage;
+        let mut limit = self.spec.mem_bytes;
+        if u.cgroup_mem_limit > 0 {
+            limit = limit.min(u.cgroup_mem_limit);
+        }
+        (u.mem_used.max(u.cgroup_mem_usage), limit)
+    }
+}
