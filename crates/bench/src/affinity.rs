@@ -15,6 +15,18 @@ pub fn set_process_affinity(set: &CpuSet) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Pin every thread of process `pid` to vCPU `cpu` (threads it creates later inherit it).
+/// Threads that exit during the walk are skipped.
+pub fn pin_pid(pid: u32, cpu: usize) -> anyhow::Result<()> {
+    let mut set = CpuSet::new();
+    set.set(cpu)?;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let tid: i32 = entry?.file_name().to_string_lossy().parse()?;
+        let _ = sched_setaffinity(Pid::from_raw(tid), &set);
+    }
+    Ok(())
+}
+
 /// Pin every thread of this process to vCPU `cpu`.
 pub fn pin_process(cpu: usize) -> anyhow::Result<()> {
     let mut set = CpuSet::new();

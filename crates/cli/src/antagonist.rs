@@ -163,9 +163,17 @@ fn memory(
         rate >> 20
     );
     let mut next = PROGRESS_EVERY;
+    let started = std::time::Instant::now();
     let hog = allocate_paced(size, rate, |total| {
         if total >= next || total >= size {
-            println!("allocated {} MiB", total >> 20);
+            // Read by `granule bench pressure` for the rate achieved: keep the format.
+            let s = started.elapsed().as_secs_f64();
+            println!(
+                "allocated {} MiB in {:.0} ms ({:.0} MiB/s)",
+                total >> 20,
+                s * 1e3,
+                (total >> 20) as f64 / s.max(1e-9)
+            );
             while next <= total {
                 next += PROGRESS_EVERY;
             }

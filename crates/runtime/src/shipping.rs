@@ -707,6 +707,24 @@ pub(crate) fn release_free_memory() {
     }
 }
 
+/// The calling thread's nice value, then set it to `nice`; `None` if either step failed
+/// (raising a thread's priority back needs CAP_SYS_NICE, so a restore may fail unprivileged).
+/// On Linux the nice value is per thread: this leaves the process's other threads alone.
+pub(crate) fn swap_thread_nice(nice: i32) -> Option<i32> {
+    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
+    nix::errno::Errno::clear();
+    // SAFETY: getpriority reads a scheduling attribute of the given thread id; it takes no
+    // pointers. -1 is a valid answer, so errno (cleared above) tells failure apart.
+    let old = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+    if old == -1 && nix::errno::Errno::last_raw() != 0 {
+        return None;
+    }
+    // SAFETY: setpriority changes a scheduling attribute of the calling thread only (the
+    // id is our own tid); it takes no pointers.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
+    (rc == 0).then_some(old)
+}
+
 // ---- running before main ---------------------------------------------------------------
 
 /// Ignore SIGPIPE: a node booted before `main` runs without std's start-up code, which

@@ -55,13 +55,41 @@ pub(crate) struct MigrationConfig {
     pub throttle: Option<u64>,
     /// Wait this long before starting each move (a slow-to-react baseline).
     pub delay: Duration,
+    /// Nice value of the threads that decode arriving states.
+    pub nice: i32,
+}
+
+/// Default nice value of the decoding threads (`GRANULE_MIGRATION_NICE`):
+/// below the node's workers, so a worker woken by a call preempts a decoder at once
+/// instead of queueing behind it for a scheduler slice (milliseconds on a busy core: the
+/// destination's own calls are the tail this protects), yet heavy enough (weight 335
+/// against 1024) that a CPU-bound neighbour cannot starve a move the source waits for.
+pub(crate) const DEFAULT_MIGRATION_NICE: i32 = 5;
+
+/// Run `f` on a blocking thread at the migration nice value, restoring the thread's own
+/// priority afterwards (blocking threads are pooled).
+fn in_background<T: Send + 'static>(
+    nice: i32,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    tokio::task::spawn_blocking(move || {
+        let old = shipping::swap_thread_nice(nice);
+        let out = f();
+        if let Some(old) = old {
+            shipping::swap_thread_nice(old);
+        }
+        out
+    })
 }
 
 impl MigrationConfig {
     /// `GRANULE_MIGRATION_THROTTLE` (e.g. `600MB/s`) and `GRANULE_MIGRATION_DELAY`
     /// (e.g. `200ms`); bad values are reported and ignored.
     pub(crate) fn from_env() -> MigrationConfig {
-        let mut c = MigrationConfig::default();
+        let mut c = MigrationConfig {
+            nice: DEFAULT_MIGRATION_NICE,
+            ..MigrationConfig::default()
+        };
         if let Ok(v) = std::env::var("GRANULE_MIGRATION_THROTTLE") {
             match crate::config::parse_rate(&v) {
                 Ok(b) => c.throttle = Some(b),
@@ -78,6 +106,12 @@ impl MigrationConfig {
                 Err(_) => {
                     tracing::warn!("ignoring GRANULE_MIGRATION_DELAY={v}: expected e.g. 200ms")
                 }
+            }
+        }
+        if let Ok(v) = std::env::var("GRANULE_MIGRATION_NICE") {
+            match v.trim().parse::<i32>() {
+                Ok(n) if (-20..=19).contains(&n) => c.nice = n,
+                _ => tracing::warn!("ignoring GRANULE_MIGRATION_NICE={v}: expected -20..=19"),
             }
         }
         c
@@ -268,8 +302,15 @@ impl NodeInner {
             .await
             .map_err(|e| RemoteError::Refused(format!("cannot reach the destination: {e}")))?;
         let epoch = slot.epoch.max(to.epoch.saturating_sub(1)) + 1;
+        let streaming = Instant::now();
         let (bytes, sent_state) = match self.stream_state(&conn, &guard, &slot, ops, epoch).await {
-            Ok(b) => b,
+            Ok(b) => {
+                tracing::debug!(%proclet, to = %to.node, bytes = b.0,
+                    drain_micros = drain.as_micros() as u64,
+                    stream_micros = streaming.elapsed().as_micros() as u64,
+                    "streamed a state (until the destination installed it)");
+                b
+            }
             Err(e) => {
                 let _ = conn.notify(&Msg::TransferAbort { proclet }, &[]);
                 tracing::warn!(%proclet, to = %to.node, "move abandoned, the proclet stays here: {e}");
@@ -297,12 +338,15 @@ impl NodeInner {
         if let Err(e) = self.controller.set_location(proclet, loc, slot.kind).await {
             tracing::warn!(%proclet, "moved, but the controller was not told: {e}");
         }
-        // Freeing a large state takes a while: not on the workers. Under memory pressure
-        // the freed pages also go back to the kernel (what the move was for); otherwise the
-        // allocator keeps them for the next state this node receives, which then does not
-        // pay a page fault per page.
+        // Freeing a large state takes a while: not on the workers, but at their priority
+        // (this is the relief a pressured node moved it for). Under memory pressure the
+        // freed pages also go back to the kernel; otherwise the allocator keeps them for
+        // the next state this node receives, which then does not pay a page fault per page.
+        // Once freed, the bytes count as departed, so the monitor does not mistake the
+        // drop for the end of whatever growth it is running from.
         let trim = bytes >= (1 << 20) && self.monitor.reading().mem_pressure;
         drop(_mark);
+        let node = self.clone();
         tokio::task::spawn_blocking(move || {
             drop(old);
             drop(sent_state);
@@ -310,6 +354,7 @@ impl NodeInner {
             if trim {
                 crate::shipping::release_free_memory();
             }
+            node.departed_bytes.fetch_add(bytes, Ordering::Relaxed);
         });
         self.moves_out.fetch_add(1, Ordering::Relaxed);
         self.monitor.record_move(bytes, took - drain);
@@ -425,6 +470,8 @@ impl NodeInner {
         // Large states: encode on a blocking thread, chunk by chunk, while sending.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(WINDOW);
         let enc_slot = slot.clone();
+        // At the worker's own priority, unlike decoding: this node is the one under
+        // pressure, and the sooner the state is out, the sooner it has relief.
         let encoder = tokio::task::spawn_blocking(move || {
             let d = enc_slot.state_reader();
             (ops.encode)(&**d, CHUNK, &mut |c| {
@@ -556,8 +603,11 @@ impl NodeInner {
                 (inc.ops.from_raw)(inc.buf)
                     .ok_or_else(|| RemoteError::CodeMismatch("not a byte-vector state".into()))
             } else {
+                let t = Instant::now();
+                let len = inc.buf.len();
                 let s = (inc.ops.decode)(&inc.buf);
                 drop(inc.buf);
+                tracing::debug!(%proclet, bytes = len, decode_micros = t.elapsed().as_micros() as u64, "decoded an arriving state");
                 s
             };
             match state {
@@ -581,7 +631,7 @@ impl NodeInner {
         } else {
             // Decoding takes a while (about 1 µs per small allocation it makes): not on
             // the node's workers, which keep serving calls meanwhile.
-            tokio::task::spawn_blocking(move || finish(inc));
+            in_background(self.migration.nice, move || finish(inc));
         }
     }
 

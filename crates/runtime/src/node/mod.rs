@@ -114,6 +114,8 @@ pub(crate) struct NodeInner {
     pub(crate) moves_out: AtomicU64,
     /// Bytes of state received by migration since the node started.
     pub(crate) received_bytes: AtomicU64,
+    /// Bytes of state moved away and freed since the node started.
+    pub(crate) departed_bytes: AtomicU64,
 }
 
 /// Owns a node's runtimes; stopping it stops the node.
@@ -265,6 +267,7 @@ impl Node {
             }),
             moves_out: AtomicU64::new(0),
             received_bytes: AtomicU64::new(0),
+            departed_bytes: AtomicU64::new(0),
         });
         let _ = cell.set(Arc::downgrade(&inner));
 

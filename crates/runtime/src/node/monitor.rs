@@ -341,12 +341,19 @@ impl Monitor {
         };
         // Memory growing fast (an antagonist allocating in the node's cgroup) leaves less
         // time than the static threshold assumes: keep enough free for `mem_horizon` of
-        // the current growth, up to half the limit.
+        // the current growth. Uncapped on purpose: growth that would fill the node within
+        // the horizon is pressure now, however much is still free, and every millisecond
+        // of delay is one more the node's calls share a core with the allocator. A
+        // one-off burst (a large proclet being built) costs at most one move: the rate
+        // falls back within a growth window.
         // Proclets arriving by migration are not the growth to run from (that would send
-        // them straight back): count them out.
+        // them straight back): count them out. Nor is the room our own moves free: count
+        // departed states back in, or each move would hide the growth it is running from
+        // for a window, and shedding would stutter.
         let arrived = node.received_bytes.load(Ordering::Relaxed);
-        let rate = growth.observe(Instant::now(), used.saturating_sub(arrived));
-        let predictive = ((rate * self.config.mem_horizon.as_secs_f64()) as u64).min(limit / 2);
+        let departed = node.departed_bytes.load(Ordering::Relaxed);
+        let rate = growth.observe(Instant::now(), (used + departed).saturating_sub(arrived));
+        let predictive = (rate * self.config.mem_horizon.as_secs_f64()) as u64;
         let threshold = self.config.free_min_for(limit).max(predictive);
         let mut r = self.latest.lock();
         r.rss = rss;
@@ -356,7 +363,18 @@ impl Monitor {
         r.mem_used = used;
         r.mem_limit = limit;
         r.mem_growth = rate;
-        r.mem_pressure = free < threshold as i64;
+        let was = r.mem_pressure;
+        let predicted = growth.debounce(Instant::now(), free < predictive as i64);
+        r.mem_pressure = free < self.config.free_min_for(limit) as i64 || predicted;
+        if was != r.mem_pressure {
+            tracing::debug!(
+                pressure = r.mem_pressure,
+                free,
+                threshold,
+                rate,
+                "memory pressure changed"
+            );
+        }
         r.clone()
     }
 }
@@ -424,22 +442,55 @@ impl<T> Recent<T> {
     }
 }
 
-/// Growth rate of a node's memory use over the last [`GROWTH_WINDOW`].
-pub(crate) struct Growth(Recent<u64>);
+/// Growth rate of a node's memory use over the last [`GROWTH_WINDOW`], and whether the
+/// predictive rule (free memory would not last the horizon) holds, debounced.
+pub(crate) struct Growth {
+    recent: Recent<u64>,
+    /// The debounced verdict of the predictive rule.
+    predicted: bool,
+    /// Since when the raw verdict has disagreed with `predicted`.
+    disagreeing_since: Option<Instant>,
+}
+
+/// How long the predictive rule's raw verdict must hold before it is believed, either way.
+/// A burst (a node building a few large proclets at once grows at GB/s for a few ms) then
+/// moves nothing, and shedding does not stutter when one move's freed memory makes a
+/// single window's growth look small; an antagonist is detected this much later (at
+/// 1 GiB/s, 20 MiB later).
+const PREDICTION_DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// The window over which memory growth is measured.
 const GROWTH_WINDOW: Duration = Duration::from_millis(50);
 
 impl Default for Growth {
     fn default() -> Self {
-        Growth(Recent::new(GROWTH_WINDOW))
+        Growth {
+            recent: Recent::new(GROWTH_WINDOW),
+            predicted: false,
+            disagreeing_since: None,
+        }
     }
 }
 
 impl Growth {
+    /// The predictive rule's verdict at `now`, given its raw verdict `hit`: it changes
+    /// only after `hit` has said otherwise for [`PREDICTION_DEBOUNCE`].
+    pub(crate) fn debounce(&mut self, now: Instant, hit: bool) -> bool {
+        if hit == self.predicted {
+            self.disagreeing_since = None;
+        } else {
+            let since = *self.disagreeing_since.get_or_insert(now);
+            if now.duration_since(since) >= PREDICTION_DEBOUNCE {
+                self.predicted = hit;
+                self.disagreeing_since = None;
+            }
+        }
+        self.predicted
+    }
+
     /// Record a reading; returns the growth in bytes per second (0 when shrinking).
     pub(crate) fn observe(&mut self, now: Instant, used: u64) -> f64 {
-        match *self.0.push(now, used) {
+        match *self.recent.push(now, used) {
             (t, u) if now > t => {
                 used.saturating_sub(u) as f64 / now.duration_since(t).as_secs_f64()
             }
@@ -649,6 +700,7 @@ impl NodeInner {
     /// Make one move the policy asks for, if any.
     async fn shed_one(self: &Arc<Self>) {
         let view = LiveView { node: self };
+        let t0 = Instant::now();
         let Some(d) = self.monitor.policy.decide(&view) else {
             return;
         };
@@ -667,6 +719,7 @@ impl NodeInner {
                 return;
             }
         };
+        let proposed = t0.elapsed();
         let to = Location {
             node: dest.0,
             addr: dest.1,
@@ -675,7 +728,8 @@ impl NodeInner {
         match self.move_out_on_workers(d.proclet, to).await {
             Ok(stats) => {
                 tracing::info!(node = %self.id, proclet = %d.proclet, to = %dest.0,
-                    resource = %d.resource, bytes = stats.bytes, micros = stats.micros, "shed a proclet");
+                    resource = %d.resource, bytes = stats.bytes, micros = stats.micros,
+                    decide_micros = proposed.as_micros() as u64, "shed a proclet");
                 if d.resource == Resource::Cpu {
                     // CPU readings are averages over a window: give them time to show the
                     // move before deciding the next one.
@@ -819,6 +873,27 @@ mod tests {
         // Old samples leave the window.
         let r = g.observe(t0 + Duration::from_millis(200), 50 << 20);
         assert_eq!(r, 0.0);
+    }
+
+    #[test]
+    fn the_predictive_rule_is_debounced_both_ways() {
+        let mut g = Growth::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // A burst shorter than the debounce is not believed...
+        assert!(!g.debounce(at(0), true));
+        assert!(!g.debounce(at(10), true));
+        assert!(!g.debounce(at(15), false));
+        // ...sustained growth is, once it has held for the debounce.
+        assert!(!g.debounce(at(20), true));
+        assert!(!g.debounce(at(35), true));
+        assert!(g.debounce(at(40), true));
+        // One quiet sample (a move's freed memory) does not end it; a quiet spell does.
+        assert!(g.debounce(at(45), false));
+        assert!(g.debounce(at(50), true));
+        assert!(g.debounce(at(55), false));
+        assert!(g.debounce(at(70), false));
+        assert!(!g.debounce(at(75), false));
     }
 
     #[test]
