@@ -131,6 +131,25 @@ pub(crate) fn set_thread_node(cell: &Arc<NodeCell>) {
     NODE.with(|n| *n.borrow_mut() = Some(cell.clone()));
 }
 
+/// The cluster a thread acts through, captured to hand to a thread it starts (a thread
+/// of its own otherwise falls back to the process's first cluster).
+#[derive(Clone, Default)]
+pub struct ThreadContext(Option<Arc<NodeCell>>);
+
+/// The calling thread's [`ThreadContext`].
+pub fn thread_context() -> ThreadContext {
+    ThreadContext(NODE.with(|n| n.borrow().clone()))
+}
+
+impl ThreadContext {
+    /// Make the calling thread act through this context's cluster.
+    pub fn enter(&self) {
+        if let Some(c) = &self.0 {
+            set_thread_node(c);
+        }
+    }
+}
+
 /// Mark this thread as one of a node's worker threads.
 pub(crate) fn mark_worker() {
     ON_WORKER.with(|w| w.set(true));

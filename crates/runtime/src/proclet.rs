@@ -335,6 +335,46 @@ fn assert_captures_nothing<F>() {
     };
 }
 
+/// The capture-less closure that calls `via(state, arg, &f)`: `f` and `via` are
+/// conjured wherever it runs (both are zero-sized, and a value of each was handed to the
+/// caller, which is what makes conjuring them sound; see `shipping::conjure`).
+fn wrapped_mut<S, A, R, F, W>(f: F, via: W) -> impl Fn(&mut S, A) -> R + Send + Sync + 'static
+where
+    S: 'static,
+    A: 'static,
+    R: 'static,
+    F: Send + Sync + 'static,
+    W: Fn(&mut S, A, &F) -> R + Send + Sync + 'static,
+{
+    assert_captures_nothing::<F>();
+    assert_captures_nothing::<W>();
+    let _ = (f, via);
+    |s: &mut S, a: A| {
+        let f = shipping::conjure::<F>();
+        let via = shipping::conjure::<W>();
+        via(s, a, &f)
+    }
+}
+
+/// [`wrapped_mut`] for read-only calls.
+fn wrapped_ref<S, A, R, F, W>(f: F, via: W) -> impl Fn(&S, A) -> R + Send + Sync + 'static
+where
+    S: 'static,
+    A: 'static,
+    R: 'static,
+    F: Send + Sync + 'static,
+    W: Fn(&S, A, &F) -> R + Send + Sync + 'static,
+{
+    assert_captures_nothing::<F>();
+    assert_captures_nothing::<W>();
+    let _ = (f, via);
+    |s: &S, a: A| {
+        let f = shipping::conjure::<F>();
+        let via = shipping::conjure::<W>();
+        via(s, a, &f)
+    }
+}
+
 /// Run `f` with `&mut S` under a granted lock, on this thread (the local fast path); a
 /// panic becomes `RemotePanic`, as it would on a remote node.
 fn local_mut<S: ProcletState, A, R>(
@@ -535,6 +575,62 @@ impl<S: ProcletState> Proclet<S> {
         self.call_async(CallMode::Shared, arg, code, move |g: &Guard, a: A| {
             local_ref(g, &f, a)
         })
+    }
+
+    /// Run `via(&mut state, arg, &f)`: a library's wrapper around its user's closure `f`
+    /// (checking a shard's key range before calling `f`, say). Both must capture nothing,
+    /// like any shipped closure; both travel as code, not data.
+    pub fn run_with<A, R, F, W>(&self, arg: A, f: F, via: W) -> Result<R, CallError>
+    where
+        A: Wire,
+        R: Wire,
+        F: Send + Sync + 'static,
+        W: Fn(&mut S, A, &F) -> R + Send + Sync + 'static,
+    {
+        self.run(arg, wrapped_mut::<S, A, R, F, W>(f, via))
+    }
+
+    /// [`Proclet::run_with`] for a read-only call (see [`Proclet::run_ref`]).
+    pub fn run_ref_with<A, R, F, W>(&self, arg: A, f: F, via: W) -> Result<R, CallError>
+    where
+        A: Wire,
+        R: Wire,
+        F: Send + Sync + 'static,
+        W: Fn(&S, A, &F) -> R + Send + Sync + 'static,
+    {
+        self.run_ref(arg, wrapped_ref::<S, A, R, F, W>(f, via))
+    }
+
+    /// [`Proclet::run_with`] as a future.
+    pub fn run_with_async<A, R, F, W>(
+        &self,
+        arg: A,
+        f: F,
+        via: W,
+    ) -> impl Future<Output = Result<R, CallError>> + Send + 'static
+    where
+        A: Wire,
+        R: Wire,
+        F: Send + Sync + 'static,
+        W: Fn(&mut S, A, &F) -> R + Send + Sync + 'static,
+    {
+        self.run_async(arg, wrapped_mut::<S, A, R, F, W>(f, via))
+    }
+
+    /// [`Proclet::run_ref_with`] as a future.
+    pub fn run_ref_with_async<A, R, F, W>(
+        &self,
+        arg: A,
+        f: F,
+        via: W,
+    ) -> impl Future<Output = Result<R, CallError>> + Send + 'static
+    where
+        A: Wire,
+        R: Wire,
+        F: Send + Sync + 'static,
+        W: Fn(&S, A, &F) -> R + Send + Sync + 'static,
+    {
+        self.run_ref_async(arg, wrapped_ref::<S, A, R, F, W>(f, via))
     }
 
     /// Free the proclet everywhere. Calls waiting on it, and every later call through any

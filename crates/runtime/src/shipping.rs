@@ -168,8 +168,10 @@ pub(crate) fn conjure<F>() -> F {
     const { assert!(std::mem::size_of::<F>() == 0) };
     // SAFETY: `F` is zero-sized (asserted at compile time above), so reading it touches no
     // memory and a dangling, well-aligned pointer is a valid source. `F` is inhabited: the
-    // only way to name this instantiation is through `Proclet::run` & co. and
-    // `RangeJob::start`, which receive a value of `F` on the sending side. A capture-less closure has no invariants of its
+    // only way to name this instantiation is through `Proclet::run` & co.,
+    // `Proclet::run_with` & co. (which conjure the wrapped closure and its wrapper, both
+    // received as values) and `RangeJob::start`, which receive a value of `F` on the
+    // sending side. A capture-less closure has no invariants of its
     // own; a closure capturing only zero-sized values would get those values conjured too,
     // which is documented on `Proclet::run` (capture nothing).
     unsafe { std::ptr::NonNull::<F>::dangling().as_ptr().read() }

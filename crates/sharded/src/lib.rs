@@ -1,0 +1,87 @@
+//! Granule's sharded data structures (the Quicksand layer): a structure is a set of memory
+//! proclets (*shards*), each holding one key range, kept between a lower and an upper size
+//! bound by splitting and merging on their own, while clients keep a cached map of the
+//! ranges. Developers never size shards.
+//!
+//! - [`AutoSharder`] owns the machinery: the range map (in a mapping proclet, as an
+//!   append-only log), routing with stale-cache catch-up, split and merge.
+//! - [`ShardedMap`] and [`ShardedVec`] are built on it.
+//!
+//! This crate owns no transport, placement or migration: shards are ordinary proclets of
+//! `granule-runtime`, placed by the controller and moved by the pressure policy.
+//!
+//! # A structure of your own in a page
+//!
+//! A sharded set of `u64`: a shard type, its [`Shard`] impl, and two routed calls.
+//!
+//! ```no_run
+//! use granule_sharded::{AutoSharder, Bounds, Hint, Shard, ShardError};
+//! use serde::{Deserialize, Serialize};
+//! use std::collections::BTreeSet;
+//!
+//! #[derive(Default, Serialize, Deserialize)]
+//! struct SetShard { keys: BTreeSet<u64> }
+//!
+//! impl Shard for SetShard {
+//!     type Key = u64;
+//!     fn split(&mut self) -> Option<(u64, Self)> {
+//!         let mid = *self.keys.iter().nth(self.keys.len() / 2)?;
+//!         if mid == *self.keys.iter().next()? { return None; }
+//!         Some((mid, SetShard { keys: self.keys.split_off(&mid) }))
+//!     }
+//!     fn merge(&mut self, mut right: Self) { self.keys.append(&mut right.keys) }
+//!     fn footprint(&self) -> u64 { 48 * self.keys.len() as u64 }
+//! }
+//!
+//! struct ShardedSet(AutoSharder<SetShard>);
+//!
+//! impl ShardedSet {
+//!     fn new() -> Result<Self, ShardError> { Ok(ShardedSet(AutoSharder::new(Bounds::LOW_LATENCY)?)) }
+//!     fn insert(&self, k: u64) -> Result<bool, ShardError> {
+//!         self.0.route(&k, Hint::Grow, k, |s: &mut SetShard, k: u64| s.keys.insert(k))
+//!     }
+//!     fn contains(&self, k: u64) -> Result<bool, ShardError> {
+//!         self.0.route_ref(&k, k, |s: &SetShard, k: u64| s.keys.contains(&k))
+//!     }
+//! }
+//! ```
+#![forbid(unsafe_code)]
+
+mod map;
+mod sharder;
+mod vec;
+
+pub use map::{MapShard, ShardedMap};
+pub use sharder::{AutoSharder, Bounds, Cell, Hint, MapLog, Shard};
+pub use vec::{ShardedVec, VecIter, VecShard};
+
+use granule_runtime::CallError;
+
+/// What can go wrong with a sharded structure.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    /// A call to a shard or to the mapping proclet failed.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The structure is sealed: no writes until it is unsealed.
+    #[error("the structure is sealed")]
+    Sealed,
+    /// The map has no shard for the key (a structure whose mapping proclet was reset).
+    #[error("no shard holds this key")]
+    Unmapped,
+    /// A route kept failing to find its key's shard.
+    #[error("could not route key {0} to a shard in time")]
+    Stuck(String),
+    /// Bad size bounds.
+    #[error("bad shard bounds: lower {lower} B, upper {upper} B (need 0 < 2 × lower ≤ upper)")]
+    BadBounds { lower: u64, upper: u64 },
+    /// A split or merge step failed on a shard's node.
+    #[error("resizing a shard: {0}")]
+    Step(String),
+    /// Iterating needs a sealed structure.
+    #[error("the structure is not sealed (seal it before iterating)")]
+    NotSealed,
+    /// An index past the end of a vector.
+    #[error("index {index} out of range (length {len})")]
+    OutOfRange { index: u64, len: u64 },
+}

@@ -1,0 +1,991 @@
+//! [`AutoSharder`]: key ranges kept in memory proclets (*shards*) that split when they grow
+//! past an upper bound and merge when they shrink under a lower one, and the map from key
+//! ranges to shards.
+//!
+//! **The map** lives in a mapping proclet as an append-only log of changes (`Set` a range's
+//! shard, `Remove` a range), its length being the map's version. Every client caches the
+//! map and catches up from its version when a shard answers that a key is not its own
+//! (stale). The controller only knows where proclets are, never the key ranges.
+//!
+//! **Every shard knows its own range** `[lo, hi)`, and serves a key only inside it, so a
+//! stale cache can cost a retry, never a wrong answer.
+//!
+//! **Splitting** (the shard over its upper bound) runs in three steps, none of which
+//! blocks readers for more than an in-memory split:
+//! 1. *Begin* (exclusive, in memory): the shard's data splits; the upper part is kept in
+//!    the shard as *pending* and the shard's own range ends at the split key. Reads of
+//!    the split-off keys are served from pending; writes to them answer *busy*.
+//! 2. *Publish* (shared: reads go on): on the shard's node, a new shard is created from a
+//!    copy of pending, *frozen* (reads only, since its parent still holds a copy), and the
+//!    mapping proclet records it — only if no other client did so first (the loser
+//!    destroys its copy).
+//! 3. *Finish*: the parent drops pending, then the new shard thaws.
+//!    A client that dies between steps leaves a shard that answers busy; the next client
+//!    that keeps getting busy finishes the steps itself (every step is idempotent).
+//!
+//! **Merging** (a shard under its lower bound) always runs on the left shard of a pair,
+//! which takes the right one's data with a nested call, extends its range, records the
+//! removal in the map and destroys the right shard (a shard merged away but not yet
+//! removed from the map forwards callers to the one it went into). Lock order is always
+//! left then right, so concurrent merges cannot deadlock. Readers of the two shards wait
+//! for a merge (milliseconds; merges happen only to shards smaller than the lower bound).
+//!
+//! Shards are ordinary proclets: the controller places them and the pressure policy moves
+//! them; a moved shard is reached through the runtime's forwarding, without the map.
+
+use crate::ShardError;
+use granule_runtime::{here, CallError, Footprint, Kind, Proclet, ProcletState, Wire};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a shard of a sharded structure must do.
+pub trait Shard: ProcletState + Default {
+    /// The keys that route to shards.
+    type Key: Ord + Clone + Wire + Sync + fmt::Debug;
+
+    /// Split off an upper part: the first key of the new shard, and the new shard (all
+    /// keys ≥ that key leave `self`). `None` if the shard cannot split (too few keys).
+    fn split(&mut self) -> Option<(Self::Key, Self)>;
+
+    /// Take in the right neighbour's contents (all its keys are above this shard's).
+    fn merge(&mut self, right: Self);
+
+    /// Bytes this shard holds (cheap: kept up to date, not recomputed).
+    fn footprint(&self) -> u64;
+}
+
+/// Size bounds of the shards, in bytes of their [`Shard::footprint`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bounds {
+    /// A shard under this is merged with a neighbour (when the two fit under `upper`).
+    pub lower: u64,
+    /// A shard over this is split.
+    pub upper: u64,
+}
+
+impl Bounds {
+    /// Low-latency mode's default: shards of at most 2 MiB.
+    pub const LOW_LATENCY: Bounds = Bounds {
+        lower: 512 << 10,
+        upper: 2 << 20,
+    };
+    /// Batching mode's default: shards of at most 32 MiB.
+    pub const BATCHING: Bounds = Bounds {
+        lower: 8 << 20,
+        upper: 32 << 20,
+    };
+
+    /// `lower` must be below `upper`, and their ratio leaves room for a split's halves.
+    pub fn new(lower: u64, upper: u64) -> Result<Bounds, ShardError> {
+        if upper == 0 || lower.saturating_mul(2) > upper {
+            return Err(ShardError::BadBounds { lower, upper });
+        }
+        Ok(Bounds { lower, upper })
+    }
+}
+
+/// What a routed operation may change, so the router knows what to check afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hint {
+    /// Neither grows nor shrinks the shard.
+    Same,
+    /// May grow it (check for a split).
+    Grow,
+    /// May shrink it (check for a merge).
+    Shrink,
+    /// May do either.
+    Any,
+}
+
+// ----- the shard proclet's state -----------------------------------------------------
+
+/// Keys `[lo, hi)`; `None` is −∞ for `lo` and +∞ for `hi`.
+fn in_range<K: Ord>(k: &K, lo: &Option<K>, hi: &Option<K>) -> bool {
+    lo.as_ref().is_none_or(|l| k >= l) && hi.as_ref().is_none_or(|h| k < h)
+}
+
+/// An upper part split off, not yet published as a shard of its own.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+struct Pending<S: Shard> {
+    lo: S::Key,
+    hi: Option<S::Key>,
+    data: S,
+}
+
+/// The state of a shard proclet: the user's shard and its place in the structure.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+pub struct Cell<S: Shard> {
+    lo: Option<S::Key>,
+    hi: Option<S::Key>,
+    data: S,
+    pending: Option<Pending<S>>,
+    /// Set on a shard just split off while its parent may still hold a copy: no writes.
+    frozen_by: Option<Proclet<Cell<S>>>,
+    /// Merged into that shard (its range is there now).
+    merged_into: Option<Proclet<Cell<S>>>,
+    /// No writes, no splits, no merges (a sealed structure).
+    sealed: bool,
+}
+
+impl<S: Shard> Cell<S> {
+    fn new(lo: Option<S::Key>, hi: Option<S::Key>, data: S) -> Cell<S> {
+        Cell {
+            lo,
+            hi,
+            data,
+            pending: None,
+            frozen_by: None,
+            merged_into: None,
+            sealed: false,
+        }
+    }
+
+    fn covers(&self, k: &S::Key) -> bool {
+        self.merged_into.is_none() && in_range(k, &self.lo, &self.hi)
+    }
+
+    fn pending_covers(&self, k: &S::Key) -> bool {
+        self.pending
+            .as_ref()
+            .is_some_and(|p| in_range(k, &Some(p.lo.clone()), &p.hi))
+    }
+}
+
+impl<S: Shard> Footprint for Cell<S> {
+    fn footprint(&self) -> u64 {
+        std::mem::size_of::<Self>() as u64
+            + self.data.footprint()
+            + self.pending.as_ref().map_or(0, |p| p.data.footprint())
+    }
+}
+
+/// What a routed call answers.
+#[derive(Serialize, Deserialize)]
+#[serde(bound(
+    serialize = "R: Serialize, A: Serialize",
+    deserialize = "R: serde::de::DeserializeOwned, A: serde::de::DeserializeOwned"
+))]
+enum Routed<R, A, S: Shard> {
+    /// Done: the result and the shard's footprint (0 unless asked for).
+    Done(R, u64),
+    /// Not this shard's key: catch up with the map.
+    Stale(A),
+    /// In the middle of a split: try again shortly.
+    Busy(A),
+    /// Merged away into that shard.
+    Redirect(A, Proclet<Cell<S>>),
+    /// The structure is sealed: no writes.
+    Sealed,
+}
+
+// ----- the mapping proclet's state ---------------------------------------------------
+
+/// One change of the map.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+enum Change<S: Shard> {
+    Set {
+        lo: Option<S::Key>,
+        shard: Proclet<Cell<S>>,
+    },
+    Remove {
+        lo: Option<S::Key>,
+    },
+}
+
+impl<S: Shard> Clone for Change<S> {
+    fn clone(&self) -> Self {
+        match self {
+            Change::Set { lo, shard } => Change::Set {
+                lo: lo.clone(),
+                shard: shard.clone(),
+            },
+            Change::Remove { lo } => Change::Remove { lo: lo.clone() },
+        }
+    }
+}
+
+/// The mapping proclet: the log and the map it adds up to.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+pub struct MapLog<S: Shard> {
+    log: Vec<Change<S>>,
+    current: BTreeMap<Option<S::Key>, Proclet<Cell<S>>>,
+    sealed: bool,
+}
+
+impl<S: Shard> Footprint for MapLog<S> {
+    fn footprint(&self) -> u64 {
+        // Handles and keys: a few dozen bytes each.
+        (std::mem::size_of::<Self>() + 96 * (self.log.len() + self.current.len())) as u64
+    }
+}
+
+impl<S: Shard> MapLog<S> {
+    fn apply(&mut self, c: Change<S>) {
+        match &c {
+            Change::Set { lo, shard } => {
+                self.current.insert(lo.clone(), shard.clone());
+            }
+            Change::Remove { lo } => {
+                self.current.remove(lo);
+            }
+        }
+        self.log.push(c);
+    }
+}
+
+/// A shard and where its range starts (`None`: −∞).
+pub type Range<S> = (Option<<S as Shard>::Key>, Proclet<Cell<S>>);
+
+/// A client's copy of the map.
+struct Cache<S: Shard> {
+    version: usize,
+    ranges: BTreeMap<Option<S::Key>, Proclet<Cell<S>>>,
+}
+
+impl<S: Shard> Default for Cache<S> {
+    fn default() -> Self {
+        Cache {
+            version: 0,
+            ranges: BTreeMap::new(),
+        }
+    }
+}
+
+impl<S: Shard> Cache<S> {
+    fn apply(&mut self, changes: Vec<Change<S>>) {
+        for c in changes {
+            match c {
+                Change::Set { lo, shard } => {
+                    self.ranges.insert(lo, shard);
+                }
+                Change::Remove { lo } => {
+                    self.ranges.remove(&lo);
+                }
+            }
+            self.version += 1;
+        }
+    }
+
+    /// The shard whose range starts at or below `key`, with its start.
+    fn lookup(&self, key: &S::Key) -> Option<Range<S>> {
+        self.ranges
+            .range(..=Some(key.clone()))
+            .next_back()
+            .map(|(lo, s)| (lo.clone(), s.clone()))
+    }
+}
+
+// ----- the client --------------------------------------------------------------------
+
+/// How long a client keeps retrying a shard that answers busy before it finishes the
+/// split itself (its starter may have died).
+const BUSY_PATIENCE: Duration = Duration::from_millis(200);
+/// How long a route keeps retrying in all before it gives up.
+const ROUTE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Key ranges → shards. Cheap to clone (clones share the cached map); serializable, so
+/// proclets on other nodes can use the same structure (they start with an empty cache).
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+pub struct AutoSharder<S: Shard> {
+    map: Proclet<MapLog<S>>,
+    bounds: Bounds,
+    #[serde(skip)]
+    cache: Arc<Mutex<Cache<S>>>,
+}
+
+impl<S: Shard> Clone for AutoSharder<S> {
+    fn clone(&self) -> Self {
+        AutoSharder {
+            map: self.map.clone(),
+            bounds: self.bounds,
+            cache: self.cache.clone(),
+        }
+    }
+}
+
+impl<S: Shard> fmt::Debug for AutoSharder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AutoSharder")
+            .field("map", &self.map.id())
+            .field("bounds", &self.bounds)
+            .finish()
+    }
+}
+
+impl<S: Shard> AutoSharder<S> {
+    /// A new structure: its mapping proclet and one empty shard covering every key.
+    pub fn new(bounds: Bounds) -> Result<AutoSharder<S>, ShardError> {
+        let first = Proclet::builder(Kind::Memory)
+            .footprint()
+            .create((), |()| Cell::<S>::new(None, None, S::default()))?;
+        let map = Proclet::builder(Kind::Memory).footprint().create(
+            first,
+            |first: Proclet<Cell<S>>| {
+                let mut m = MapLog {
+                    log: Vec::new(),
+                    current: BTreeMap::new(),
+                    sealed: false,
+                };
+                m.apply(Change::Set {
+                    lo: None,
+                    shard: first,
+                });
+                m
+            },
+        )?;
+        Ok(AutoSharder {
+            map,
+            bounds,
+            cache: Default::default(),
+        })
+    }
+
+    /// The size bounds.
+    pub fn bounds(&self) -> Bounds {
+        self.bounds
+    }
+
+    /// The mapping proclet.
+    pub fn map_proclet(&self) -> &Proclet<MapLog<S>> {
+        &self.map
+    }
+
+    /// Bring the cached map up to date.
+    pub fn refresh(&self) -> Result<(), ShardError> {
+        let from = self.cache.lock().version;
+        let changes = self.map.run_ref(from, |m: &MapLog<S>, from: usize| {
+            m.log.get(from..).map(|c| c.to_vec()).unwrap_or_default()
+        })?;
+        let mut c = self.cache.lock();
+        // Another thread may have caught up meanwhile: apply only what is new to us.
+        let skip = c.version.saturating_sub(from);
+        if skip < changes.len() {
+            c.apply(changes.into_iter().skip(skip).collect());
+        }
+        Ok(())
+    }
+
+    /// The map's version in this client's cache.
+    pub fn cached_version(&self) -> usize {
+        self.cache.lock().version
+    }
+
+    /// Every shard in key order, with the first key of its range (`None`: −∞), as of a
+    /// fresh copy of the map.
+    pub fn shards(&self) -> Result<Vec<Range<S>>, ShardError> {
+        self.refresh()?;
+        Ok(self
+            .cache
+            .lock()
+            .ranges
+            .iter()
+            .map(|(k, s)| (k.clone(), s.clone()))
+            .collect())
+    }
+
+    fn lookup(&self, key: &S::Key) -> Result<Proclet<Cell<S>>, ShardError> {
+        if let Some((_, s)) = self.cache.lock().lookup(key) {
+            return Ok(s);
+        }
+        self.refresh()?;
+        self.cache
+            .lock()
+            .lookup(key)
+            .map(|(_, s)| s)
+            .ok_or(ShardError::Unmapped)
+    }
+
+    /// Run `f(&mut shard, arg)` on the shard holding `key`, then split or merge it if the
+    /// hint says it may have grown or shrunk past its bounds.
+    ///
+    /// The argument is cloned once per attempt (a shard merged away under the call does
+    /// not hand it back).
+    pub fn route<A, R, F>(&self, key: &S::Key, hint: Hint, arg: A, f: F) -> Result<R, ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Fn(&mut S, A) -> R + Copy + Send + Sync + 'static,
+    {
+        self.route_with(key, hint, arg, f, |s: &mut S, a: A, f: &F| f(s, a))
+    }
+
+    /// [`AutoSharder::route`] for a structure's own wrapper `via` around its user's
+    /// closure `f` (both capture nothing): `via(&mut shard, arg, &f)` runs on the shard.
+    pub fn route_with<A, R, F, W>(
+        &self,
+        key: &S::Key,
+        hint: Hint,
+        arg: A,
+        f: F,
+        via: W,
+    ) -> Result<R, ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Copy + Send + Sync + 'static,
+        W: Fn(&mut S, A, &F) -> R + Copy + Send + Sync + 'static,
+    {
+        let want = hint != Hint::Same;
+        // Two zero-sized closures make a zero-sized pair, shipped as one.
+        let (r, shard, fp) = self.route_loop(key, (key.clone(), arg, want), |shard, a| {
+            shard.run_with(a, (f, via), route_mut::<S, A, R, F, W>)
+        })?;
+        self.after(key, hint, &shard, fp);
+        Ok(r)
+    }
+
+    /// Run `f(&shard, arg)` on the shard holding `key`, read-only (served during splits).
+    pub fn route_ref<A, R, F>(&self, key: &S::Key, arg: A, f: F) -> Result<R, ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
+    {
+        self.route_ref_end(key, arg, f).map(|(r, _)| r)
+    }
+
+    /// [`AutoSharder::route_ref`], also returning where the answering shard's range ends
+    /// (`None`: +∞) — where a scan continues.
+    pub fn route_ref_end<A, R, F>(
+        &self,
+        key: &S::Key,
+        arg: A,
+        f: F,
+    ) -> Result<(R, Option<S::Key>), ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
+    {
+        self.route_loop(key, (key.clone(), arg, false), |shard, a| {
+            shard.run_ref_with(a, f, route_ref::<S, A, R, F>)
+        })
+        .map(|(r, _, _)| r)
+    }
+
+    /// [`AutoSharder::route_ref`] as a future, for reads of a structure whose shards do
+    /// not change meanwhile (sealed): a stale answer is met by catching up with the map;
+    /// a shard busy splitting, by waiting a little.
+    pub async fn route_ref_async<A, R, F>(
+        &self,
+        key: &S::Key,
+        arg: A,
+        f: F,
+    ) -> Result<R, ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
+    {
+        let started = Instant::now();
+        let mut shard = self.lookup_async(key).await?;
+        loop {
+            if started.elapsed() > ROUTE_PATIENCE {
+                return Err(ShardError::Stuck(format!("{key:?}")));
+            }
+            let call = shard.run_ref_with_async(
+                (key.clone(), arg.clone(), false),
+                f,
+                route_ref::<S, A, R, F>,
+            );
+            match call.await {
+                Ok(Routed::Done((r, _), _)) => return Ok(r),
+                Ok(Routed::Sealed) => return Err(ShardError::Sealed),
+                Ok(Routed::Redirect(_, to)) => shard = to,
+                Ok(Routed::Stale(_)) | Ok(Routed::Busy(_)) | Err(CallError::ProcletGone(_)) => {
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    self.refresh_async().await?;
+                    shard = self.lookup_async(key).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    async fn refresh_async(&self) -> Result<(), ShardError> {
+        let from = self.cache.lock().version;
+        let changes = self
+            .map
+            .run_ref_async(from, |m: &MapLog<S>, from: usize| {
+                m.log.get(from..).map(|c| c.to_vec()).unwrap_or_default()
+            })
+            .await?;
+        let mut c = self.cache.lock();
+        let skip = c.version.saturating_sub(from);
+        if skip < changes.len() {
+            c.apply(changes.into_iter().skip(skip).collect());
+        }
+        Ok(())
+    }
+
+    async fn lookup_async(&self, key: &S::Key) -> Result<Proclet<Cell<S>>, ShardError> {
+        if let Some((_, s)) = self.cache.lock().lookup(key) {
+            return Ok(s);
+        }
+        self.refresh_async().await?;
+        self.cache
+            .lock()
+            .lookup(key)
+            .map(|(_, s)| s)
+            .ok_or(ShardError::Unmapped)
+    }
+
+    /// Run `f(&shard, arg)` on every shard, in key order (a split in progress is finished
+    /// first, so every element is seen exactly once).
+    pub fn map_shards<A, R, F>(&self, arg: A, f: F) -> Result<Vec<R>, ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
+    {
+        let mut out = Vec::new();
+        'again: loop {
+            out.clear();
+            for (_, s) in self.shards()? {
+                let r = s.run_ref_with(
+                    arg.clone(),
+                    f,
+                    |c: &Cell<S>, a: A, f: &F| -> Option<Option<R>> {
+                        if c.pending.is_some() || c.frozen_by.is_some() {
+                            return None;
+                        }
+                        Some(c.merged_into.is_none().then(|| f(&c.data, a)))
+                    },
+                );
+                match r {
+                    Ok(Some(Some(r))) => out.push(r),
+                    // Merged away since the map was read, or destroyed: read the map again.
+                    Ok(Some(None)) | Err(CallError::ProcletGone(_)) => continue 'again,
+                    Ok(None) => {
+                        self.finish_split_of(&s)?;
+                        continue 'again;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            return Ok(out);
+        }
+    }
+
+    /// Call a shard until one answers: catch up on stale, wait on busy, follow redirects.
+    fn route_loop<A, R>(
+        &self,
+        key: &S::Key,
+        mut arg: (S::Key, A, bool),
+        call: impl Fn(&Proclet<Cell<S>>, (S::Key, A, bool)) -> Result<Routed<R, A, S>, CallError>,
+    ) -> Result<(R, Proclet<Cell<S>>, u64), ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+    {
+        let started = Instant::now();
+        let mut shard = self.lookup(key)?;
+        let mut busy_since: Option<Instant> = None;
+        let mut backoff = Duration::from_micros(50);
+        loop {
+            if started.elapsed() > ROUTE_PATIENCE {
+                return Err(ShardError::Stuck(format!("{key:?}")));
+            }
+            let (key2, a, want) = arg;
+            let k = key2.clone();
+            // Kept for the one answer that does not hand the argument back: the shard was
+            // merged away and destroyed before the call reached it.
+            let backup = a.clone();
+            match call(&shard, (key2, a, want)) {
+                Ok(Routed::Done(r, fp)) => return Ok((r, shard, fp)),
+                Ok(Routed::Sealed) => return Err(ShardError::Sealed),
+                Ok(Routed::Stale(a)) => {
+                    arg = (k, a, want);
+                    self.refresh()?;
+                    shard = self.lookup(key)?;
+                }
+                Ok(Routed::Redirect(a, to)) => {
+                    arg = (k, a, want);
+                    shard = to;
+                }
+                Ok(Routed::Busy(a)) => {
+                    arg = (k, a, want);
+                    let since = *busy_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > BUSY_PATIENCE {
+                        // The client that started this split may be gone: finish it.
+                        self.finish_split_of(&shard)?;
+                        busy_since = None;
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(5));
+                    self.refresh()?;
+                    shard = self.lookup(key)?;
+                }
+                Err(CallError::ProcletGone(_)) => {
+                    // Merged away and destroyed: the map says where its range went. A gone
+                    // proclet refuses before running anything, so nothing ran.
+                    arg = (k, backup, want);
+                    self.refresh()?;
+                    shard = self.lookup(key)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// After a routed write: split or merge if the shard left its bounds. Best effort: a
+    /// failure is logged, the write itself succeeded.
+    fn after(&self, key: &S::Key, hint: Hint, shard: &Proclet<Cell<S>>, fp: u64) {
+        let r = match hint {
+            Hint::Grow | Hint::Any if fp > self.bounds.upper => self.split(shard),
+            Hint::Shrink | Hint::Any if fp < self.bounds.lower => self.merge_around(key, shard, fp),
+            _ => Ok(()),
+        };
+        if let Err(e) = r {
+            tracing::debug!(shard = %shard.id(), "resizing a shard failed (it stays as it is): {e}");
+        }
+    }
+
+    /// Split `shard` in halves until every part is within the upper bound (a batch may
+    /// have grown it far past it).
+    pub fn split(&self, shard: &Proclet<Cell<S>>) -> Result<(), ShardError> {
+        let mut work = vec![shard.clone()];
+        while let Some(s) = work.pop() {
+            if let Some(child) = self.split_once(&s)? {
+                work.push(s);
+                work.push(child);
+            }
+        }
+        Ok(())
+    }
+
+    /// Split `shard` once if it is over the upper bound and nobody else is splitting it;
+    /// returns the new shard.
+    fn split_once(&self, shard: &Proclet<Cell<S>>) -> Result<Option<Proclet<Cell<S>>>, ShardError> {
+        let upper = self.bounds.upper;
+        let began = shard.run(upper, |c: &mut Cell<S>, upper: u64| {
+            if c.pending.is_some()
+                || c.frozen_by.is_some()
+                || c.merged_into.is_some()
+                || c.sealed
+                || c.data.footprint() <= upper
+            {
+                return false;
+            }
+            let Some((k, right)) = c.data.split() else {
+                return false;
+            };
+            let hi = c.hi.replace(k.clone());
+            c.pending = Some(Pending {
+                lo: k,
+                hi,
+                data: right,
+            });
+            true
+        })?;
+        if began {
+            return self.finish_split_of(shard);
+        }
+        Ok(None)
+    }
+
+    /// Steps 2 and 3 of a split whose first step `shard` (the parent, or the new shard
+    /// still frozen) went through. Idempotent.
+    fn finish_split_of(
+        &self,
+        shard: &Proclet<Cell<S>>,
+    ) -> Result<Option<Proclet<Cell<S>>>, ShardError> {
+        // A frozen new shard: its parent must drop its copy first.
+        let frozen_by = shard.run_ref((), |c: &Cell<S>, ()| c.frozen_by.clone())?;
+        let (parent, child) = match frozen_by {
+            Some(parent) => (parent, Some(shard.clone())),
+            None => (shard.clone(), None),
+        };
+        // Publish (shared: the parent keeps serving reads).
+        let published = parent
+            .run_ref(
+                (parent.clone(), self.map.clone()),
+                |c: &Cell<S>, (me, map): (Proclet<Cell<S>>, Proclet<MapLog<S>>)| {
+                    publish_pending(c, me, map)
+                },
+            )?
+            .map_err(ShardError::Step)?;
+        let child = match (published, child) {
+            (Some((lo, s)), _) => Some((lo, s)),
+            (None, Some(c)) => {
+                let lo = c.run_ref((), |c: &Cell<S>, ()| c.lo.clone())?;
+                lo.map(|lo| (lo, c))
+            }
+            (None, None) => None,
+        };
+        let Some((lo, child)) = child else {
+            return Ok(None);
+        };
+        parent.run(lo, |c: &mut Cell<S>, lo: S::Key| {
+            if c.pending.as_ref().is_some_and(|p| p.lo == lo) {
+                c.pending = None;
+            }
+        })?;
+        child.run((), |c: &mut Cell<S>, ()| c.frozen_by = None)?;
+        Ok(Some(child))
+    }
+
+    /// Merge the small `shard` (holding `key`) with a neighbour: into its left one, or the
+    /// right one into it when it is the first shard.
+    fn merge_around(
+        &self,
+        key: &S::Key,
+        shard: &Proclet<Cell<S>>,
+        fp: u64,
+    ) -> Result<(), ShardError> {
+        self.refresh()?;
+        let (left, right) = {
+            let c = self.cache.lock();
+            let Some((lo, _)) = c.lookup(key) else {
+                return Ok(());
+            };
+            let before = lo
+                .as_ref()
+                .and_then(|_| c.ranges.range(..lo.clone()).next_back())
+                .map(|(_, s)| s.clone());
+            match before {
+                Some(l) => (l, shard.clone()),
+                None => {
+                    // The first shard: take in its right neighbour instead.
+                    let mut after = c.ranges.range(lo.clone()..);
+                    after.next();
+                    match after.next() {
+                        Some((_, r)) => (shard.clone(), r.clone()),
+                        None => return Ok(()),
+                    }
+                }
+            }
+        };
+        let upper = self.bounds.upper;
+        left.run(
+            (left.clone(), right, self.map.clone(), fp, upper),
+            |c: &mut Cell<S>, a: MergeArgs<S>| merge_right_into(c, a),
+        )?
+        .map_err(ShardError::Step)?;
+        // A merge past the upper bound is a rebalance: split the result.
+        self.split(&left)
+    }
+
+    /// Seal the structure: writes fail with [`ShardError::Sealed`]; shards stop splitting
+    /// and merging, so their ranges stay put (what an iterator needs).
+    pub fn seal(&self) -> Result<(), ShardError> {
+        self.set_sealed(true)
+    }
+
+    /// Undo [`AutoSharder::seal`].
+    pub fn unseal(&self) -> Result<(), ShardError> {
+        self.set_sealed(false)
+    }
+
+    fn set_sealed(&self, sealed: bool) -> Result<(), ShardError> {
+        self.map
+            .run(sealed, |m: &mut MapLog<S>, s: bool| m.sealed = s)?;
+        // A split in progress must end first: its new shard would come in unsealed.
+        for (_, s) in self.shards()? {
+            let busy = s.run_ref((), |c: &Cell<S>, ()| {
+                c.pending.is_some() || c.frozen_by.is_some()
+            })?;
+            if busy {
+                self.finish_split_of(&s)?;
+            }
+        }
+        for (_, s) in self.shards()? {
+            s.run(sealed, |c: &mut Cell<S>, sealed: bool| c.sealed = sealed)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the structure is sealed.
+    pub fn is_sealed(&self) -> Result<bool, ShardError> {
+        Ok(self.map.run_ref((), |m: &MapLog<S>, ()| m.sealed)?)
+    }
+
+    /// Footprint of every shard, in key order (for tests and reports).
+    pub fn shard_sizes(&self) -> Result<Vec<u64>, ShardError> {
+        self.map_shards((), |s: &S, ()| s.footprint())
+    }
+
+    /// Destroy every shard and the mapping proclet.
+    pub fn destroy(&self) -> Result<(), ShardError> {
+        for (_, s) in self.shards()? {
+            match s.destroy() {
+                Ok(()) | Err(CallError::ProcletGone(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.map.destroy()?;
+        Ok(())
+    }
+}
+
+/// The wrapper a routed write runs in: the key must be the shard's.
+fn route_mut<S: Shard, A, R, F, W: Fn(&mut S, A, &F) -> R>(
+    c: &mut Cell<S>,
+    (key, arg, want): (S::Key, A, bool),
+    (f, via): &(F, W),
+) -> Routed<R, A, S> {
+    if let Some(to) = &c.merged_into {
+        return Routed::Redirect(arg, to.clone());
+    }
+    if !c.covers(&key) {
+        return if c.pending_covers(&key) {
+            Routed::Busy(arg)
+        } else {
+            Routed::Stale(arg)
+        };
+    }
+    if c.frozen_by.is_some() {
+        return Routed::Busy(arg);
+    }
+    if c.sealed {
+        return Routed::Sealed;
+    }
+    let r = via(&mut c.data, arg, f);
+    Routed::Done(r, if want { c.data.footprint() } else { 0 })
+}
+
+/// The wrapper a routed read runs in: served from a split's pending part too.
+#[allow(clippy::type_complexity)]
+fn route_ref<S: Shard, A, R, F: Fn(&S, A) -> R>(
+    c: &Cell<S>,
+    (key, arg, _): (S::Key, A, bool),
+    f: &F,
+) -> Routed<(R, Option<S::Key>), A, S> {
+    if let Some(to) = &c.merged_into {
+        return Routed::Redirect(arg, to.clone());
+    }
+    if c.covers(&key) {
+        return Routed::Done((f(&c.data, arg), c.hi.clone()), 0);
+    }
+    match &c.pending {
+        Some(p) if in_range(&key, &Some(p.lo.clone()), &p.hi) => {
+            Routed::Done((f(&p.data, arg), p.hi.clone()), 0)
+        }
+        _ => Routed::Stale(arg),
+    }
+}
+
+/// Step 2 of a split, on the parent's node under a shared lock: create the new shard
+/// (frozen) from a copy of pending and record it in the map, unless a client did so
+/// already. Returns the new shard's range start and handle, or `None` if nothing is
+/// pending.
+#[allow(clippy::type_complexity)]
+fn publish_pending<S: Shard>(
+    c: &Cell<S>,
+    me: Proclet<Cell<S>>,
+    map: Proclet<MapLog<S>>,
+) -> Result<Option<(S::Key, Proclet<Cell<S>>)>, String> {
+    let Some(p) = &c.pending else {
+        return Ok(None);
+    };
+    let bytes =
+        postcard::to_allocvec(&p.data).map_err(|e| format!("encoding a split-off part: {e}"))?;
+    let mut b = Proclet::builder(Kind::Memory).footprint();
+    if let Some(n) = here() {
+        b = b.on(n);
+    }
+    let child = b
+        .create(
+            (p.lo.clone(), p.hi.clone(), bytes, me),
+            |(lo, hi, bytes, parent): (S::Key, Option<S::Key>, Vec<u8>, Proclet<Cell<S>>)| {
+                // The bytes were encoded from this very type by this very binary a moment ago.
+                let data: S = postcard::from_bytes(&bytes).unwrap_or_default();
+                let mut c = Cell::new(Some(lo), hi, data);
+                c.frozen_by = Some(parent);
+                c
+            },
+        )
+        .map_err(|e| format!("creating the split-off shard: {e}"))?;
+    let winner = map
+        .run(
+            (p.lo.clone(), child.clone()),
+            |m: &mut MapLog<S>, (lo, shard): (S::Key, Proclet<Cell<S>>)| {
+                let lo = Some(lo);
+                if let Some(existing) = m.current.get(&lo) {
+                    return existing.clone();
+                }
+                m.apply(Change::Set {
+                    lo,
+                    shard: shard.clone(),
+                });
+                shard
+            },
+        )
+        .map_err(|e| format!("recording the split-off shard: {e}"))?;
+    if winner != child {
+        let _ = child.destroy();
+    }
+    Ok(Some((p.lo.clone(), winner)))
+}
+
+/// (left itself, right, map, right's footprint as the client saw it, upper bound)
+type MergeArgs<S> = (
+    Proclet<Cell<S>>,
+    Proclet<Cell<S>>,
+    Proclet<MapLog<S>>,
+    u64,
+    u64,
+);
+
+/// Merge `right` into the left shard `c` (running on the left shard, exclusively).
+fn merge_right_into<S: Shard>(
+    c: &mut Cell<S>,
+    (me, right, map, right_fp, upper): MergeArgs<S>,
+) -> Result<(), String> {
+    // Merging two shards that together exceed the upper bound is still right when one
+    // of them is under the lower bound: the client splits the result in halves, each at
+    // least upper / 2 ≥ lower (a rebalance). Beyond upper + lower it would not be one.
+    if c.pending.is_some()
+        || c.frozen_by.is_some()
+        || c.merged_into.is_some()
+        || c.sealed
+        || c.data.footprint() + right_fp > upper + upper / 2
+    {
+        return Ok(());
+    }
+    let Some(my_hi) = c.hi.clone() else {
+        return Ok(());
+    };
+    // Take the right shard's data, if it still starts where this one ends.
+    let taken = right
+        .run(
+            (my_hi, me),
+            |r: &mut Cell<S>, (lo, into): (S::Key, Proclet<Cell<S>>)| {
+                if r.lo.as_ref() != Some(&lo)
+                    || r.pending.is_some()
+                    || r.frozen_by.is_some()
+                    || r.merged_into.is_some()
+                    || r.sealed
+                {
+                    return None;
+                }
+                r.merged_into = Some(into);
+                Some((r.hi.clone(), std::mem::take(&mut r.data)))
+            },
+        )
+        .map_err(|e| format!("taking the right shard's data: {e}"))?;
+    let Some((hi, data)) = taken else {
+        return Ok(());
+    };
+    let lo = c.hi.clone();
+    c.data.merge(data);
+    c.hi = hi;
+    // The map next; the right shard forwards callers until then, and is freed after.
+    map.run(lo, |m: &mut MapLog<S>, lo: Option<S::Key>| {
+        if m.current.remove(&lo).is_some() {
+            m.log.push(Change::Remove { lo });
+        }
+    })
+    .map_err(|e| format!("recording a merge: {e}"))?;
+    let _ = right.destroy();
+    Ok(())
+}
