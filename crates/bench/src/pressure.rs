@@ -1353,6 +1353,17 @@ impl Headline {
     fn ratio(&self) -> f64 {
         self.disruption_p99() / self.steady_p99()
     }
+
+    /// What counts as a slow request: over 3× the steady p99 (the target's bound).
+    fn slow_threshold(&self) -> Option<Duration> {
+        (!self.steady.is_empty()).then(|| self.steady.p(0.99) * 3)
+    }
+
+    /// Slow requests in the disruption window of `r` (this run's headline): to shards
+    /// that started on the victim, to the others.
+    fn slow(&self, r: &RunResult) -> Option<(usize, usize)> {
+        Some(r.slow_by_home(self.window?, self.slow_threshold()?))
+    }
 }
 
 fn ms_after_antagonist(r: &RunResult, t_ns: u64) -> f64 {
@@ -1395,9 +1406,13 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         std::thread::sleep(SETTLE);
         pairs.push([granule, run_once(&p, "baseline", true)?]);
     }
-    let ratios: Vec<[f64; 2]> = pairs
+    let heads_all: Vec<[Headline; 2]> = pairs
         .iter()
-        .map(|pair| [0, 1].map(|k| Headline::of(&pair[k], &p).ratio()))
+        .map(|pair| [0, 1].map(|k| Headline::of(&pair[k], &p)))
+        .collect();
+    let ratios: Vec<[f64; 2]> = heads_all
+        .iter()
+        .map(|h| [h[0].ratio(), h[1].ratio()])
         .collect();
     let spread = |k: usize| Summary::of(&ratios.iter().map(|r| r[k]).collect::<Vec<_>>());
     let (g_spread, b_spread) = (spread(0), spread(1));
@@ -1428,13 +1443,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         "lost_calls",
         "antagonist_alloc_mib_per_s",
     ]);
-    for (i, pair) in pairs.iter().enumerate() {
-        for r in pair {
-            let h = Headline::of(r, &p);
-            let slow = h
-                .window
-                .filter(|_| !h.steady.is_empty())
-                .map(|w| r.slow_by_home(w, h.steady.p(0.99) * 3));
+    for (i, (pair, heads)) in pairs.iter().zip(&heads_all).enumerate() {
+        for (r, h) in pair.iter().zip(heads) {
+            let slow = h.slow(r);
             reps_table.row(vec![
                 Cell::from((i + 1) as f64),
                 Cell::from(r.label),
@@ -1450,10 +1461,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
             ]);
         }
     }
-    let Some(runs) = pairs.into_iter().nth(shown) else {
+    let Some((runs, heads)) = pairs.into_iter().zip(heads_all).nth(shown) else {
         bail!("no repetition ran");
     };
-    let heads: Vec<Headline> = runs.iter().map(|r| Headline::of(r, &p)).collect();
 
     // The timeline table.
     let mut table = Table::new(&[
@@ -1751,10 +1761,8 @@ the kernel's OOM kill disturb only the node they share a machine with, while wha
                 r.errors.join(" | ")
             ));
         }
-        if let Some(w) = h.window.filter(|_| !h.steady.is_empty()) {
-            let threshold = h.steady.p(0.99) * 3;
-            let n = r.latency_in(w).count();
-            let (on_victim, others) = r.slow_by_home(w, threshold);
+        if let (Some((on_victim, others)), Some(threshold)) = (h.slow(r), h.slow_threshold()) {
+            let n = h.disruption.as_ref().map_or(0, |l| l.count());
             rep.note(format!(
                 "{}: requests in the disruption window slower than 3× the steady p99 ({:.0} µs): {} of {} (the target allows 1 %, {}); {} to shards that started on the victim, {} to the others",
                 r.label,

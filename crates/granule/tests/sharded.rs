@@ -6,37 +6,13 @@ use granule::{Cluster, Kind, NodeId, Proclet};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-/// Run `f` on its own thread; fail instead of hanging past `limit`.
-fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let h = std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(v) => {
-            let _ = h.join();
-            v
-        }
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match h.join() {
-            Err(p) => std::panic::resume_unwind(p),
-            Ok(()) => panic!("test body ended without a result"),
-        },
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            panic!("test exceeded {limit:?}: probable hang or deadlock")
-        }
-    }
-}
+mod common;
+use common::bounded;
 
+/// Two or three nodes with room for the structures; no shedding (the tests move shards
+/// themselves).
 fn cluster(n: usize) -> (Cluster, Vec<NodeId>) {
-    let specs = vec!["cpu=1,mem=1GiB"; n].join(";");
-    let c = Cluster::builder()
-        .nodes(&specs)
-        .expect("node specs")
-        .shed(false)
-        .start()
-        .expect("cluster starts");
-    let nodes = c.worker_nodes().expect("nodes");
-    (c, nodes)
+    common::cluster(n, "cpu=1,mem=1GiB")
 }
 
 fn value(k: u64, len: usize) -> Vec<u8> {

@@ -274,6 +274,15 @@ impl<S: Shard> Cache<S> {
         }
     }
 
+    /// Apply the log's changes from version `from` on. Another thread may have caught up
+    /// meanwhile: only what is new to this cache is applied.
+    fn catch_up(&mut self, from: usize, changes: Vec<Change<S>>) {
+        let skip = self.version.saturating_sub(from);
+        if skip < changes.len() {
+            self.apply(changes.into_iter().skip(skip).collect());
+        }
+    }
+
     /// The shard whose range starts at or below `key`, with its start.
     fn lookup(&self, key: &S::Key) -> Option<Range<S>> {
         self.ranges
@@ -365,12 +374,7 @@ impl<S: Shard> AutoSharder<S> {
         let changes = self.map.run_ref(from, |m: &MapLog<S>, from: usize| {
             m.log.get(from..).map(|c| c.to_vec()).unwrap_or_default()
         })?;
-        let mut c = self.cache.lock();
-        // Another thread may have caught up meanwhile: apply only what is new to us.
-        let skip = c.version.saturating_sub(from);
-        if skip < changes.len() {
-            c.apply(changes.into_iter().skip(skip).collect());
-        }
+        self.cache.lock().catch_up(from, changes);
         Ok(())
     }
 
@@ -519,11 +523,7 @@ impl<S: Shard> AutoSharder<S> {
                 m.log.get(from..).map(|c| c.to_vec()).unwrap_or_default()
             })
             .await?;
-        let mut c = self.cache.lock();
-        let skip = c.version.saturating_sub(from);
-        if skip < changes.len() {
-            c.apply(changes.into_iter().skip(skip).collect());
-        }
+        self.cache.lock().catch_up(from, changes);
         Ok(())
     }
 
