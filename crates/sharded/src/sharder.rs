@@ -897,8 +897,12 @@ fn publish_pending<S: Shard>(
         .create(
             (p.lo.clone(), p.hi.clone(), bytes, me),
             |(lo, hi, bytes, parent): (S::Key, Option<S::Key>, Vec<u8>, Proclet<Cell<S>>)| {
-                // The bytes were encoded from this very type by this very binary a moment ago.
-                let data: S = postcard::from_bytes(&bytes).unwrap_or_default();
+                // The bytes were encoded from this very type by this very binary a moment
+                // ago. Should decoding fail anyway, the creation fails (the runtime hands
+                // the panic back to the caller) and the parent keeps its pending copy; an
+                // empty shard in its place would lose the elements.
+                let data: S = postcard::from_bytes(&bytes)
+                    .unwrap_or_else(|e| panic!("decoding a split-off part failed: {e}"));
                 let mut c = Cell::new(Some(lo), hi, data);
                 c.frozen_by = Some(parent);
                 c
