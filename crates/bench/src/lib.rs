@@ -12,6 +12,8 @@ pub mod controller;
 pub mod invoke;
 pub mod migrate;
 pub mod pressure;
+pub mod remote_iter;
+pub mod sharded;
 pub mod work;
 
 use std::path::{Path, PathBuf};
@@ -30,6 +32,8 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("invoke", "proclet call throughput and latency vs work per call: local, remote, plain function, raw TCP"),
     ("controller", "location resolutions/s and registrations/s one controller sustains"),
     ("migrate", "migration time of a proclet with 64 KiB to 16 MiB of state, next to raw TCP of the same bytes"),
+    ("sharded", "ops/s of ShardedVec and ShardedMap across 3 nodes, low-latency and batching modes, vs std containers in one process"),
+    ("remote-iter", "a compute loop iterating a sealed remote ShardedVec (100 B to 10 KiB elements, 0-100 µs of work each) vs the same loop over a local Vec"),
     ("pressure", "KV shards under open-loop load while a memory antagonist fills one node: p99 timeline, moves, vs throttled migration"),
 ];
 
@@ -40,6 +44,8 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         "controller" => controller::run(opts),
         "migrate" => migrate::run(opts),
         "pressure" => pressure::run(opts),
+        "remote-iter" => remote_iter::run(opts),
+        "sharded" => sharded::run(opts),
         other => anyhow::bail!(
             "unknown benchmark '{other}'; known: {}",
             BENCHMARKS

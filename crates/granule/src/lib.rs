@@ -28,10 +28,11 @@
 
 pub use granule_runtime::pressure;
 pub use granule_runtime::{
-    binary_hash, block_on, config, footprint, here, init_logging, run, run_node, should_yield,
-    thread_context, CallError, Cluster, ClusterBuilder, ClusterConfig, ClusterError, Footprint,
-    Kind, MoveStats, NodeArgs, NodeId, NodeInfo, NodeSpec, NodeState, Proclet, ProcletBuilder,
-    ProcletId, ProcletState, ProcletUsage, RangeJob, Resource, ThreadContext, Usage, Wire,
+    binary_hash, block_on, config, footprint, here, init_logging, run, run_node, set_spin,
+    should_yield, thread_context, CallError, Cluster, ClusterBuilder, ClusterConfig, ClusterError,
+    Footprint, Kind, MoveStats, NodeArgs, NodeId, NodeInfo, NodeSpec, NodeState, Proclet,
+    ProcletBuilder, ProcletId, ProcletState, ProcletUsage, RangeJob, Resource, ThreadContext,
+    Usage, Wire,
 };
 /// Sharded data structures: [`sharded::ShardedMap`], [`sharded::ShardedVec`], and the
 /// [`sharded::AutoSharder`] they are built on.

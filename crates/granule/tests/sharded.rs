@@ -290,3 +290,42 @@ fn sealed_vector_iterates_exactly_while_its_shards_migrate() {
         cluster.shutdown();
     });
 }
+
+#[test]
+fn batching_pusher_lands_every_element_once() {
+    bounded(Duration::from_secs(300), || {
+        let (cluster, _nodes) = cluster(2);
+        // Small bounds, so batches in flight meet splits of the tail.
+        let b = Bounds::new(16 << 10, 64 << 10).expect("bounds");
+        let v: ShardedVec<Vec<u8>> = ShardedVec::with_bounds(b).expect("vec");
+        let n = 20_000u64;
+        let mut p = v.pusher(8 << 10, 4).expect("pusher");
+        // Each element carries its index, so the check below can tell them apart.
+        let elem = |k: u64| [k.to_le_bytes().to_vec(), value(k, 92)].concat();
+        for i in 0..n {
+            p.push(elem(i)).expect("push");
+        }
+        assert_eq!(p.flush().expect("flush"), n);
+        drop(p);
+        assert_eq!(v.len().expect("len"), n);
+        // Every element exactly once (batches may land in either order).
+        let all = v.read_range(0, n).expect("read");
+        let mut firsts: Vec<u64> = all
+            .iter()
+            .map(|x| {
+                let k = u64::from_le_bytes(x[..8].try_into().expect("8 bytes"));
+                assert_eq!(x, &elem(k), "element {k} damaged");
+                k
+            })
+            .collect();
+        firsts.sort_unstable();
+        assert!(
+            firsts.iter().copied().eq(0..n),
+            "lost or duplicated elements"
+        );
+        let sizes = v.sharder().shard_sizes().expect("sizes");
+        check_bounds(&sizes, b, 150, "after batched pushes");
+        v.destroy().expect("destroy");
+        cluster.shutdown();
+    });
+}

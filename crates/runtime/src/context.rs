@@ -189,6 +189,19 @@ fn spin_time() -> Duration {
     })
 }
 
+thread_local! {
+    /// Whether [`block_on`] may spin on this thread (see [`set_spin`]).
+    static SPIN_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Let (`true`, the default) or stop [`block_on`] spinning before it sleeps, on the
+/// calling thread. Spinning buys latency with CPU: right for a caller that waits on its
+/// reply, wrong for a background thread that only keeps work ahead of a consumer (a
+/// prefetcher), whose spinning takes the CPU from the thread it works for.
+pub fn set_spin(on: bool) {
+    SPIN_HERE.with(|s| s.set(on));
+}
+
 struct ThreadWaker {
     thread: Thread,
     notified: AtomicBool,
@@ -241,7 +254,12 @@ fn park_on<F: Future>(fut: F, deadline: Option<Instant>) -> Option<F::Output> {
                 return Some(v);
             }
             // Spin briefly, polling the future again and again.
-            let spin_until = Instant::now() + spin_time();
+            let spin = if SPIN_HERE.with(|s| s.get()) {
+                spin_time()
+            } else {
+                Duration::ZERO
+            };
+            let spin_until = Instant::now() + spin;
             while !tw.notified.load(Ordering::Acquire) && Instant::now() < spin_until {
                 if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
                     return Some(v);

@@ -53,7 +53,7 @@ mod vec;
 
 pub use map::{MapShard, ShardedMap};
 pub use sharder::{AutoSharder, Bounds, Cell, Hint, MapLog, Shard};
-pub use vec::{ShardedVec, VecIter, VecShard};
+pub use vec::{ShardedVec, VecIter, VecPusher, VecShard};
 
 use granule_runtime::CallError;
 

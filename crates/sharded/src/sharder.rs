@@ -515,6 +515,52 @@ impl<S: Shard> AutoSharder<S> {
         }
     }
 
+    /// [`AutoSharder::route`] as a future, for writes sent several at a time (batching).
+    /// Returns the result with the shard that answered and its footprint; the caller
+    /// then calls [`AutoSharder::resize_after`] (splits are synchronous work).
+    pub async fn route_async<A, R, F>(
+        &self,
+        key: &S::Key,
+        arg: A,
+        f: F,
+    ) -> Result<(R, Proclet<Cell<S>>, u64), ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Fn(&mut S, A) -> R + Copy + Send + Sync + 'static,
+    {
+        let via = |s: &mut S, a: A, f: &F| f(s, a);
+        let started = Instant::now();
+        let mut shard = self.lookup_async(key).await?;
+        loop {
+            if started.elapsed() > ROUTE_PATIENCE {
+                return Err(ShardError::Stuck(format!("{key:?}")));
+            }
+            let call = shard.run_with_async(
+                (key.clone(), arg.clone(), true),
+                (f, via),
+                route_mut::<S, A, R, F, _>,
+            );
+            match call.await {
+                Ok(Routed::Done(r, fp)) => return Ok((r, shard, fp)),
+                Ok(Routed::Sealed) => return Err(ShardError::Sealed),
+                Ok(Routed::Redirect(_, to)) => shard = to,
+                Ok(Routed::Stale(_)) | Ok(Routed::Busy(_)) | Err(CallError::ProcletGone(_)) => {
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    self.refresh_async().await?;
+                    shard = self.lookup_async(key).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// After a write that may have changed a shard's size (`fp`, its footprint): split
+    /// or merge it as the hint allows (what [`AutoSharder::route`] does by itself).
+    pub fn resize_after(&self, key: &S::Key, hint: Hint, shard: &Proclet<Cell<S>>, fp: u64) {
+        self.after(key, hint, shard, fp)
+    }
+
     async fn refresh_async(&self) -> Result<(), ShardError> {
         let from = self.cache.lock().version;
         let changes = self
