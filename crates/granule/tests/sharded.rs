@@ -329,3 +329,79 @@ fn batching_pusher_lands_every_element_once() {
         cluster.shutdown();
     });
 }
+
+/// A sharded set of u64 (the crate documentation's example).
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct SetShard {
+    keys: BTreeSet<u64>,
+}
+
+impl granule::sharded::Shard for SetShard {
+    type Key = u64;
+    fn split(&mut self) -> Option<(u64, Self)> {
+        let mid = *self.keys.iter().nth(self.keys.len() / 2)?;
+        if mid == *self.keys.iter().next()? {
+            return None;
+        }
+        Some((
+            mid,
+            SetShard {
+                keys: self.keys.split_off(&mid),
+            },
+        ))
+    }
+    fn merge(&mut self, mut right: Self) {
+        self.keys.append(&mut right.keys)
+    }
+    fn footprint(&self) -> u64 {
+        48 * self.keys.len() as u64
+    }
+}
+
+#[test]
+fn a_split_its_client_abandoned_is_finished_by_the_next_writer() {
+    use granule::sharded::{AutoSharder, Hint};
+    bounded(Duration::from_secs(120), || {
+        let (cluster, _nodes) = cluster(2);
+        let s: AutoSharder<SetShard> =
+            AutoSharder::new(Bounds::new(1 << 10, 4 << 10).expect("bounds")).expect("set");
+        // 200 keys with no resizing: one shard of ~9.6 KB, over the 4 KiB bound.
+        for k in 0..200u64 {
+            s.route(&k, Hint::Same, k, |s: &mut SetShard, k: u64| {
+                s.keys.insert(k)
+            })
+            .expect("insert");
+        }
+        let (_, shard) = s.shards().expect("shards").remove(0);
+        // A client begins a split and dies: the upper half is pending in the shard.
+        assert!(s.begin_split(&shard).expect("begin"));
+        // Reads of the split-off keys are served at once (from pending)...
+        let t = Instant::now();
+        assert!(s
+            .route_ref(&150, 150u64, |s: &SetShard, k: u64| s.keys.contains(&k))
+            .expect("read"));
+        assert!(
+            t.elapsed() < Duration::from_millis(150),
+            "{:?}",
+            t.elapsed()
+        );
+        // ...a write to them waits, then finishes the split itself.
+        let t = Instant::now();
+        assert!(s
+            .route(&199, Hint::Grow, 1_000u64, |s: &mut SetShard, k: u64| s
+                .keys
+                .insert(k))
+            .expect("write"));
+        eprintln!("the write waited {:?} and finished the split", t.elapsed());
+        assert!(s.shards().expect("shards").len() >= 2);
+        // Every key exactly once.
+        let all: Vec<Vec<u64>> = s
+            .map_shards((), |s: &SetShard, ()| s.keys.iter().copied().collect())
+            .expect("keys");
+        let flat: Vec<u64> = all.into_iter().flatten().collect();
+        let expected: Vec<u64> = (0..200).chain([1_000]).collect();
+        assert_eq!(flat, expected);
+        s.destroy().expect("destroy");
+        cluster.shutdown();
+    });
+}

@@ -712,8 +712,19 @@ impl<S: Shard> AutoSharder<S> {
     /// Split `shard` once if it is over the upper bound and nobody else is splitting it;
     /// returns the new shard.
     fn split_once(&self, shard: &Proclet<Cell<S>>) -> Result<Option<Proclet<Cell<S>>>, ShardError> {
+        if self.begin_split(shard)? {
+            return self.finish_split_of(shard);
+        }
+        Ok(None)
+    }
+
+    /// Only the first step of a split, as a client that dies right after it would leave
+    /// it (for tests of the recovery: the next client kept busy finishes it). Returns
+    /// whether a split began.
+    #[doc(hidden)]
+    pub fn begin_split(&self, shard: &Proclet<Cell<S>>) -> Result<bool, ShardError> {
         let upper = self.bounds.upper;
-        let began = shard.run(upper, |c: &mut Cell<S>, upper: u64| {
+        Ok(shard.run(upper, |c: &mut Cell<S>, upper: u64| {
             if c.pending.is_some()
                 || c.frozen_by.is_some()
                 || c.merged_into.is_some()
@@ -732,11 +743,7 @@ impl<S: Shard> AutoSharder<S> {
                 data: right,
             });
             true
-        })?;
-        if began {
-            return self.finish_split_of(shard);
-        }
-        Ok(None)
+        })?)
     }
 
     /// Steps 2 and 3 of a split whose first step `shard` (the parent, or the new shard
