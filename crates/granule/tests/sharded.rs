@@ -145,10 +145,10 @@ fn map_grows_to_1000_shards_and_shrinks_back_within_bounds() {
 }
 
 #[test]
-fn clients_on_several_nodes_lose_and_duplicate_nothing_while_shards_split_and_move() {
+fn clients_on_several_nodes_lose_and_duplicate_nothing_while_shards_split_merge_and_move() {
     bounded(Duration::from_secs(300), || {
         let (cluster, nodes) = cluster(3);
-        let b = Bounds::new(4 << 10, 16 << 10).expect("bounds");
+        let b = Bounds::new(6 << 10, 16 << 10).expect("bounds");
         let map: ShardedMap<u64, Vec<u8>> = ShardedMap::with_bounds(b).expect("map");
         let per_client = 3000u64;
         // Clients: compute proclets on two nodes and the driver, each inserting its own
@@ -222,6 +222,62 @@ fn clients_on_several_nodes_lose_and_duplicate_nothing_while_shards_split_and_mo
         let sizes = map.sharder().shard_sizes().expect("sizes");
         eprintln!("{moved} shard moves; {}", distribution(&sizes, 1024));
         check_bounds(&sizes, b, 150, "after concurrent inserts");
+
+        // Then the node clients remove all their keys, two thirds of every shard (shards
+        // fall under the lower bound and merge), while the driver keeps moving shards.
+        let removals: Vec<_> = clients
+            .iter()
+            .enumerate()
+            .map(|(c, p)| {
+                p.run_async(
+                    (map.clone(), c as u64, per_client),
+                    |_: &mut (), (m, c, n): (ShardedMap<u64, Vec<u8>>, u64, u64)| {
+                        let mut removed = 0u64;
+                        for i in 0..n {
+                            let k = i * 4 + c;
+                            if m.remove(&k).expect("remove from a node").is_some() {
+                                removed += 1;
+                            }
+                        }
+                        removed
+                    },
+                )
+            })
+            .collect();
+        let shards_before = map.sharder().shards().expect("shards").len();
+        for round in 0..20 {
+            std::thread::sleep(Duration::from_millis(50));
+            let Ok(shards) = map.sharder().shards() else {
+                continue;
+            };
+            if let Some((_, s)) = shards.get(round % shards.len().max(1)) {
+                if cluster
+                    .move_proclet(s.id(), nodes[round % nodes.len()])
+                    .is_ok()
+                {
+                    moved += 1;
+                }
+            }
+        }
+        for f in removals {
+            assert_eq!(granule::block_on(f).expect("client ran"), per_client);
+        }
+        let all = map.range(None, None, usize::MAX).expect("scan");
+        let keys: BTreeSet<u64> = all.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys.len(), all.len(), "a key was seen twice");
+        let expected: BTreeSet<u64> = (0..per_client).map(|i| i * 4 + 3).collect();
+        assert_eq!(keys, expected, "keys lost or invented after removals");
+        for (k, v) in &all {
+            assert_eq!(v, &value(*k, 100), "value of {k}");
+        }
+        let sizes = map.sharder().shard_sizes().expect("sizes");
+        eprintln!(
+            "after removals: {shards_before} → {} shards, {moved} moves in all; {}",
+            sizes.len(),
+            distribution(&sizes, 1024)
+        );
+        assert!(sizes.len() < shards_before, "no shard merged");
+        check_bounds(&sizes, b, 150, "after concurrent removals");
         map.destroy().expect("destroy");
         cluster.shutdown();
     });
