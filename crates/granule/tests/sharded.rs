@@ -1,7 +1,7 @@
 //! Multi-process tests of the sharded structures: real node processes on 127.0.0.1, shards
 //! splitting, merging and migrating under concurrent use.
 
-use granule::sharded::{Bounds, ShardedMap, ShardedVec};
+use granule::sharded::{Bounds, ShardedMap, ShardedPartitions, ShardedQueue, ShardedVec};
 use granule::{Cluster, Kind, NodeId, Proclet};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -13,6 +13,18 @@ use common::bounded;
 /// themselves).
 fn cluster(n: usize) -> (Cluster, Vec<NodeId>) {
     common::cluster(n, "cpu=1,mem=1GiB")
+}
+
+/// Run a call on a thread of its own, so several node clients run at once (a call's
+/// future starts only when polled).
+fn in_background<T: Send + 'static>(
+    call: impl std::future::Future<Output = T> + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let ctx = granule::thread_context();
+    std::thread::spawn(move || {
+        ctx.enter();
+        granule::block_on(call)
+    })
 }
 
 fn value(k: u64, len: usize) -> Vec<u8> {
@@ -166,7 +178,7 @@ fn clients_on_several_nodes_lose_and_duplicate_nothing_while_shards_split_merge_
             .iter()
             .enumerate()
             .map(|(c, p)| {
-                p.run_async(
+                in_background(p.run_async(
                     (map.clone(), c as u64, per_client),
                     |_: &mut (), (m, c, n): (ShardedMap<u64, Vec<u8>>, u64, u64)| {
                         for i in 0..n {
@@ -175,7 +187,7 @@ fn clients_on_several_nodes_lose_and_duplicate_nothing_while_shards_split_merge_
                         }
                         n
                     },
-                )
+                ))
             })
             .collect();
         let driver_inserts = std::thread::spawn({
@@ -206,7 +218,10 @@ fn clients_on_several_nodes_lose_and_duplicate_nothing_while_shards_split_merge_
             }
         }
         for f in futures {
-            assert_eq!(granule::block_on(f).expect("client ran"), per_client);
+            assert_eq!(
+                f.join().expect("client thread").expect("client ran"),
+                per_client
+            );
         }
         driver_inserts.join().expect("driver inserts");
         let all = map.range(None, None, usize::MAX).expect("scan");
@@ -229,7 +244,7 @@ fn clients_on_several_nodes_lose_and_duplicate_nothing_while_shards_split_merge_
             .iter()
             .enumerate()
             .map(|(c, p)| {
-                p.run_async(
+                in_background(p.run_async(
                     (map.clone(), c as u64, per_client),
                     |_: &mut (), (m, c, n): (ShardedMap<u64, Vec<u8>>, u64, u64)| {
                         let mut removed = 0u64;
@@ -241,7 +256,7 @@ fn clients_on_several_nodes_lose_and_duplicate_nothing_while_shards_split_merge_
                         }
                         removed
                     },
-                )
+                ))
             })
             .collect();
         let shards_before = map.sharder().shards().expect("shards").len();
@@ -260,7 +275,10 @@ fn clients_on_several_nodes_lose_and_duplicate_nothing_while_shards_split_merge_
             }
         }
         for f in removals {
-            assert_eq!(granule::block_on(f).expect("client ran"), per_client);
+            assert_eq!(
+                f.join().expect("client thread").expect("client ran"),
+                per_client
+            );
         }
         let all = map.range(None, None, usize::MAX).expect("scan");
         let keys: BTreeSet<u64> = all.iter().map(|(k, _)| *k).collect();
@@ -458,6 +476,374 @@ fn a_split_its_client_abandoned_is_finished_by_the_next_writer() {
         let expected: Vec<u64> = (0..200).chain([1_000]).collect();
         assert_eq!(flat, expected);
         s.destroy().expect("destroy");
+        cluster.shutdown();
+    });
+}
+
+/// A queue message: (producer, its sequence number, payload). Producer `u64::MAX` is the
+/// end marker.
+type Msg = (u64, u64, Vec<u8>);
+const END: u64 = u64::MAX;
+
+/// Sets the flag when dropped: a mover thread stops even when the test body panics
+/// (a scope would otherwise wait for it forever).
+struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The driver moves a shard of `shards` to another node every 40 ms until `stop`.
+fn keep_moving<F>(
+    cluster: &granule::Cluster,
+    nodes: &[NodeId],
+    stop: &std::sync::atomic::AtomicBool,
+    shards: F,
+) -> usize
+where
+    F: Fn() -> Option<Vec<granule::ProcletId>>,
+{
+    let mut moved = 0;
+    let mut round = 0usize;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(40));
+        round += 1;
+        let Some(ids) = shards() else { continue };
+        if let Some(id) = ids.get(round % ids.len().max(1)) {
+            if cluster
+                .move_proclet(*id, nodes[round % nodes.len()])
+                .is_ok()
+            {
+                moved += 1;
+            }
+        }
+    }
+    moved
+}
+
+#[test]
+fn queue_producers_and_consumers_on_several_nodes_take_every_element_once_in_order() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    bounded(Duration::from_secs(300), || {
+        let (cluster, nodes) = cluster(3);
+        // Small shards: the tail splits every ~100 elements, the head is dropped as often.
+        let b = Bounds::new(4 << 10, 16 << 10).expect("bounds");
+        let q: ShardedQueue<Msg> = ShardedQueue::with_bounds(b).expect("queue");
+        let per_producer = 3000u64;
+        let on = |n: NodeId| {
+            Proclet::builder(Kind::Compute)
+                .on(n)
+                .create((), |()| ())
+                .expect("client proclet")
+        };
+        // Consumers: on nodes 1 and 2 (one pops one at a time, one takes up to 16 per
+        // call) and in the driver; each stops at the end marker.
+        let consumers: Vec<Proclet<()>> = vec![on(nodes[1]), on(nodes[2])];
+        let taken: Vec<_> = consumers
+            .iter()
+            .enumerate()
+            .map(|(c, p)| {
+                in_background(p.run_async(
+                    (q.clone(), c),
+                    |_: &mut (), (q, c): (ShardedQueue<Msg>, usize)| {
+                        let mut got: Vec<(u64, u64)> = Vec::new();
+                        loop {
+                            let batch = if c == 0 {
+                                vec![q.pop().expect("pop on a node")]
+                            } else {
+                                let b = q.try_pop(16).expect("try_pop on a node");
+                                if b.is_empty() {
+                                    std::thread::sleep(Duration::from_micros(200));
+                                }
+                                b
+                            };
+                            // Every element precedes the end markers; a batch that took
+                            // more than one marker gives the others back.
+                            let ends = batch.iter().filter(|m| m.0 == END).count();
+                            for _ in 1..ends.max(1) {
+                                q.push((END, 0, Vec::new()))
+                                    .expect("give back an end marker");
+                            }
+                            for (p, i, payload) in batch {
+                                if p == END {
+                                    return got;
+                                }
+                                assert_eq!(
+                                    payload,
+                                    value(p * 1_000_000 + i, 100),
+                                    "payload of {p}/{i}"
+                                );
+                                got.push((p, i));
+                            }
+                        }
+                    },
+                ))
+            })
+            .collect();
+        // Producers: on nodes 0 and 1 (one pushes one by one, one through a batching
+        // pusher with one batch in flight, which keeps order) and in the driver
+        // (`extend` by 50).
+        let producers: Vec<Proclet<()>> = vec![on(nodes[0]), on(nodes[1])];
+        let pushed: Vec<_> = producers
+            .iter()
+            .enumerate()
+            .map(|(p, pr)| {
+                in_background(pr.run_async(
+                    (q.clone(), p as u64, per_producer),
+                    |_: &mut (), (q, p, n): (ShardedQueue<Msg>, u64, u64)| {
+                        let msg = |i: u64| (p, i, value(p * 1_000_000 + i, 100));
+                        if p == 0 {
+                            for i in 0..n {
+                                q.push(msg(i)).expect("push on a node");
+                            }
+                        } else {
+                            let mut pusher = q.pusher(2 << 10, 1).expect("pusher");
+                            for i in 0..n {
+                                pusher.push(msg(i)).expect("batched push on a node");
+                            }
+                            assert_eq!(pusher.flush().expect("flush"), n);
+                        }
+                        n
+                    },
+                ))
+            })
+            .collect();
+        let stop = AtomicBool::new(false);
+        let (moved, driver_got) = std::thread::scope(|s| {
+            let (ctx, q1) = (granule::thread_context(), q.clone());
+            let driver_producer = s.spawn(move || {
+                ctx.enter();
+                let mut i = 0;
+                while i < per_producer {
+                    let batch: Vec<Msg> = (i..(i + 50).min(per_producer))
+                        .map(|i| (2, i, value(2 * 1_000_000 + i, 100)))
+                        .collect();
+                    i += batch.len() as u64;
+                    q1.extend(batch).expect("extend from the driver");
+                }
+            });
+            let (ctx, q2) = (granule::thread_context(), q.clone());
+            let driver_consumer = s.spawn(move || {
+                ctx.enter();
+                let mut got: Vec<(u64, u64)> = Vec::new();
+                loop {
+                    let Some((p, i, _)) = q2.pop_timeout(Duration::from_secs(60)).expect("pop")
+                    else {
+                        panic!(
+                            "the driver's consumer waited 60 s, after {} elements",
+                            got.len()
+                        );
+                    };
+                    if p == END {
+                        return got;
+                    }
+                    got.push((p, i));
+                }
+            });
+            let (ctx, q3, cluster, nodes, stop) = (
+                granule::thread_context(),
+                q.clone(),
+                &cluster,
+                &nodes,
+                &stop,
+            );
+            let _stop_mover = StopOnDrop(stop);
+            let mover = s.spawn(move || {
+                ctx.enter();
+                keep_moving(cluster, nodes, stop, || {
+                    q3.sharder()
+                        .shards()
+                        .ok()
+                        .map(|v| v.iter().map(|(_, p)| p.id()).collect())
+                })
+            });
+            for f in pushed {
+                assert_eq!(
+                    f.join().expect("producer thread").expect("producer ran"),
+                    per_producer
+                );
+            }
+            driver_producer.join().expect("driver producer");
+            eprintln!("producers done");
+            // Everything is in: one end marker per consumer, behind every element.
+            for _ in 0..3 {
+                q.push((END, 0, Vec::new())).expect("end marker");
+            }
+            let driver_got = driver_consumer.join().expect("driver consumer");
+            stop.store(true, Ordering::Relaxed);
+            (mover.join().expect("mover"), driver_got)
+        });
+        let mut all: Vec<Vec<(u64, u64)>> = taken
+            .into_iter()
+            .map(|f| f.join().expect("consumer thread").expect("consumer ran"))
+            .collect();
+        all.push(driver_got);
+        // Each consumer saw each producer's elements in push order.
+        for (c, got) in all.iter().enumerate() {
+            for p in 0..3 {
+                let seq: Vec<u64> = got
+                    .iter()
+                    .filter(|(q, _)| *q == p)
+                    .map(|(_, i)| *i)
+                    .collect();
+                assert!(
+                    seq.windows(2).all(|w| w[0] < w[1]),
+                    "consumer {c} saw producer {p} out of order"
+                );
+            }
+        }
+        let counts: Vec<usize> = all.iter().map(|g| g.len()).collect();
+        let mut every: Vec<(u64, u64)> = all.into_iter().flatten().collect();
+        every.sort_unstable();
+        let expected: Vec<(u64, u64)> = (0..3)
+            .flat_map(|p| (0..per_producer).map(move |i| (p, i)))
+            .collect();
+        assert_eq!(every.len(), expected.len(), "elements lost or taken twice");
+        assert_eq!(every, expected, "elements lost or taken twice");
+        assert_eq!(q.len().expect("len"), 0);
+        let shards = q.sharder().shards().expect("shards").len();
+        eprintln!("consumers took {counts:?}; {moved} shard moves; {shards} shard(s) left");
+        assert!(
+            shards <= 2,
+            "drained head shards were not dropped: {shards} left"
+        );
+        q.destroy().expect("destroy");
+        cluster.shutdown();
+    });
+}
+
+#[test]
+fn partitions_split_evenly_and_hold_every_pair_once_while_shards_move() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    bounded(Duration::from_secs(60), || {
+        let (cluster, nodes) = cluster(3);
+        let b = Bounds::new(4 << 10, 16 << 10).expect("bounds");
+        let parts: ShardedPartitions<u64, Vec<u8>> =
+            ShardedPartitions::with_bounds(b).expect("partitions");
+        // 600 keys, each 10 times: 6000 pairs of ~100 B; two node clients (one pair per
+        // call, and a batching pusher) and the driver.
+        let keys = 600u64;
+        let pair = |i: u64| {
+            let k = i.wrapping_mul(7919) % keys;
+            (k, value(i, 64))
+        };
+        let clients: Vec<Proclet<()>> = nodes[..2]
+            .iter()
+            .map(|n| {
+                Proclet::builder(Kind::Compute)
+                    .on(*n)
+                    .create((), |()| ())
+                    .expect("client")
+            })
+            .collect();
+        let stop = AtomicBool::new(false);
+        let moved = std::thread::scope(|s| {
+            let (ctx, cluster, nodes, stop, parts) =
+                (granule::thread_context(), &cluster, &nodes, &stop, &parts);
+            let _stop_mover = StopOnDrop(stop);
+            let mover = s.spawn(move || {
+                ctx.enter();
+                keep_moving(cluster, nodes, stop, || {
+                    parts
+                        .sharder()
+                        .shards()
+                        .ok()
+                        .map(|v| v.iter().map(|(_, p)| p.id()).collect())
+                })
+            });
+            let futs: Vec<_> = clients
+                .iter()
+                .enumerate()
+                .map(|(c, p)| {
+                    in_background(p.run_async(
+                        (parts.clone(), c as u64),
+                        |_: &mut (), (ps, c): (ShardedPartitions<u64, Vec<u8>>, u64)| {
+                            let pair = |i: u64| (i.wrapping_mul(7919) % 600, value(i, 64));
+                            let mine = (0..6000u64).filter(|i| i % 3 == c);
+                            if c == 0 {
+                                for i in mine {
+                                    let (k, v) = pair(i);
+                                    ps.insert(k, v).expect("insert on a node");
+                                }
+                            } else {
+                                let mut pusher = ps.pusher(4 << 10, 4).expect("pusher");
+                                for i in mine {
+                                    pusher.push(pair(i)).expect("batched insert on a node");
+                                }
+                                pusher.flush().expect("flush");
+                            }
+                        },
+                    ))
+                })
+                .collect();
+            for i in (0..6000u64).filter(|i| i % 3 == 2) {
+                let (k, v) = pair(i);
+                parts.insert(k, v).expect("insert from the driver");
+            }
+            for f in futs {
+                f.join().expect("client thread").expect("client ran");
+            }
+            stop.store(true, Ordering::Relaxed);
+            mover.join().expect("mover")
+        });
+        assert_eq!(parts.len().expect("len"), 6000);
+        assert!(matches!(
+            parts.partitions(),
+            Err(granule::sharded::ShardError::NotSealed)
+        ));
+        parts.seal().expect("seal");
+        let ps = parts.partitions().expect("partitions");
+        let mut seen: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut sizes = Vec::new();
+        for p in &ps {
+            let pairs = p.pairs().expect("pairs");
+            let (lo, hi) = p.range();
+            for (k, _) in &pairs {
+                assert!(
+                    lo.is_none_or(|l| k >= l) && hi.is_none_or(|h| k < h),
+                    "key {k} outside its partition"
+                );
+            }
+            sizes.push(
+                pairs
+                    .iter()
+                    .map(|(_, v)| 8 + 24 + v.len() as u64)
+                    .sum::<u64>(),
+            );
+            seen.extend(pairs);
+        }
+        eprintln!(
+            "{} partitions, {moved} shard moves; {}",
+            ps.len(),
+            distribution(&sizes, 1024)
+        );
+        assert!(ps.len() >= 8, "too few splits: {}", ps.len());
+        check_bounds(&sizes, b, 96, "partitions");
+        seen.sort_unstable();
+        let mut expected: Vec<(u64, Vec<u8>)> = (0..6000).map(pair).collect();
+        expected.sort_unstable();
+        assert_eq!(seen.len(), expected.len(), "pairs lost or duplicated");
+        assert!(seen == expected, "pairs lost, duplicated or damaged");
+        assert_eq!(parts.get_all(&17).expect("get_all").len(), 10);
+        // Unsealed, take out nine keys of every ten: partitions merge, nothing else goes.
+        parts.unseal().expect("unseal");
+        let before = ps.len();
+        for k in (0..keys).filter(|k| k % 10 != 0) {
+            assert_eq!(
+                parts.remove_all(&k).expect("remove_all").len(),
+                10,
+                "key {k}"
+            );
+        }
+        assert_eq!(parts.len().expect("len"), 600);
+        let after = parts.sharder().shards().expect("shards").len();
+        eprintln!("after removals: {before} → {after} partitions");
+        assert!(after < before, "no partition merged");
+        let sizes = parts.sharder().shard_sizes().expect("sizes");
+        check_bounds(&sizes, b, 96, "partitions after removals");
+        parts.destroy().expect("destroy");
         cluster.shutdown();
     });
 }

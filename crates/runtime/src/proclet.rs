@@ -542,6 +542,12 @@ impl<S: ProcletState> Proclet<S> {
 
     /// [`Proclet::run`] as a future (runs on whatever executor polls it; a local proclet
     /// is called inline, a remote one through the node's connections).
+    ///
+    /// Nothing happens until the future is first polled. A call to a proclet on the
+    /// caller's own node holds the proclet's lock from the moment its turn comes until
+    /// the future is polled again and runs the closure: a thread must not block on a
+    /// synchronous call while futures of its own are pending, or it may wait for a lock
+    /// one of them holds (keep polling them, or make the synchronous calls elsewhere).
     pub fn run_async<A, R, F>(
         &self,
         arg: A,

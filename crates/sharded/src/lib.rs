@@ -5,7 +5,17 @@
 //!
 //! - [`AutoSharder`] owns the machinery: the range map (in a mapping proclet, as an
 //!   append-only log), routing with stale-cache catch-up, split and merge.
-//! - [`ShardedMap`] and [`ShardedVec`] are built on it.
+//! - Built on it: [`ShardedVec`] (index ranges; a prefetching iterator once sealed),
+//!   [`ShardedMap`] (ordered key ranges; range scans), [`ShardedQueue`] (FIFO; only the
+//!   tail grows, drained head shards are dropped) and [`ShardedPartitions`] (unordered
+//!   pairs per key range, split by quickselect).
+//!
+//! Each structure runs in one of two modes. **Low-latency** (`new()`): one call per
+//! operation, shards of at most 2 MiB ([`Bounds::LOW_LATENCY`]). **Batching**
+//! (`batching()`): writes buffered on the client in a [`Pusher`] and flushed in large
+//! messages with several flushes in flight, reads in blocks (`try_pop(n)`, the vector's
+//! prefetching iterator, range scans), shards of at most 32 MiB ([`Bounds::BATCHING`]).
+//! Both bounds are configurable (`with_bounds`).
 //!
 //! This crate owns no transport, placement or migration: shards are ordinary proclets of
 //! `granule-runtime`, placed by the controller and moved by the pressure policy.
@@ -47,13 +57,19 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod batch;
 mod map;
+mod partitions;
+mod queue;
 mod sharder;
 mod vec;
 
-pub use map::{MapShard, ShardedMap};
+pub use batch::Pusher;
+pub use map::{MapInserter, MapKey, MapShard, MapValue, ShardedMap};
+pub use partitions::{Partition, PartitionShard, PartitionsPusher, ShardedPartitions};
+pub use queue::{QueuePusher, QueueShard, ShardedQueue};
 pub use sharder::{AutoSharder, Bounds, Cell, Hint, MapLog, Shard};
-pub use vec::{ShardedVec, VecIter, VecPusher, VecShard};
+pub use vec::{Element, ShardedVec, VecIter, VecPusher, VecShard};
 
 use granule_runtime::CallError;
 
@@ -84,4 +100,16 @@ pub enum ShardError {
     /// An index past the end of a vector.
     #[error("index {index} out of range (length {len})")]
     OutOfRange { index: u64, len: u64 },
+}
+
+/// Sleep without holding a node's worker: inside a closure on a node, the worker is
+/// handed to another thread meanwhile (as every Granule wait does), so calls to the
+/// node's other proclets keep being served.
+pub(crate) fn pause(d: std::time::Duration) {
+    if granule_runtime::here().is_some() {
+        // The timer is made inside the future: only there is the node's runtime entered.
+        granule_runtime::block_on(async move { tokio::time::sleep(d).await });
+    } else {
+        std::thread::sleep(d);
+    }
 }

@@ -1,5 +1,6 @@
 //! [`ShardedMap`]: an ordered map split into key ranges, each a memory proclet.
 
+use crate::batch::Pusher;
 use crate::sharder::{AutoSharder, Bounds, Hint, Shard};
 use crate::ShardError;
 use granule_runtime::{Footprint, Wire};
@@ -100,6 +101,9 @@ impl<K: MapKey, V: MapValue> Shard for MapShard<K, V> {
     }
 }
 
+/// Batching mode's writer for a [`ShardedMap`]: see [`Pusher`].
+pub type MapInserter<K, V> = Pusher<(K, V)>;
+
 /// An ordered map whose entries live in auto-sized shards across the cluster.
 /// Serializable: pass it to proclets on other nodes and use it there.
 #[derive(Serialize, Deserialize)]
@@ -141,6 +145,33 @@ impl<K: MapKey, V: MapValue + Clone> ShardedMap<K, V> {
             Hint::Grow,
             (k.clone(), v),
             |s: &mut MapShard<K, V>, (k, v)| s.insert(k, v),
+        )
+    }
+
+    /// An empty map in batching mode's bounds (shards of at most 32 MiB); insert
+    /// through [`ShardedMap::inserter`].
+    pub fn batching() -> Result<Self, ShardError> {
+        Self::with_bounds(Bounds::BATCHING)
+    }
+
+    /// A batching inserter: pairs buffered and sent in batches of about `batch_bytes`
+    /// (one call per shard they touch), up to `in_flight` at once. Within a batch a later
+    /// insert of a key wins; across batches in flight together, either may.
+    pub fn inserter(
+        &self,
+        batch_bytes: u64,
+        in_flight: usize,
+    ) -> Result<MapInserter<K, V>, ShardError> {
+        Pusher::start(
+            self.sharder.clone(),
+            batch_bytes,
+            in_flight,
+            |(k, _): &(K, V)| k.clone(),
+            |s: &mut MapShard<K, V>, pairs: Vec<(K, V)>| {
+                for (k, v) in pairs {
+                    s.insert(k, v);
+                }
+            },
         )
     }
 

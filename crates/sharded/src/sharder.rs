@@ -56,6 +56,12 @@ pub trait Shard: ProcletState + Default {
 
     /// Bytes this shard holds (cheap: kept up to date, not recomputed).
     fn footprint(&self) -> u64;
+
+    /// Whether the shard holds nothing (an empty first shard can be dropped without
+    /// moving data: see [`AutoSharder::drop_empty_first`]).
+    fn is_empty(&self) -> bool {
+        self.footprint() == 0
+    }
 }
 
 /// Size bounds of the shards, in bytes of their [`Shard::footprint`].
@@ -172,8 +178,9 @@ impl<S: Shard> Footprint for Cell<S> {
     deserialize = "R: serde::de::DeserializeOwned, A: serde::de::DeserializeOwned"
 ))]
 enum Routed<R, A, S: Shard> {
-    /// Done: the result and the shard's footprint (0 unless asked for).
-    Done(R, u64),
+    /// Done: the result, the shard's footprint (0 unless asked for), and whether the
+    /// shard is the last one (its range open upwards).
+    Done(R, u64, bool),
     /// Not this shard's key: catch up with the map.
     Stale(A),
     /// In the middle of a split: try again shortly.
@@ -243,6 +250,13 @@ impl<S: Shard> MapLog<S> {
 
 /// A shard and where its range starts (`None`: −∞).
 pub type Range<S> = (Option<<S as Shard>::Key>, Proclet<Cell<S>>);
+
+/// Items bound for one shard: the shard, one item's key, the items.
+type Group<S, I> = (Proclet<Cell<S>>, <S as Shard>::Key, Vec<I>);
+
+/// A routed call's outcome: result, the shard that answered, its footprint, whether it
+/// is the last shard.
+type Answered<S, R> = (R, Proclet<Cell<S>>, u64, bool);
 
 /// A client's copy of the map.
 struct Cache<S: Shard> {
@@ -440,11 +454,195 @@ impl<S: Shard> AutoSharder<S> {
     {
         let want = hint != Hint::Same;
         // Two zero-sized closures make a zero-sized pair, shipped as one.
-        let (r, shard, fp) = self.route_loop(key, (key.clone(), arg, want), |shard, a| {
+        let (r, shard, fp, _) = self.route_loop(key, (key.clone(), arg, want), |shard, a| {
             shard.run_with(a, (f, via), route_mut::<S, A, R, F, W>)
         })?;
         self.after(key, hint, &shard, fp);
         Ok(r)
+    }
+
+    /// [`AutoSharder::route_with`] that also says whether the answering shard was the
+    /// last one (its range open upwards): what a queue needs to tell "this shard is
+    /// drained" from "the structure is empty". Checks no bounds afterwards.
+    pub fn route_with_last<A, R, F, W>(
+        &self,
+        key: &S::Key,
+        arg: A,
+        f: F,
+        via: W,
+    ) -> Result<(R, bool), ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Copy + Send + Sync + 'static,
+        W: Fn(&mut S, A, &F) -> R + Copy + Send + Sync + 'static,
+    {
+        let (r, _, _, last) = self.route_loop(key, (key.clone(), arg, false), |shard, a| {
+            shard.run_with(a, (f, via), route_mut::<S, A, R, F, W>)
+        })?;
+        Ok((r, last))
+    }
+
+    /// Drop the first shard if it holds nothing and is not the last: its right
+    /// neighbour takes over its range, no data moves (a queue's drained head). A split of
+    /// either shard still in progress is finished first. Returns whether the first
+    /// shard is gone (dropped by this call or another).
+    pub fn drop_empty_first(&self) -> Result<bool, ShardError> {
+        self.refresh()?;
+        let (first, second) = {
+            let c = self.cache.lock();
+            let mut it = c.ranges.iter();
+            let Some((_, first)) = it.next() else {
+                return Ok(false);
+            };
+            (
+                first.clone(),
+                it.next().map(|(lo, s)| (lo.clone(), s.clone())),
+            )
+        };
+        let Some((Some(lo), second)) = second else {
+            // One shard: a split of it may be half done, its upper part not yet a shard.
+            if self.split_in_progress(&first)? {
+                self.finish_split_of(&first)?;
+            }
+            return Ok(false);
+        };
+        for s in [&first, &second] {
+            if self.split_in_progress(s)? {
+                self.finish_split_of(s)?;
+            }
+        }
+        let r = first.run(
+            (second.clone(), lo, self.map.clone()),
+            |c: &mut Cell<S>, a: DropArgs<S>| drop_into_right(c, a),
+        );
+        match r {
+            Ok(Ok(true)) => {
+                // Callers still holding it are forwarded until it is freed, then told it
+                // is gone and read the map, which already names its successor.
+                let _ = first.destroy();
+                Ok(true)
+            }
+            Ok(Ok(false)) => Ok(false),
+            Ok(Err(e)) => Err(ShardError::Step(e)),
+            Err(CallError::ProcletGone(_)) => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether `shard` is in the middle of a split (its parent's or its own).
+    fn split_in_progress(&self, shard: &Proclet<Cell<S>>) -> Result<bool, ShardError> {
+        match shard.run_ref((), |c: &Cell<S>, ()| {
+            c.pending.is_some() || c.frozen_by.is_some()
+        }) {
+            Ok(b) => Ok(b),
+            Err(CallError::ProcletGone(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Run `f(&data, arg)` on one shard got from [`AutoSharder::shards`], if it still
+    /// holds the range it held then (`None` if it was merged away or is splitting: read
+    /// the map again). Meant for sealed structures, whose shards stay put.
+    pub fn shard_ref<A, R, F>(
+        &self,
+        shard: &Proclet<Cell<S>>,
+        arg: A,
+        f: F,
+    ) -> Result<Option<R>, ShardError>
+    where
+        A: Wire,
+        R: Wire,
+        F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
+    {
+        let r = shard.run_ref_with(arg, f, |c: &Cell<S>, a: A, f: &F| -> Option<R> {
+            if c.pending.is_some() || c.frozen_by.is_some() || c.merged_into.is_some() {
+                return None;
+            }
+            Some(f(&c.data, a))
+        });
+        match r {
+            Ok(r) => Ok(r),
+            Err(CallError::ProcletGone(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Apply many items in as few calls as there are shards they fall in, all sent at
+    /// once: `apply(&mut shard, items)` runs on each shard with the items whose
+    /// `key_of` lies in its range. Items a shard does not cover (a stale map, a split in
+    /// progress) come back and are sent again after the map is read. Returns each shard
+    /// written and its footprint afterwards, for [`AutoSharder::resize_after`].
+    pub async fn route_many_async<I, K, F>(
+        &self,
+        items: Vec<I>,
+        key_of: K,
+        apply: F,
+    ) -> Result<Vec<(S::Key, Proclet<Cell<S>>, u64)>, ShardError>
+    where
+        I: Wire + Clone,
+        K: Fn(&I) -> S::Key + Copy + Send + Sync + 'static,
+        F: Fn(&mut S, Vec<I>) + Copy + Send + Sync + 'static,
+    {
+        let started = Instant::now();
+        let mut todo = items;
+        let mut written = Vec::new();
+        while !todo.is_empty() {
+            if started.elapsed() > ROUTE_PATIENCE {
+                return Err(ShardError::Stuck(format!("{:?}", key_of(&todo[0]))));
+            }
+            if self.cache.lock().ranges.is_empty() {
+                self.refresh_async().await?;
+            }
+            // Group by the cached map: one call per shard.
+            let mut groups: BTreeMap<Option<S::Key>, Group<S, I>> = BTreeMap::new();
+            {
+                let cache = self.cache.lock();
+                for item in todo.drain(..) {
+                    let k = key_of(&item);
+                    let (lo, shard) = cache.lookup(&k).ok_or(ShardError::Unmapped)?;
+                    groups
+                        .entry(lo)
+                        .or_insert_with(|| (shard, k, Vec::new()))
+                        .2
+                        .push(item);
+                }
+            }
+            let calls = groups.into_values().map(|(shard, k, group)| {
+                let backup = group.clone();
+                let call =
+                    shard.run_with_async(group, (key_of, apply), route_many_mut::<S, I, K, F>);
+                async move { (shard, k, backup, call.await) }
+            });
+            let mut retry = false;
+            for (shard, k, backup, r) in futures::future::join_all(calls).await {
+                match r {
+                    Ok(RoutedMany::Done { rest, fp, applied }) => {
+                        if applied {
+                            written.push((k, shard, fp));
+                        }
+                        retry |= !rest.is_empty();
+                        todo.extend(rest);
+                    }
+                    Ok(RoutedMany::Sealed) => return Err(ShardError::Sealed),
+                    // Nothing ran: send the whole group again.
+                    Ok(RoutedMany::Moved(group)) => {
+                        retry = true;
+                        todo.extend(group);
+                    }
+                    Err(CallError::ProcletGone(_)) => {
+                        retry = true;
+                        todo.extend(backup);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if retry {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                self.refresh_async().await?;
+            }
+        }
+        Ok(written)
     }
 
     /// Run `f(&shard, arg)` on the shard holding `key`, read-only (served during splits).
@@ -473,7 +671,7 @@ impl<S: Shard> AutoSharder<S> {
         self.route_loop(key, (key.clone(), arg, false), |shard, a| {
             shard.run_ref_with(a, f, route_ref::<S, A, R, F>)
         })
-        .map(|(r, _, _)| r)
+        .map(|(r, _, _, _)| r)
     }
 
     /// [`AutoSharder::route_ref`] as a future, for reads of a structure whose shards do
@@ -502,7 +700,7 @@ impl<S: Shard> AutoSharder<S> {
                 route_ref::<S, A, R, F>,
             );
             match call.await {
-                Ok(Routed::Done((r, _), _)) => return Ok(r),
+                Ok(Routed::Done((r, _), _, _)) => return Ok(r),
                 Ok(Routed::Sealed) => return Err(ShardError::Sealed),
                 Ok(Routed::Redirect(_, to)) => shard = to,
                 Ok(Routed::Stale(_)) | Ok(Routed::Busy(_)) | Err(CallError::ProcletGone(_)) => {
@@ -542,7 +740,7 @@ impl<S: Shard> AutoSharder<S> {
                 route_mut::<S, A, R, F, _>,
             );
             match call.await {
-                Ok(Routed::Done(r, fp)) => return Ok((r, shard, fp)),
+                Ok(Routed::Done(r, fp, _)) => return Ok((r, shard, fp)),
                 Ok(Routed::Sealed) => return Err(ShardError::Sealed),
                 Ok(Routed::Redirect(_, to)) => shard = to,
                 Ok(Routed::Stale(_)) | Ok(Routed::Busy(_)) | Err(CallError::ProcletGone(_)) => {
@@ -628,7 +826,7 @@ impl<S: Shard> AutoSharder<S> {
         key: &S::Key,
         mut arg: (S::Key, A, bool),
         call: impl Fn(&Proclet<Cell<S>>, (S::Key, A, bool)) -> Result<Routed<R, A, S>, CallError>,
-    ) -> Result<(R, Proclet<Cell<S>>, u64), ShardError>
+    ) -> Result<Answered<S, R>, ShardError>
     where
         A: Wire + Clone,
         R: Wire,
@@ -647,7 +845,7 @@ impl<S: Shard> AutoSharder<S> {
             // merged away and destroyed before the call reached it.
             let backup = a.clone();
             match call(&shard, (key2, a, want)) {
-                Ok(Routed::Done(r, fp)) => return Ok((r, shard, fp)),
+                Ok(Routed::Done(r, fp, last)) => return Ok((r, shard, fp, last)),
                 Ok(Routed::Sealed) => return Err(ShardError::Sealed),
                 Ok(Routed::Stale(a)) => {
                     arg = (k, a, want);
@@ -666,7 +864,7 @@ impl<S: Shard> AutoSharder<S> {
                         self.finish_split_of(&shard)?;
                         busy_since = None;
                     }
-                    std::thread::sleep(backoff);
+                    crate::pause(backoff);
                     backoff = (backoff * 2).min(Duration::from_millis(5));
                     self.refresh()?;
                     shard = self.lookup(key)?;
@@ -749,6 +947,18 @@ impl<S: Shard> AutoSharder<S> {
     /// Steps 2 and 3 of a split whose first step `shard` (the parent, or the new shard
     /// still frozen) went through. Idempotent.
     fn finish_split_of(
+        &self,
+        shard: &Proclet<Cell<S>>,
+    ) -> Result<Option<Proclet<Cell<S>>>, ShardError> {
+        match self.finish_split_steps(shard) {
+            // A shard of the split is gone: another client finished it, and the shard was
+            // merged or dropped since. Nothing is left to do.
+            Err(ShardError::Call(CallError::ProcletGone(_))) => Ok(None),
+            r => r,
+        }
+    }
+
+    fn finish_split_steps(
         &self,
         shard: &Proclet<Cell<S>>,
     ) -> Result<Option<Proclet<Cell<S>>>, ShardError> {
@@ -903,7 +1113,50 @@ fn route_mut<S: Shard, A, R, F, W: Fn(&mut S, A, &F) -> R>(
         return Routed::Sealed;
     }
     let r = via(&mut c.data, arg, f);
-    Routed::Done(r, if want { c.data.footprint() } else { 0 })
+    Routed::Done(r, if want { c.data.footprint() } else { 0 }, c.hi.is_none())
+}
+
+/// What a call of [`AutoSharder::route_many_async`] answers.
+#[derive(Serialize, Deserialize)]
+#[serde(bound(
+    serialize = "I: Serialize",
+    deserialize = "I: serde::de::DeserializeOwned"
+))]
+enum RoutedMany<I> {
+    /// The covered items were applied (if any: `applied`); `rest` belong elsewhere.
+    Done {
+        rest: Vec<I>,
+        fp: u64,
+        applied: bool,
+    },
+    /// Nothing applied: merged away, or frozen after a split.
+    Moved(Vec<I>),
+    /// The structure is sealed.
+    Sealed,
+}
+
+/// The wrapper a batch of writes runs in: the items this shard covers are applied.
+fn route_many_mut<S: Shard, I, K: Fn(&I) -> S::Key, F: Fn(&mut S, Vec<I>)>(
+    c: &mut Cell<S>,
+    items: Vec<I>,
+    (key_of, apply): &(K, F),
+) -> RoutedMany<I> {
+    if c.merged_into.is_some() || c.frozen_by.is_some() {
+        return RoutedMany::Moved(items);
+    }
+    if c.sealed {
+        return RoutedMany::Sealed;
+    }
+    let (mine, rest): (Vec<I>, Vec<I>) = items.into_iter().partition(|i| c.covers(&key_of(i)));
+    let applied = !mine.is_empty();
+    if applied {
+        apply(&mut c.data, mine);
+    }
+    RoutedMany::Done {
+        rest,
+        fp: c.data.footprint(),
+        applied,
+    }
 }
 
 /// The wrapper a routed read runs in: served from a split's pending part too.
@@ -917,11 +1170,11 @@ fn route_ref<S: Shard, A, R, F: Fn(&S, A) -> R>(
         return Routed::Redirect(arg, to.clone());
     }
     if c.covers(&key) {
-        return Routed::Done((f(&c.data, arg), c.hi.clone()), 0);
+        return Routed::Done((f(&c.data, arg), c.hi.clone()), 0, c.hi.is_none());
     }
     match &c.pending {
         Some(p) if in_range(&key, &Some(p.lo.clone()), &p.hi) => {
-            Routed::Done((f(&p.data, arg), p.hi.clone()), 0)
+            Routed::Done((f(&p.data, arg), p.hi.clone()), 0, p.hi.is_none())
         }
         _ => Routed::Stale(arg),
     }
@@ -982,6 +1235,53 @@ fn publish_pending<S: Shard>(
         let _ = child.destroy();
     }
     Ok(Some((p.lo.clone(), winner)))
+}
+
+/// (the right neighbour, where its range starts, the map)
+type DropArgs<S> = (Proclet<Cell<S>>, <S as Shard>::Key, Proclet<MapLog<S>>);
+
+/// Hand the empty first shard `c`'s range to its right neighbour (running on `c`,
+/// exclusively; lock order left then right, as for merges). Returns whether it did.
+fn drop_into_right<S: Shard>(
+    c: &mut Cell<S>,
+    (right, right_lo, map): DropArgs<S>,
+) -> Result<bool, String> {
+    if c.lo.is_some()
+        || c.hi.as_ref() != Some(&right_lo)
+        || c.pending.is_some()
+        || c.frozen_by.is_some()
+        || c.merged_into.is_some()
+        || c.sealed
+        || !c.data.is_empty()
+    {
+        return Ok(false);
+    }
+    let took = right
+        .run(right_lo.clone(), |r: &mut Cell<S>, lo: S::Key| {
+            if r.lo.as_ref() != Some(&lo) || r.merged_into.is_some() || r.frozen_by.is_some() {
+                return false;
+            }
+            // Nobody routes keys below `lo` here until the map says so, and the first
+            // shard forwards its callers from now on.
+            r.lo = None;
+            true
+        })
+        .map_err(|e| format!("extending the second shard's range: {e}"))?;
+    if !took {
+        return Ok(false);
+    }
+    c.merged_into = Some(right.clone());
+    map.run(
+        (right_lo, right),
+        |m: &mut MapLog<S>, (lo, shard): (S::Key, Proclet<Cell<S>>)| {
+            m.apply(Change::Set { lo: None, shard });
+            if m.current.contains_key(&Some(lo.clone())) {
+                m.apply(Change::Remove { lo: Some(lo) });
+            }
+        },
+    )
+    .map_err(|e| format!("recording a dropped first shard: {e}"))?;
+    Ok(true)
 }
 
 /// (left itself, right, map, right's footprint as the client saw it, upper bound)

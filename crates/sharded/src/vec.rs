@@ -1,11 +1,11 @@
 //! [`ShardedVec`]: a vector split into index ranges, each a memory proclet; it grows at
 //! the tail, and once sealed it is iterated with blocks prefetched in the background.
 
+use crate::batch::Pusher;
 use crate::sharder::{AutoSharder, Bounds, Hint, Shard};
 use crate::ShardError;
 use granule_runtime::{Footprint, Wire};
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
 
 /// What a vector element must be.
 pub trait Element: Wire + Clone + Sync + Footprint {}
@@ -352,31 +352,9 @@ impl<T: Element> Iterator for VecIter<T> {
     }
 }
 
-/// Shared between a [`VecPusher`] and its flushing thread.
-#[derive(Default)]
-struct FlushState {
-    /// Batches handed over / applied.
-    sent: u64,
-    applied: u64,
-    /// Elements applied.
-    elements: u64,
-    /// The first failure; later batches are dropped with it.
-    error: Option<String>,
-}
-
-/// Batching mode for [`ShardedVec::push`]: elements are buffered here and sent in large
-/// batches, several in flight at once, by a thread of the pusher's own. Each batch lands
-/// contiguously at the tail; batches in flight together may land in either order (one
-/// in flight keeps push order). [`VecPusher::flush`] waits until everything pushed so far
-/// is in the vector; dropping the pusher flushes too (errors then only logged).
-pub struct VecPusher<T: Element> {
-    buf: Vec<T>,
-    buf_bytes: u64,
-    batch_bytes: u64,
-    tx: Option<std::sync::mpsc::SyncSender<Vec<T>>>,
-    state: std::sync::Arc<(parking_lot::Mutex<FlushState>, parking_lot::Condvar)>,
-    flusher: Option<std::thread::JoinHandle<()>>,
-}
+/// Batching mode's writer for a [`ShardedVec`]: see [`Pusher`]. Each batch lands
+/// contiguously at the tail.
+pub type VecPusher<T> = Pusher<T>;
 
 impl<T: Element> ShardedVec<T> {
     /// An empty vector in batching mode's bounds (shards of at most 32 MiB); push to it
@@ -387,152 +365,15 @@ impl<T: Element> ShardedVec<T> {
 
     /// A batching pusher: batches of about `batch_bytes`, up to `in_flight` sent at once.
     pub fn pusher(&self, batch_bytes: u64, in_flight: usize) -> Result<VecPusher<T>, ShardError> {
-        let in_flight = in_flight.max(1);
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<T>>(in_flight);
-        let state: std::sync::Arc<(parking_lot::Mutex<FlushState>, parking_lot::Condvar)> =
-            Default::default();
-        let ctx = granule_runtime::thread_context();
-        let (v, st) = (self.clone(), state.clone());
-        let flusher = std::thread::Builder::new()
-            .name("granule-vec-flush".into())
-            .spawn(move || {
-                ctx.enter();
-                granule_runtime::set_spin(false);
-                flush_batches(&v, rx, in_flight, &st);
-            })
-            .map_err(|e| ShardError::Stuck(format!("cannot start the flushing thread: {e}")))?;
-        Ok(VecPusher {
-            buf: Vec::new(),
-            buf_bytes: 0,
-            batch_bytes: batch_bytes.max(1),
-            tx: Some(tx),
-            state,
-            flusher: Some(flusher),
-        })
-    }
-}
-
-impl<T: Element> VecPusher<T> {
-    /// Buffer `v`; a full buffer is handed to the flushing thread (waiting while
-    /// `in_flight` batches are already out).
-    pub fn push(&mut self, v: T) -> Result<(), ShardError> {
-        self.buf_bytes += v.footprint();
-        self.buf.push(v);
-        if self.buf_bytes >= self.batch_bytes {
-            self.send()?;
-        }
-        Ok(())
-    }
-
-    fn send(&mut self) -> Result<(), ShardError> {
-        if let Some(e) = &self.state.0.lock().error {
-            return Err(ShardError::Step(e.clone()));
-        }
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let batch = std::mem::take(&mut self.buf);
-        self.buf_bytes = 0;
-        self.state.0.lock().sent += 1;
-        let gone = || ShardError::Step("the flushing thread stopped".into());
-        self.tx
-            .as_ref()
-            .ok_or_else(gone)?
-            .send(batch)
-            .map_err(|_| gone())
-    }
-
-    /// Send what is buffered and wait until every batch so far is in the vector; returns
-    /// the number of elements applied since the pusher was made.
-    pub fn flush(&mut self) -> Result<u64, ShardError> {
-        self.send()?;
-        let (lock, cv) = &*self.state;
-        let mut st = lock.lock();
-        while st.applied < st.sent && st.error.is_none() {
-            cv.wait(&mut st);
-        }
-        match &st.error {
-            Some(e) => Err(ShardError::Step(e.clone())),
-            None => Ok(st.elements),
-        }
-    }
-}
-
-impl<T: Element> Drop for VecPusher<T> {
-    fn drop(&mut self) {
-        if let Err(e) = self.flush() {
-            tracing::warn!("a vector pusher dropped with unflushed elements: {e}");
-        }
-        self.tx = None;
-        if let Some(h) = self.flusher.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-/// The flushing thread: up to `in_flight` batches at the tail at once.
-fn flush_batches<T: Element>(
-    v: &ShardedVec<T>,
-    rx: std::sync::mpsc::Receiver<Vec<T>>,
-    in_flight: usize,
-    state: &(parking_lot::Mutex<FlushState>, parking_lot::Condvar),
-) {
-    use futures::stream::{FuturesUnordered, StreamExt};
-    let append = |batch: Vec<T>| {
-        let v = v.clone();
-        async move {
-            let n = batch.len() as u64;
-            let r = v
-                .sharder
-                .route_async(&TAIL, batch, |s: &mut VecShard<T>, vs: Vec<T>| {
-                    s.bytes += vs.iter().map(|x| x.footprint()).sum::<u64>();
-                    s.items.extend(vs);
-                })
-                .await;
-            (n, r)
-        }
-    };
-    let mut inflight = FuturesUnordered::new();
-    let mut open = true;
-    while open || !inflight.is_empty() {
-        // Take what is waiting, up to the limit; block for a batch only when idle.
-        while open && inflight.len() < in_flight {
-            let next = if inflight.is_empty() {
-                rx.recv().map_err(|_| ())
-            } else {
-                match rx.try_recv() {
-                    Ok(b) => Ok(b),
-                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
-                    Err(std::sync::mpsc::TryRecvError::Disconnected) => Err(()),
-                }
-            };
-            match next {
-                Ok(b) => inflight.push(append(b)),
-                Err(()) => open = false,
-            }
-        }
-        if inflight.is_empty() {
-            continue;
-        }
-        // Wait for one batch, or a little, then look for more to send.
-        let done = granule_runtime::block_on(async {
-            tokio::time::timeout(Duration::from_micros(200), inflight.next()).await
-        });
-        let Ok(Some((n, r))) = done else { continue };
-        let (lock, cv) = state;
-        match r {
-            Ok(((), shard, fp)) => {
-                v.sharder.resize_after(&TAIL, Hint::Grow, &shard, fp);
-                let mut st = lock.lock();
-                st.applied += 1;
-                st.elements += n;
-            }
-            Err(e) => {
-                let mut st = lock.lock();
-                st.applied += 1;
-                st.error.get_or_insert_with(|| e.to_string());
-            }
-        }
-        cv.notify_all();
+        Pusher::start(
+            self.sharder.clone(),
+            batch_bytes,
+            in_flight,
+            |_: &T| TAIL,
+            |s: &mut VecShard<T>, vs: Vec<T>| {
+                s.bytes += vs.iter().map(|x| x.footprint()).sum::<u64>();
+                s.items.extend(vs);
+            },
+        )
     }
 }
