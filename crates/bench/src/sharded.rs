@@ -7,16 +7,20 @@
 //!   the nodes share the machine's vCPUs); the structures' shards are placed by the
 //!   controller and split onto their parents' nodes. Nodes do not shed (`shed(false)`).
 //! - **Elements**: 100-byte `Vec<u8>` values (map keys: `u64`).
-//! - **Operations**: vector push (std `Vec::push`; `ShardedVec::push`; a `VecPusher` with
-//!   64 KiB batches, 4 in flight), vector read (std indexing; `ShardedVec::get`; sealed
-//!   iteration with 256 KiB blocks, 4 ahead), map insert and get (std `BTreeMap`;
-//!   `ShardedMap`), all from the driver's main thread.
-//! - **Figure**: `batching_vs_lowlatency_push_100b` = batching push ops/s ÷ low-latency
-//!   push ops/s (target ≥ 10).
+//! - **Operations**, all from the driver's main thread, each structure in both modes
+//!   (low-latency: one call per operation; batching: a `Pusher` with 64 KiB batches,
+//!   4 in flight — 1 for the queue, to keep its order — and block reads):
+//!   vector push / get / sealed iteration (256 KiB blocks, 4 ahead) vs `Vec`; map insert /
+//!   get / full scan vs `BTreeMap`; queue push / pop (`try_pop(1)`, batching
+//!   `try_pop(655)`) vs `VecDeque`; partitions insert / read per partition vs a
+//!   `Vec<(K, V)>`.
+//! - **Figures**: `batching_vs_lowlatency_push_100b` = vector batching push ops/s ÷
+//!   low-latency push ops/s (target ≥ 10), and the same ratio for the map, the queue and
+//!   the partitions.
 
 use crate::BenchOpts;
 use anyhow::Context;
-use granule::sharded::{ShardedMap, ShardedVec};
+use granule::sharded::{ShardedMap, ShardedPartitions, ShardedQueue, ShardedVec};
 use granule::Cluster;
 use granule_report::{Cell, Meta, Plot, Report, Table};
 use std::collections::BTreeMap;
@@ -235,8 +239,195 @@ fn measure(c: &Counts, placements: &mut Vec<String>) -> anyhow::Result<Vec<Row>>
             Ok(())
         },
     )?);
-    placements.push(format!("ShardedMap: {}", placement_of(map.sharder())?));
+    placements.push(format!(
+        "ShardedMap low-latency: {}",
+        placement_of(map.sharder())?
+    ));
     map.destroy()?;
+    let bmap: ShardedMap<u64, Vec<u8>> = ShardedMap::batching()?;
+    rows.push(timed(
+        "ShardedMap",
+        "insert",
+        "batching",
+        c.batching,
+        || {
+            let mut ins = bmap.inserter(64 << 10, 4)?;
+            for i in 0..c.batching {
+                ins.push((i.wrapping_mul(0x9E37_79B9_7F4A_7C15), value(i)))?;
+            }
+            let n = ins.flush()?;
+            anyhow::ensure!(n == c.batching, "{n} of {} entries applied", c.batching);
+            Ok(())
+        },
+    )?);
+    anyhow::ensure!(bmap.len()? == c.batching, "batched map length");
+    rows.push(timed("ShardedMap", "scan", "batching", c.batching, || {
+        let all = bmap.range(None, None, usize::MAX)?;
+        anyhow::ensure!(all.len() as u64 == c.batching, "scanned {}", all.len());
+        black_box(all);
+        Ok(())
+    })?);
+    placements.push(format!(
+        "ShardedMap batching: {}",
+        placement_of(bmap.sharder())?
+    ));
+    bmap.destroy()?;
+
+    // Queue push and pop.
+    let mut deque = std::collections::VecDeque::new();
+    rows.push(timed(
+        "VecDeque",
+        "push",
+        "std, one process",
+        c.std,
+        || {
+            for i in 0..c.std {
+                deque.push_back(value(i));
+            }
+            Ok(())
+        },
+    )?);
+    rows.push(timed("VecDeque", "pop", "std, one process", c.std, || {
+        for i in 0..c.std {
+            let v = deque.pop_front();
+            anyhow::ensure!(v.as_deref() == Some(&value(i)[..]), "element {i}");
+        }
+        Ok(())
+    })?);
+    let q: ShardedQueue<Vec<u8>> = ShardedQueue::new()?;
+    rows.push(timed(
+        "ShardedQueue",
+        "push",
+        "low-latency",
+        c.low_latency,
+        || {
+            for i in 0..c.low_latency {
+                q.push(value(i))?;
+            }
+            Ok(())
+        },
+    )?);
+    rows.push(timed(
+        "ShardedQueue",
+        "pop",
+        "low-latency",
+        c.low_latency,
+        || {
+            for i in 0..c.low_latency {
+                let v = q.try_pop(1)?;
+                anyhow::ensure!(v.first() == Some(&value(i)), "element {i}");
+            }
+            Ok(())
+        },
+    )?);
+    q.destroy()?;
+    let bq: ShardedQueue<Vec<u8>> = ShardedQueue::batching()?;
+    rows.push(timed(
+        "ShardedQueue",
+        "push",
+        "batching",
+        c.batching,
+        || {
+            // One batch in flight: the queue keeps this producer's order.
+            let mut p = bq.pusher(64 << 10, 1)?;
+            for i in 0..c.batching {
+                p.push(value(i))?;
+            }
+            let n = p.flush()?;
+            anyhow::ensure!(n == c.batching, "{n} of {} elements applied", c.batching);
+            Ok(())
+        },
+    )?);
+    placements.push(format!(
+        "ShardedQueue batching: {}",
+        placement_of(bq.sharder())?
+    ));
+    rows.push(timed(
+        "ShardedQueue",
+        "pop",
+        "batching",
+        c.batching,
+        || {
+            let mut next = 0u64;
+            while next < c.batching {
+                let got = bq.try_pop((64 << 10) / VALUE)?;
+                anyhow::ensure!(!got.is_empty(), "queue empty after {next} elements");
+                for v in got {
+                    anyhow::ensure!(v == value(next), "element {next} out of order");
+                    next += 1;
+                }
+            }
+            Ok(())
+        },
+    )?);
+    bq.destroy()?;
+
+    // Partitions: pairs in, then read back one partition at a time.
+    let key = |i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 10_000;
+    let mut pairs = Vec::new();
+    rows.push(timed(
+        "Vec<(K, V)>",
+        "insert",
+        "std, one process",
+        c.std,
+        || {
+            for i in 0..c.std {
+                pairs.push((key(i), value(i)));
+            }
+            Ok(())
+        },
+    )?);
+    drop(pairs);
+    let parts: ShardedPartitions<u64, Vec<u8>> = ShardedPartitions::new()?;
+    rows.push(timed(
+        "ShardedPartitions",
+        "insert",
+        "low-latency",
+        c.low_latency,
+        || {
+            for i in 0..c.low_latency {
+                parts.insert(key(i), value(i))?;
+            }
+            Ok(())
+        },
+    )?);
+    parts.destroy()?;
+    let bparts: ShardedPartitions<u64, Vec<u8>> = ShardedPartitions::batching()?;
+    rows.push(timed(
+        "ShardedPartitions",
+        "insert",
+        "batching",
+        c.batching,
+        || {
+            let mut p = bparts.pusher(64 << 10, 4)?;
+            for i in 0..c.batching {
+                p.push((key(i), value(i)))?;
+            }
+            let n = p.flush()?;
+            anyhow::ensure!(n == c.batching, "{n} of {} pairs applied", c.batching);
+            Ok(())
+        },
+    )?);
+    bparts.seal()?;
+    placements.push(format!(
+        "ShardedPartitions batching: {}",
+        placement_of(bparts.sharder())?
+    ));
+    rows.push(timed(
+        "ShardedPartitions",
+        "read partitions",
+        "batching",
+        c.batching,
+        || {
+            let mut n = 0u64;
+            for part in bparts.partitions()? {
+                n += part.pairs()?.len() as u64;
+            }
+            anyhow::ensure!(n == c.batching, "read {n} pairs");
+            Ok(())
+        },
+    )?);
+    bparts.destroy()?;
     Ok(rows)
 }
 
@@ -264,7 +455,11 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let std_of = |r: &Row| match (r.structure, r.op) {
         ("ShardedVec", "push") => rate_of("Vec", "push", "std, one process"),
         ("ShardedVec", _) => rate_of("Vec", "read", "std, one process"),
+        ("ShardedMap", "scan") => rate_of("Vec", "read", "std, one process"),
         ("ShardedMap", op) => rate_of("BTreeMap", op, "std, one process"),
+        ("ShardedQueue", op) => rate_of("VecDeque", op, "std, one process"),
+        ("ShardedPartitions", "insert") => rate_of("Vec<(K, V)>", "insert", "std, one process"),
+        ("ShardedPartitions", _) => rate_of("Vec", "read", "std, one process"),
         _ => r.rate(),
     };
     let mut table = Table::new(&[
@@ -306,9 +501,10 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let mut meta = Meta::collect(placement, opts.quick);
     meta.note(format!(
         "low-latency mode: shards ≤ 2 MiB, one synchronous call per operation ({} operations); batching mode: \
-         shards ≤ 32 MiB, a VecPusher with 64 KiB batches and 4 in flight ({} elements), and sealed iteration with \
-         256 KiB blocks 4 ahead; std: {} operations. Values are 100-byte Vec<u8>; map keys are scrambled u64. Every \
-         read is checked against what was written.",
+         shards ≤ 32 MiB, a Pusher with 64 KiB batches and 4 in flight (the queue: 1, which keeps its order) ({} \
+         elements), sealed vector iteration with 256 KiB blocks 4 ahead, queue pops of 655 elements, map scans and \
+         partition reads of whole shards; std: {} operations. Values are 100-byte Vec<u8>; map keys are scrambled \
+         u64, partition keys 10 000 distinct u64. Every read is checked against what was written.",
         counts.low_latency, counts.batching, counts.std
     ));
     meta.note(format!(
@@ -320,6 +516,23 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     rep.table(table);
     rep.plot(plot);
     rep.summary("batching_vs_lowlatency_push_100b", ratio);
+    let modes = |s: &str, op: &str| rate_of(s, op, "batching") / rate_of(s, op, "low-latency");
+    rep.summary(
+        "map_batching_vs_lowlatency_insert_100b",
+        modes("ShardedMap", "insert"),
+    );
+    rep.summary(
+        "queue_batching_vs_lowlatency_push_100b",
+        modes("ShardedQueue", "push"),
+    );
+    rep.summary(
+        "queue_batching_vs_lowlatency_pop_100b",
+        modes("ShardedQueue", "pop"),
+    );
+    rep.summary(
+        "partitions_batching_vs_lowlatency_insert_100b",
+        modes("ShardedPartitions", "insert"),
+    );
     for r in &rows {
         let key = format!(
             "{}_{}_{}_ops_per_s",
