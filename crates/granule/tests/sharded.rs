@@ -468,12 +468,33 @@ fn a_split_its_client_abandoned_is_finished_by_the_next_writer() {
             .expect("write"));
         eprintln!("the write waited {:?} and finished the split", t.elapsed());
         assert!(s.shards().expect("shards").len() >= 2);
+        // The batching path recovers the same way: a second split begins and is
+        // abandoned, and a batch for keys on both sides of it still lands.
+        for k in 200..400u64 {
+            s.route(&k, Hint::Same, k, |s: &mut SetShard, k: u64| {
+                s.keys.insert(k)
+            })
+            .expect("insert");
+        }
+        let (_, last) = s.shards().expect("shards").pop().expect("a shard");
+        assert!(s.begin_split(&last).expect("begin a second split"));
+        let t = Instant::now();
+        let batch: Vec<u64> = vec![1_001, 1_002, 2_000];
+        let written = granule::block_on(s.route_many_async(
+            batch,
+            |k: &u64| *k,
+            |s: &mut SetShard, ks: Vec<u64>| s.keys.extend(ks),
+        ))
+        .expect("batch");
+        assert!(!written.is_empty());
+        eprintln!("the batch waited {:?} and finished the split", t.elapsed());
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
         // Every key exactly once.
         let all: Vec<Vec<u64>> = s
             .map_shards((), |s: &SetShard, ()| s.keys.iter().copied().collect())
             .expect("keys");
         let flat: Vec<u64> = all.into_iter().flatten().collect();
-        let expected: Vec<u64> = (0..200).chain([1_000]).collect();
+        let expected: Vec<u64> = (0..400).chain([1_000, 1_001, 1_002, 2_000]).collect();
         assert_eq!(flat, expected);
         s.destroy().expect("destroy");
         cluster.shutdown();

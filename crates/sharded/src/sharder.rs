@@ -587,6 +587,8 @@ impl<S: Shard> AutoSharder<S> {
         let started = Instant::now();
         let mut todo = items;
         let mut written = Vec::new();
+        // Shards that turned items away because of a split, and since when.
+        let mut busy_since: Option<Instant> = None;
         while !todo.is_empty() {
             if started.elapsed() > ROUTE_PATIENCE {
                 return Err(ShardError::Stuck(format!("{:?}", key_of(&todo[0]))));
@@ -615,19 +617,24 @@ impl<S: Shard> AutoSharder<S> {
                 async move { (shard, k, backup, call.await) }
             });
             let mut retry = false;
+            let mut busy = Vec::new();
             for (shard, k, backup, r) in futures::future::join_all(calls).await {
                 match r {
                     Ok(RoutedMany::Done { rest, fp, applied }) => {
                         if applied {
-                            written.push((k, shard, fp));
+                            written.push((k, shard.clone(), fp));
                         }
-                        retry |= !rest.is_empty();
+                        if !rest.is_empty() {
+                            retry = true;
+                            busy.push(shard);
+                        }
                         todo.extend(rest);
                     }
                     Ok(RoutedMany::Sealed) => return Err(ShardError::Sealed),
                     // Nothing ran: send the whole group again.
                     Ok(RoutedMany::Moved(group)) => {
                         retry = true;
+                        busy.push(shard);
                         todo.extend(group);
                     }
                     Err(CallError::ProcletGone(_)) => {
@@ -638,8 +645,22 @@ impl<S: Shard> AutoSharder<S> {
                 }
             }
             if retry {
+                let since = *busy_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > BUSY_PATIENCE {
+                    // The client that started a split there may be gone: finish it (every
+                    // step is idempotent; shards not splitting answer at once).
+                    for shard in &busy {
+                        match self.finish_split_async(shard).await {
+                            Ok(()) | Err(ShardError::Call(CallError::ProcletGone(_))) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    busy_since = None;
+                }
                 tokio::time::sleep(Duration::from_micros(200)).await;
                 self.refresh_async().await?;
+            } else {
+                busy_since = None;
             }
         }
         Ok(written)
@@ -995,6 +1016,49 @@ impl<S: Shard> AutoSharder<S> {
         })?;
         child.run((), |c: &mut Cell<S>, ()| c.frozen_by = None)?;
         Ok(Some(child))
+    }
+
+    /// [`AutoSharder::finish_split_of`] as a future, for the batching path: its thread
+    /// keeps other calls in flight and must not block on synchronous ones.
+    async fn finish_split_async(&self, shard: &Proclet<Cell<S>>) -> Result<(), ShardError> {
+        let frozen_by = shard
+            .run_ref_async((), |c: &Cell<S>, ()| c.frozen_by.clone())
+            .await?;
+        let (parent, child) = match frozen_by {
+            Some(parent) => (parent, Some(shard.clone())),
+            None => (shard.clone(), None),
+        };
+        let published = parent
+            .run_ref_async(
+                (parent.clone(), self.map.clone()),
+                |c: &Cell<S>, (me, map): (Proclet<Cell<S>>, Proclet<MapLog<S>>)| {
+                    publish_pending(c, me, map)
+                },
+            )
+            .await?
+            .map_err(ShardError::Step)?;
+        let child = match (published, child) {
+            (Some((lo, s)), _) => Some((lo, s)),
+            (None, Some(c)) => {
+                let lo = c.run_ref_async((), |c: &Cell<S>, ()| c.lo.clone()).await?;
+                lo.map(|lo| (lo, c))
+            }
+            (None, None) => None,
+        };
+        let Some((lo, child)) = child else {
+            return Ok(());
+        };
+        parent
+            .run_async(lo, |c: &mut Cell<S>, lo: S::Key| {
+                if c.pending.as_ref().is_some_and(|p| p.lo == lo) {
+                    c.pending = None;
+                }
+            })
+            .await?;
+        child
+            .run_async((), |c: &mut Cell<S>, ()| c.frozen_by = None)
+            .await?;
+        Ok(())
     }
 
     /// Merge the small `shard` (holding `key`) with a neighbour: into its left one, or the
