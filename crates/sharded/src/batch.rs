@@ -118,7 +118,9 @@ impl<I: Wire + Clone + Footprint> Pusher<I> {
             flusher: Some(flusher),
         })
     }
+}
 
+impl<I: Wire + Footprint> Pusher<I> {
     /// Buffer `item`; a full buffer is handed to the flushing thread (waiting while
     /// `in_flight` batches are already out). Fails if an earlier batch failed.
     pub fn push(&mut self, item: I) -> Result<(), ShardError> {
@@ -169,18 +171,7 @@ impl<I: Wire + Clone + Footprint> Pusher<I> {
 
 impl<I: Wire + Footprint> Drop for Pusher<I> {
     fn drop(&mut self) {
-        // Flush (written out: `flush` lives where `I: Clone`, which `Drop` cannot ask for).
-        if !self.buf.is_empty() && self.shared.state.lock().error.is_none() {
-            let batch = std::mem::take(&mut self.buf);
-            if let Some(tx) = &self.tx {
-                self.shared.state.lock().sent += 1;
-                if granule_runtime::block_on(tx.send(batch)).is_err() {
-                    self.shared.state.lock().sent -= 1;
-                }
-            }
-        }
-        self.shared.wait_applied();
-        if let Some(e) = &self.shared.state.lock().error {
+        if let Err(e) = self.flush() {
             tracing::warn!("a pusher was dropped with items not applied: {e}");
         }
         self.tx = None;

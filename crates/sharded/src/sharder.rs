@@ -651,7 +651,7 @@ impl<S: Shard> AutoSharder<S> {
                     // step is idempotent; shards not splitting answer at once).
                     for shard in &busy {
                         match self.finish_split_async(shard).await {
-                            Ok(()) | Err(ShardError::Call(CallError::ProcletGone(_))) => {}
+                            Ok(_) | Err(ShardError::Call(CallError::ProcletGone(_))) => {}
                             Err(e) => return Err(e),
                         }
                     }
@@ -971,7 +971,7 @@ impl<S: Shard> AutoSharder<S> {
         &self,
         shard: &Proclet<Cell<S>>,
     ) -> Result<Option<Proclet<Cell<S>>>, ShardError> {
-        match self.finish_split_steps(shard) {
+        match granule_runtime::block_on(self.finish_split_async(shard)) {
             // A shard of the split is gone: another client finished it, and the shard was
             // merged or dropped since. Nothing is left to do.
             Err(ShardError::Call(CallError::ProcletGone(_))) => Ok(None),
@@ -979,48 +979,13 @@ impl<S: Shard> AutoSharder<S> {
         }
     }
 
-    fn finish_split_steps(
+    /// Steps 2 and 3 of a split (see [`AutoSharder::finish_split_of`]) as a future: the
+    /// batching path's thread keeps other calls in flight and must not block on
+    /// synchronous ones. Returns the new shard.
+    async fn finish_split_async(
         &self,
         shard: &Proclet<Cell<S>>,
     ) -> Result<Option<Proclet<Cell<S>>>, ShardError> {
-        // A frozen new shard: its parent must drop its copy first.
-        let frozen_by = shard.run_ref((), |c: &Cell<S>, ()| c.frozen_by.clone())?;
-        let (parent, child) = match frozen_by {
-            Some(parent) => (parent, Some(shard.clone())),
-            None => (shard.clone(), None),
-        };
-        // Publish (shared: the parent keeps serving reads).
-        let published = parent
-            .run_ref(
-                (parent.clone(), self.map.clone()),
-                |c: &Cell<S>, (me, map): (Proclet<Cell<S>>, Proclet<MapLog<S>>)| {
-                    publish_pending(c, me, map)
-                },
-            )?
-            .map_err(ShardError::Step)?;
-        let child = match (published, child) {
-            (Some((lo, s)), _) => Some((lo, s)),
-            (None, Some(c)) => {
-                let lo = c.run_ref((), |c: &Cell<S>, ()| c.lo.clone())?;
-                lo.map(|lo| (lo, c))
-            }
-            (None, None) => None,
-        };
-        let Some((lo, child)) = child else {
-            return Ok(None);
-        };
-        parent.run(lo, |c: &mut Cell<S>, lo: S::Key| {
-            if c.pending.as_ref().is_some_and(|p| p.lo == lo) {
-                c.pending = None;
-            }
-        })?;
-        child.run((), |c: &mut Cell<S>, ()| c.frozen_by = None)?;
-        Ok(Some(child))
-    }
-
-    /// [`AutoSharder::finish_split_of`] as a future, for the batching path: its thread
-    /// keeps other calls in flight and must not block on synchronous ones.
-    async fn finish_split_async(&self, shard: &Proclet<Cell<S>>) -> Result<(), ShardError> {
         let frozen_by = shard
             .run_ref_async((), |c: &Cell<S>, ()| c.frozen_by.clone())
             .await?;
@@ -1046,7 +1011,7 @@ impl<S: Shard> AutoSharder<S> {
             (None, None) => None,
         };
         let Some((lo, child)) = child else {
-            return Ok(());
+            return Ok(None);
         };
         parent
             .run_async(lo, |c: &mut Cell<S>, lo: S::Key| {
@@ -1058,7 +1023,7 @@ impl<S: Shard> AutoSharder<S> {
         child
             .run_async((), |c: &mut Cell<S>, ()| c.frozen_by = None)
             .await?;
-        Ok(())
+        Ok(Some(child))
     }
 
     /// Merge the small `shard` (holding `key`) with a neighbour: into its left one, or the
