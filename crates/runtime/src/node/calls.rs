@@ -1,6 +1,6 @@
 //! The calling side of a node: finding proclets, sending calls, creating and destroying.
 
-use super::{NewProclet, NodeInner, Remote, MAX_HOPS};
+use super::{chase_exhausted, NewProclet, NodeInner, Remote};
 use crate::context;
 use crate::error::CallError;
 use crate::shipping::{self, Descriptor, ErasedState};
@@ -20,6 +20,7 @@ impl NodeInner {
         chain: ChainId,
         arg: &[u8],
     ) -> Result<Remote, CallError> {
+        let started = std::time::Instant::now();
         let mut loc = self.resolve(id, hint).await?;
         let mut hops = 0;
         loop {
@@ -28,7 +29,7 @@ impl NodeInner {
                     return Ok(Remote::Local);
                 }
                 hops += 1;
-                if hops > MAX_HOPS {
+                if chase_exhausted(hops, started) {
                     return Err(CallError::Internal(format!("cannot find proclet {id}")));
                 }
                 loc = self.relocate(id, &loc, None, hops).await?;
@@ -52,9 +53,10 @@ impl NodeInner {
                     ..
                 }) => {
                     hops += 1;
-                    if hops > MAX_HOPS {
+                    if chase_exhausted(hops, started) {
                         return Err(CallError::Internal(format!(
-                            "proclet {id} kept moving; gave up after {MAX_HOPS} hops"
+                            "proclet {id} kept moving; gave up after {hops} hops in {:?}",
+                            started.elapsed()
                         )));
                     }
                     loc = self.relocate(id, &loc, hint, hops).await?;
@@ -171,6 +173,7 @@ impl NodeInner {
         hint: Option<&Location>,
         chain: ChainId,
     ) -> Result<(), CallError> {
+        let started = std::time::Instant::now();
         let mut hops = 0;
         let mut loc: Option<Location> = None;
         loop {
@@ -186,7 +189,7 @@ impl NodeInner {
             };
             if l.node == self.id {
                 hops += 1;
-                if hops > MAX_HOPS {
+                if chase_exhausted(hops, started) {
                     return Err(CallError::ProcletGone(id));
                 }
                 loc = Some(self.relocate(id, &l, None, hops).await?);
@@ -203,7 +206,7 @@ impl NodeInner {
                     ..
                 }) => {
                     hops += 1;
-                    if hops > MAX_HOPS {
+                    if chase_exhausted(hops, started) {
                         return Err(CallError::ProcletGone(id));
                     }
                     loc = Some(self.relocate(id, &l, hint, hops).await?);

@@ -46,8 +46,16 @@ use std::time::{Duration, Instant};
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::OnceCell;
 
-/// How many times a call follows "not here" answers before giving up.
+/// How many times a call follows "not here" answers before it may give up...
 const MAX_HOPS: u32 = 32;
+/// ...and for how long at least: a controller slow to learn of a move or a destroy on a
+/// loaded machine must not fail calls that a moment's patience would have served.
+const HOP_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Whether a chase of a proclet's location that began at `started` should give up.
+fn chase_exhausted(hops: u32, started: Instant) -> bool {
+    hops > MAX_HOPS && started.elapsed() > HOP_PATIENCE
+}
 /// Proclet ids fetched from the controller at once.
 const ID_BLOCK: u32 = 1024;
 
@@ -619,7 +627,10 @@ impl NodeInner {
     ) -> Result<Location, CallError> {
         self.locations.remove(&id);
         if let Some(h) = hint {
-            if h.epoch > stale.epoch || h.node != stale.node {
+            // Only a newer epoch is news. A forwarding entry no newer than what the caller
+            // already knew is left from an earlier stay: two such entries pointing at each
+            // other would bounce the call between their nodes until it gave up.
+            if h.epoch > stale.epoch {
                 self.learn_location(id, &h);
                 return Ok(h);
             }
@@ -627,7 +638,7 @@ impl NodeInner {
         let loc = self.locate_at_controller(id).await?;
         if loc.node == stale.node && loc.epoch <= stale.epoch {
             // The controller has not caught up with a move yet: back off a little.
-            tokio::time::sleep(Duration::from_micros(200 * hops as u64)).await;
+            tokio::time::sleep(Duration::from_micros((200 * hops as u64).min(5_000))).await;
         }
         Ok(loc)
     }

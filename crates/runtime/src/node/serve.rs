@@ -43,7 +43,12 @@ impl NodeInner {
     }
 
     pub(super) fn remove_hosted(&self, slot: &Slot) {
-        if self.table.remove(&slot.id).is_some() {
+        // Only this very slot: the proclet may have come back and be hosted anew.
+        if self
+            .table
+            .remove_if(&slot.id, |_, s| std::ptr::eq(&**s, slot))
+            .is_some()
+        {
             self.hosted[slot.kind.index()].fetch_sub(1, Ordering::Relaxed);
         }
     }
