@@ -10,9 +10,29 @@ mod common;
 use common::bounded;
 
 /// Two or three nodes with room for the structures; no shedding (the tests move shards
-/// themselves).
+/// themselves). These tests run seven clusters at once on two vCPUs and do not test failure
+/// detection: a 5 s failure timeout keeps a heartbeat starved for a second from ending
+/// one of them.
 fn cluster(n: usize) -> (Cluster, Vec<NodeId>) {
-    common::cluster(n, "cpu=1,mem=1GiB")
+    let specs = vec!["cpu=1,mem=1GiB"; n].join(";");
+    let c = Cluster::builder()
+        .nodes(&specs)
+        .expect("node specs")
+        .shed(false)
+        .failure_timeout(Duration::from_secs(5))
+        .start()
+        .expect("cluster starts");
+    let workers = c.worker_nodes().expect("nodes");
+    assert_eq!(workers.len(), n);
+    (c, workers)
+}
+
+/// A stateless compute proclet on `node`, whose closures act as a client there.
+fn client_on(node: NodeId) -> Proclet<()> {
+    Proclet::builder(Kind::Compute)
+        .on(node)
+        .create((), |()| ())
+        .expect("client proclet")
 }
 
 /// Run a call on a thread of its own, so several node clients run at once (a call's
@@ -165,15 +185,7 @@ fn clients_on_several_nodes_lose_and_duplicate_nothing_while_shards_split_merge_
         let per_client = 3000u64;
         // Clients: compute proclets on two nodes and the driver, each inserting its own
         // keys; meanwhile the driver moves shards around.
-        let clients: Vec<Proclet<()>> = nodes[..2]
-            .iter()
-            .map(|n| {
-                Proclet::builder(Kind::Compute)
-                    .on(*n)
-                    .create((), |()| ())
-                    .expect("client")
-            })
-            .collect();
+        let clients: Vec<Proclet<()>> = nodes[..2].iter().map(|n| client_on(*n)).collect();
         let futures: Vec<_> = clients
             .iter()
             .enumerate()
@@ -553,15 +565,9 @@ fn queue_producers_and_consumers_on_several_nodes_take_every_element_once_in_ord
         let b = Bounds::new(4 << 10, 16 << 10).expect("bounds");
         let q: ShardedQueue<Msg> = ShardedQueue::with_bounds(b).expect("queue");
         let per_producer = 3000u64;
-        let on = |n: NodeId| {
-            Proclet::builder(Kind::Compute)
-                .on(n)
-                .create((), |()| ())
-                .expect("client proclet")
-        };
         // Consumers: on nodes 1 and 2 (one pops one at a time, one takes up to 16 per
         // call) and in the driver; each stops at the end marker.
-        let consumers: Vec<Proclet<()>> = vec![on(nodes[1]), on(nodes[2])];
+        let consumers: Vec<Proclet<()>> = vec![client_on(nodes[1]), client_on(nodes[2])];
         let taken: Vec<_> = consumers
             .iter()
             .enumerate()
@@ -606,7 +612,7 @@ fn queue_producers_and_consumers_on_several_nodes_take_every_element_once_in_ord
         // Producers: on nodes 0 and 1 (one pushes one by one, one through a batching
         // pusher with one batch in flight, which keeps order) and in the driver
         // (`extend` by 50).
-        let producers: Vec<Proclet<()>> = vec![on(nodes[0]), on(nodes[1])];
+        let producers: Vec<Proclet<()>> = vec![client_on(nodes[0]), client_on(nodes[1])];
         let pushed: Vec<_> = producers
             .iter()
             .enumerate()
@@ -750,15 +756,7 @@ fn partitions_split_evenly_and_hold_every_pair_once_while_shards_move() {
             let k = i.wrapping_mul(7919) % keys;
             (k, value(i, 64))
         };
-        let clients: Vec<Proclet<()>> = nodes[..2]
-            .iter()
-            .map(|n| {
-                Proclet::builder(Kind::Compute)
-                    .on(*n)
-                    .create((), |()| ())
-                    .expect("client")
-            })
-            .collect();
+        let clients: Vec<Proclet<()>> = nodes[..2].iter().map(|n| client_on(*n)).collect();
         let stop = AtomicBool::new(false);
         let moved = std::thread::scope(|s| {
             let (ctx, cluster, nodes, stop, parts) =
