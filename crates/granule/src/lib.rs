@@ -26,13 +26,17 @@
 //! ```
 #![forbid(unsafe_code)]
 
+/// Batch computing over sharded inputs: [`batch::for_all`], [`batch::map`],
+/// [`batch::filter`], [`batch::reduce`], run by compute proclets that scale with the
+/// cluster's idle cores.
+pub use granule_batch as batch;
 pub use granule_runtime::pressure;
 pub use granule_runtime::{
-    binary_hash, block_on, config, footprint, here, init_logging, run, run_node, set_spin,
-    should_yield, thread_context, CallError, Cluster, ClusterBuilder, ClusterConfig, ClusterError,
-    Footprint, Kind, MoveStats, NodeArgs, NodeId, NodeInfo, NodeSpec, NodeState, Proclet,
-    ProcletBuilder, ProcletId, ProcletState, ProcletUsage, RangeJob, Resource, ThreadContext,
-    Usage, Wire,
+    binary_hash, block_on, cluster_nodes, config, cpu_bound, footprint, here, init_logging, run,
+    run_node, set_spin, should_yield, spawn, thread_context, CallError, Cluster, ClusterBuilder,
+    ClusterConfig, ClusterError, Footprint, Kind, MoveStats, NodeArgs, NodeId, NodeInfo, NodeSpec,
+    NodeState, Proclet, ProcletBuilder, ProcletId, ProcletState, ProcletUsage, RangeJob, Resource,
+    ThreadContext, Usage, Wire,
 };
 /// Sharded data structures: [`sharded::ShardedMap`], [`sharded::ShardedVec`], and the
 /// [`sharded::AutoSharder`] they are built on.

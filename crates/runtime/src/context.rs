@@ -332,6 +332,49 @@ pub fn block_on_public<F: Future>(fut: F) -> F::Output {
     }
 }
 
+/// Run a CPU-bound section of a closure (a compute proclet working through items) on
+/// the calling thread. On a node worker thread the worker's place in the node's runtime
+/// is handed to another thread first, so calls to the node (a neighbour fetching
+/// elements from a shard here, a probe, a move) keep being served while the section
+/// runs instead of waiting behind it: with `cpu=1` the node has one worker thread.
+pub fn cpu_bound<R>(f: impl FnOnce() -> R) -> R {
+    if ON_WORKER.with(|w| w.get()) {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
+/// Run `fut` in the background on the runtime of the node the caller belongs to (inside
+/// a closure: the proclet's node; on the driver's threads: the driver). Used to keep a
+/// fetch in flight while the caller computes. `None` outside any cluster.
+pub fn spawn<F>(fut: F) -> Option<tokio::task::JoinHandle<F::Output>>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    current_node().map(|n| n.handle.spawn(fut))
+}
+
+/// Every node the controller knows, with spec, reported use and liveness, as seen from
+/// the node the caller belongs to (usable inside closures, unlike `Cluster::nodes`).
+pub fn cluster_nodes() -> Result<Vec<granule_wire::NodeInfo>, crate::CallError> {
+    block_on_public(cluster_nodes_async())
+}
+
+/// [`cluster_nodes`] as a future (the node is chosen when it is created).
+pub fn cluster_nodes_async(
+) -> impl Future<Output = Result<Vec<granule_wire::NodeInfo>, crate::CallError>> + Send + 'static {
+    let node = current_node();
+    async move {
+        let n = node.ok_or(crate::CallError::NoCluster)?;
+        n.controller
+            .list_nodes()
+            .await
+            .map_err(crate::CallError::from)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

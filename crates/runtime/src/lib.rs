@@ -35,7 +35,10 @@ pub use accounting::should_yield;
 pub use boot::{init_logging, run_node, NodeArgs};
 pub use cluster::{run, Cluster, ClusterBuilder};
 pub use config::ClusterConfig;
-pub use context::{block_on_public as block_on, here, set_spin, thread_context, ThreadContext};
+pub use context::{
+    block_on_public as block_on, cluster_nodes, cluster_nodes_async, cpu_bound, here, set_spin,
+    spawn, thread_context, ThreadContext,
+};
 pub use error::{CallError, ClusterError};
 pub use footprint::Footprint;
 pub use granule_wire::{

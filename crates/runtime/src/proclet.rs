@@ -653,6 +653,16 @@ impl<S: ProcletState> Proclet<S> {
         .unwrap_or(Err(CallError::Timeout(self.timeout.unwrap_or_default())))
     }
 
+    /// [`Proclet::destroy`] as a future.
+    pub fn destroy_async(&self) -> impl Future<Output = Result<(), CallError>> + Send + 'static {
+        let node = node_or_current(&self.node);
+        let (id, hint, chain) = (self.id, self.hint.clone(), context::chain_for_call());
+        async move {
+            let n = node?;
+            n.destroy(id, hint.as_ref(), chain).await
+        }
+    }
+
     /// The common synchronous path: local fast path (no encoding) or remote call.
     fn call_sync<A, R>(
         &self,

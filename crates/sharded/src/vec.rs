@@ -62,6 +62,14 @@ impl<T: Element> Shard for VecShard<T> {
     }
 }
 
+/// The elements of `from..to` that `s` holds (a prefix of them: the rest is on the next
+/// shards).
+fn read_part<T: Element>(s: &VecShard<T>, (from, to): (u64, u64)) -> Vec<T> {
+    let lo = from.saturating_sub(s.start) as usize;
+    let hi = (to.saturating_sub(s.start) as usize).min(s.items.len());
+    s.items.get(lo..hi).map(|x| x.to_vec()).unwrap_or_default()
+}
+
 /// The key that reaches the tail shard (the one whose range is open upwards).
 const TAIL: u64 = u64::MAX;
 
@@ -179,15 +187,7 @@ impl<T: Element> ShardedVec<T> {
         let mut out = Vec::with_capacity(to.saturating_sub(from) as usize);
         let mut at = from;
         while at < to {
-            let (chunk, _) = self.sharder.route_ref_end(
-                &at,
-                (at, to),
-                |s: &VecShard<T>, (from, to): (u64, u64)| {
-                    let lo = from.saturating_sub(s.start) as usize;
-                    let hi = (to.saturating_sub(s.start) as usize).min(s.items.len());
-                    s.items.get(lo..hi).map(|x| x.to_vec()).unwrap_or_default()
-                },
-            )?;
+            let (chunk, _) = self.sharder.route_ref_end(&at, (at, to), read_part::<T>)?;
             if chunk.is_empty() {
                 break;
             }
@@ -195,6 +195,32 @@ impl<T: Element> ShardedVec<T> {
             out.extend(chunk);
         }
         Ok(out)
+    }
+
+    /// [`ShardedVec::read_range`] as a future that owns what it needs (spawn it to keep a
+    /// read in flight while computing); for sealed vectors, like the iterator.
+    pub fn read_range_async(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> impl std::future::Future<Output = Result<Vec<T>, ShardError>> + Send + 'static {
+        let me = self.clone();
+        async move {
+            let mut out = Vec::with_capacity(to.saturating_sub(from) as usize);
+            let mut at = from;
+            while at < to {
+                let chunk = me
+                    .sharder
+                    .route_ref_async(&at, (at, to), read_part::<T>)
+                    .await?;
+                if chunk.is_empty() {
+                    break;
+                }
+                at += chunk.len() as u64;
+                out.extend(chunk);
+            }
+            Ok(out)
+        }
     }
 
     /// Iterate a sealed vector, `depth` blocks of `block` elements fetched ahead in the
@@ -299,31 +325,6 @@ fn fetch_blocks<T: Element>(
             }
         }
     });
-}
-
-impl<T: Element> ShardedVec<T> {
-    /// [`ShardedVec::read_range`] as a future (within one shard per call: blocks are
-    /// planned on a sealed vector, whose shards do not change).
-    async fn read_range_async(&self, from: u64, to: u64) -> Result<Vec<T>, ShardError> {
-        let mut out = Vec::new();
-        let mut at = from;
-        while at < to {
-            let chunk = self
-                .sharder
-                .route_ref_async(&at, (at, to), |s: &VecShard<T>, (from, to): (u64, u64)| {
-                    let lo = from.saturating_sub(s.start) as usize;
-                    let hi = (to.saturating_sub(s.start) as usize).min(s.items.len());
-                    s.items.get(lo..hi).map(|x| x.to_vec()).unwrap_or_default()
-                })
-                .await?;
-            if chunk.is_empty() {
-                break;
-            }
-            at += chunk.len() as u64;
-            out.extend(chunk);
-        }
-        Ok(out)
-    }
 }
 
 impl<T: Element> Iterator for VecIter<T> {

@@ -1,0 +1,424 @@
+//! Batch computing over sharded inputs: `for_all`, `map`, `filter`, `flat_map` and
+//! `reduce` over a sealed [`ShardedVec`], run by *compute proclets* that each work
+//! through an index range of the input.
+//!
+//! This crate owns the operators, the compute proclets' work loop (`worker`), the job's
+//! coordinator (`coordinator`), the scaling policies ([`policy`]) and the per-node idle
+//! core probe (`probe`). It does not own the data (`granule-sharded`) or placement and
+//! migration (`granule-runtime` and the controller).
+//!
+//! A job starts with one compute proclet over the whole input. Every policy interval
+//! (2 ms by default) the policy may grow the job, splitting the largest remaining range
+//! into a new compute proclet on a node with idle cores, or shrink it. With the default
+//! [`Greedy`] policy a worker whose core turns busy with other work (less than 60 % of a
+//! core over 6 ms) stops and hands its range back, and the job grows back onto the node
+//! when its core is idle again. A worker that finishes early takes half of the largest
+//! remaining range (straggler mitigation). Workers fetch the input's elements from
+//! wherever its shards live, one chunk ahead of the computation, so they run where the
+//! cores are, not where the data is. A node that dies mid-job costs only the items its
+//! workers had not reported: they are computed again elsewhere; every item's result is
+//! counted exactly once.
+//!
+//! Closures capture nothing (they are shipped as code): pass what they need in `arg`.
+//!
+//! ```no_run
+//! // Applications write `use granule::batch;` and `granule::sharded::ShardedVec`.
+//! use granule_batch as batch;
+//! use granule_sharded::ShardedVec;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cluster = granule_runtime::Cluster::start()?;
+//! let v: ShardedVec<u64> = ShardedVec::new()?;
+//! v.extend((0..100_000).collect())?;
+//! v.seal()?;
+//! let squares = batch::map(&v, (), |_: &(), x: &u64| x * x)?;
+//! let sum = batch::reduce(&squares, (), |_: &(), acc: &mut u64, x: &u64| *acc += x, 0, |a: &mut u64, b| *a += b)?;
+//! let evens = batch::filter(&v, 2u64, |m: &u64, x: &u64| x % m == 0)?;
+//! println!("{sum} {}", evens.len()?);
+//! cluster.shutdown();
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+mod coordinator;
+pub mod policy;
+mod probe;
+mod worker;
+
+pub use policy::{Fixed, Greedy, MinimizeQueue, NodeView, ScalingPolicy, Target, View};
+
+use coordinator::{Outputs, Settings};
+use granule_runtime::{CallError, NodeId, Wire};
+use granule_sharded::{Element, ShardError, ShardedVec};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What can go wrong with a batch job.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    /// Reading the input or writing the output failed.
+    #[error("sharded data: {0}")]
+    Data(#[from] ShardError),
+    /// A call failed in a way no retry can fix (the closure panicked, code could not be
+    /// shipped, the cluster is gone).
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// A worker reported an error (reading its input).
+    #[error("a worker failed: {0}")]
+    Worker(String),
+    /// No node can host compute proclets (a job's workers run on node processes other
+    /// than the one running the job's coordinator).
+    #[error("no node to run compute proclets on (workers run on node processes other than the job's own)")]
+    NoNodes,
+    /// The input must be sealed (its elements must not move between shards meanwhile).
+    #[error("the input is not sealed: seal it before running a job over it")]
+    NotSealed,
+}
+
+/// Why the job's worker set changed (see [`JobLog`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// A worker started on the node.
+    Grew,
+    /// A worker stopped because its core was busy with other work.
+    Contended,
+    /// A worker stopped because the policy shrank the job.
+    Asked,
+    /// A worker had nothing left to do.
+    Done,
+    /// A worker was lost (its node died) or could not be created; its range is
+    /// computed again.
+    Lost,
+}
+
+/// One change of a job's worker set.
+#[derive(Clone, Debug)]
+pub struct JobEvent {
+    pub at: Instant,
+    pub node: NodeId,
+    pub what: Trigger,
+    /// The job's workers on that node after the change.
+    pub workers_on_node: usize,
+    /// All the job's workers after the change.
+    pub workers: usize,
+}
+
+/// A record of a job's worker set over time, for timelines and tests. Pass one to
+/// [`Batch::log`] and read it during or after the job.
+#[derive(Default, Debug)]
+pub struct JobLog {
+    events: Mutex<Vec<JobEvent>>,
+}
+
+impl JobLog {
+    pub fn new() -> Arc<JobLog> {
+        Arc::new(JobLog::default())
+    }
+
+    /// Every event so far, in order.
+    pub fn events(&self) -> Vec<JobEvent> {
+        self.events.lock().clone()
+    }
+
+    pub(crate) fn push(&self, e: JobEvent) {
+        self.events.lock().push(e);
+    }
+}
+
+/// A job's options: its scaling policy and knobs. `Batch::new()` is the default
+/// ([`Greedy`], 2 ms policy interval).
+pub struct Batch {
+    policy: Box<dyn ScalingPolicy>,
+    settings: Settings,
+    log: Option<Arc<JobLog>>,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch::new()
+    }
+}
+
+impl Batch {
+    /// Greedy scaling, default knobs.
+    pub fn new() -> Batch {
+        Batch {
+            policy: Box::new(Greedy::default()),
+            settings: Settings::default(),
+            log: None,
+        }
+    }
+
+    /// Use this scaling policy.
+    pub fn policy(mut self, p: impl ScalingPolicy + 'static) -> Batch {
+        self.policy = Box::new(p);
+        self
+    }
+
+    /// How often the policy decides (default 2 ms).
+    pub fn interval(mut self, d: Duration) -> Batch {
+        self.settings.interval = d.max(Duration::from_micros(100));
+        self
+    }
+
+    /// How long one work call runs before it reports (default 20 ms): bounds the work a
+    /// lost node costs and how stale the coordinator's view of progress gets.
+    pub fn budget(mut self, d: Duration) -> Batch {
+        self.settings.budget = d.max(Duration::from_micros(100));
+        self
+    }
+
+    /// When a worker counts its core as contended (Greedy): less than `min_share` of a
+    /// core over the last `window` (defaults 0.6 and 6 ms).
+    pub fn contention(mut self, window: Duration, min_share: f64) -> Batch {
+        self.settings.window = window.max(Duration::from_millis(1));
+        self.settings.min_share = min_share.clamp(0.0, 1.0);
+        self
+    }
+
+    /// Smallest range a steal leaves or takes, in items (default 1).
+    pub fn min_split(mut self, items: u64) -> Batch {
+        self.settings.min_steal = items.max(1);
+        self
+    }
+
+    /// Record the job's worker changes here.
+    pub fn log(mut self, log: Arc<JobLog>) -> Batch {
+        self.log = Some(log);
+        self
+    }
+
+    fn start<T, A, O, F, W>(
+        mut self,
+        input: &ShardedVec<T>,
+        arg: A,
+        f: F,
+        kernel: W,
+    ) -> Result<(u64, Outputs<O>), BatchError>
+    where
+        T: Element,
+        A: Wire + Clone + Sync,
+        O: Wire,
+        F: Copy + Send + Sync + 'static,
+        W: Fn(&worker::Worker<T, A>, worker::WorkReq, &F) -> Result<worker::WorkReply<O>, String>
+            + Copy
+            + Send
+            + Sync
+            + 'static,
+    {
+        if !input.sharder().is_sealed()? {
+            return Err(BatchError::NotSealed);
+        }
+        let len = input.len()?;
+        let input = input.clone();
+        let settings = self.settings.clone();
+        let log = self.log.clone();
+        let policy: &mut dyn ScalingPolicy = &mut *self.policy;
+        let out = granule_runtime::block_on(coordinator::run(
+            input, len, arg, f, kernel, settings, policy, log,
+        ))?;
+        check_cover(&out, len)?;
+        Ok((len, out))
+    }
+
+    /// Run `f(&arg, item)` for every item of the sealed `input`.
+    pub fn for_all<T, A, F>(self, input: &ShardedVec<T>, arg: A, f: F) -> Result<(), BatchError>
+    where
+        T: Element,
+        A: Wire + Clone + Sync,
+        F: Fn(&A, &T) + Copy + Send + Sync + 'static,
+    {
+        self.start(input, arg, f, worker::for_all_kernel::<T, A, F>)
+            .map(|_| ())
+    }
+
+    /// `f(&arg, item)` of every item, in the input's order, as a new sealed vector.
+    pub fn map<T, A, U, F>(
+        self,
+        input: &ShardedVec<T>,
+        arg: A,
+        f: F,
+    ) -> Result<ShardedVec<U>, BatchError>
+    where
+        T: Element,
+        A: Wire + Clone + Sync,
+        U: Element,
+        F: Fn(&A, &T) -> U + Copy + Send + Sync + 'static,
+    {
+        let (_, out) = self.start(input, arg, f, worker::map_kernel::<T, A, U, F>)?;
+        collect(out)
+    }
+
+    /// Every item's `f(&arg, item)` (zero or more values), concatenated in the input's
+    /// order, as a new sealed vector.
+    pub fn flat_map<T, A, U, F>(
+        self,
+        input: &ShardedVec<T>,
+        arg: A,
+        f: F,
+    ) -> Result<ShardedVec<U>, BatchError>
+    where
+        T: Element,
+        A: Wire + Clone + Sync,
+        U: Element,
+        F: Fn(&A, &T) -> Vec<U> + Copy + Send + Sync + 'static,
+    {
+        let (_, out) = self.start(input, arg, f, worker::flat_map_kernel::<T, A, U, F>)?;
+        collect(out)
+    }
+
+    /// The items for which `f(&arg, item)` holds, in the input's order, as a new sealed
+    /// vector.
+    pub fn filter<T, A, F>(
+        self,
+        input: &ShardedVec<T>,
+        arg: A,
+        f: F,
+    ) -> Result<ShardedVec<T>, BatchError>
+    where
+        T: Element,
+        A: Wire + Clone + Sync,
+        F: Fn(&A, &T) -> bool + Copy + Send + Sync + 'static,
+    {
+        let (_, out) = self.start(input, arg, f, worker::filter_kernel::<T, A, F>)?;
+        collect(out)
+    }
+
+    /// Fold every item into an accumulator: each worker folds its ranges with
+    /// `f(&arg, &mut acc, item)` starting from a copy of `init`, and the partial results
+    /// are joined with `combine(&mut left, right)` in the input's order. `init` must be
+    /// neutral for `combine` (0 for a sum, an empty map for counts), as each range
+    /// starts from it; the input's order is kept, so `combine` need not commute.
+    pub fn reduce<T, A, Acc, F, C>(
+        self,
+        input: &ShardedVec<T>,
+        arg: A,
+        f: F,
+        init: Acc,
+        combine: C,
+    ) -> Result<Acc, BatchError>
+    where
+        T: Element,
+        A: Wire + Clone + Sync,
+        Acc: Wire + Clone + Sync,
+        F: Fn(&A, &mut Acc, &T) + Copy + Send + Sync + 'static,
+        C: Fn(&mut Acc, Acc),
+    {
+        let (_, out) = self.start(
+            input,
+            (arg, init.clone()),
+            f,
+            worker::reduce_kernel::<T, A, Acc, F>,
+        )?;
+        let mut parts = out.into_values().map(|(_, acc)| acc);
+        let Some(mut acc) = parts.next() else {
+            return Ok(init);
+        };
+        for p in parts {
+            combine(&mut acc, p);
+        }
+        Ok(acc)
+    }
+}
+
+/// The replies must cover `0..len` exactly once, in order: anything else is a bug in
+/// the coordinator, reported rather than returned as a wrong result.
+fn check_cover<O>(out: &Outputs<O>, len: u64) -> Result<(), BatchError> {
+    let mut at = 0;
+    for (&s, (e, _)) in out {
+        if s != at || *e <= s {
+            return Err(BatchError::Worker(format!(
+                "internal: results cover ..{at} then {s}..{e}"
+            )));
+        }
+        at = *e;
+    }
+    if at != len {
+        return Err(BatchError::Worker(format!(
+            "internal: results cover 0..{at} of 0..{len}"
+        )));
+    }
+    Ok(())
+}
+
+/// Write outputs, in order, into a new sealed vector.
+fn collect<U: Element>(out: Outputs<Vec<U>>) -> Result<ShardedVec<U>, BatchError> {
+    let v = ShardedVec::new()?;
+    let mut batch: Vec<U> = Vec::new();
+    for (_, (_, part)) in out {
+        batch.extend(part);
+        if batch.len() >= 4096 {
+            v.extend(std::mem::take(&mut batch))?;
+        }
+    }
+    if !batch.is_empty() {
+        v.extend(batch)?;
+    }
+    v.seal()?;
+    Ok(v)
+}
+
+/// [`Batch::for_all`] with the default options.
+pub fn for_all<T, A, F>(input: &ShardedVec<T>, arg: A, f: F) -> Result<(), BatchError>
+where
+    T: Element,
+    A: Wire + Clone + Sync,
+    F: Fn(&A, &T) + Copy + Send + Sync + 'static,
+{
+    Batch::new().for_all(input, arg, f)
+}
+
+/// [`Batch::map`] with the default options.
+pub fn map<T, A, U, F>(input: &ShardedVec<T>, arg: A, f: F) -> Result<ShardedVec<U>, BatchError>
+where
+    T: Element,
+    A: Wire + Clone + Sync,
+    U: Element,
+    F: Fn(&A, &T) -> U + Copy + Send + Sync + 'static,
+{
+    Batch::new().map(input, arg, f)
+}
+
+/// [`Batch::flat_map`] with the default options.
+pub fn flat_map<T, A, U, F>(
+    input: &ShardedVec<T>,
+    arg: A,
+    f: F,
+) -> Result<ShardedVec<U>, BatchError>
+where
+    T: Element,
+    A: Wire + Clone + Sync,
+    U: Element,
+    F: Fn(&A, &T) -> Vec<U> + Copy + Send + Sync + 'static,
+{
+    Batch::new().flat_map(input, arg, f)
+}
+
+/// [`Batch::filter`] with the default options.
+pub fn filter<T, A, F>(input: &ShardedVec<T>, arg: A, f: F) -> Result<ShardedVec<T>, BatchError>
+where
+    T: Element,
+    A: Wire + Clone + Sync,
+    F: Fn(&A, &T) -> bool + Copy + Send + Sync + 'static,
+{
+    Batch::new().filter(input, arg, f)
+}
+
+/// [`Batch::reduce`] with the default options.
+pub fn reduce<T, A, Acc, F, C>(
+    input: &ShardedVec<T>,
+    arg: A,
+    f: F,
+    init: Acc,
+    combine: C,
+) -> Result<Acc, BatchError>
+where
+    T: Element,
+    A: Wire + Clone + Sync,
+    Acc: Wire + Clone + Sync,
+    F: Fn(&A, &mut Acc, &T) + Copy + Send + Sync + 'static,
+    C: Fn(&mut Acc, Acc),
+{
+    Batch::new().reduce(input, arg, f, init, combine)
+}

@@ -1,0 +1,470 @@
+//! The compute proclet that works through an index range of a sealed input, and the
+//! kernels (`for_all`, `map`, `filter`, `flat_map`, `reduce`) it runs.
+//!
+//! A worker's state is the input's handle, the job's argument and a *cursor*: the next
+//! index to claim and the end of its range. The worker claims items in chunks (about a
+//! millisecond of work each), keeps the next chunk's fetch in flight while it computes
+//! the current one, and returns to the coordinator after a time budget, when asked to
+//! stop, when its proclet is about to move, or when its core is contended. Every reply
+//! covers a contiguous run `start..end` of items with the kernel's output for exactly
+//! those items, so the coordinator can account for every index.
+//!
+//! The cursor sits behind a lock so that the coordinator can *steal* the upper half of
+//! the unclaimed range (a concurrent read-only call: `run_ref`) while the worker runs:
+//! a steal only lowers `end`, never below what the worker has claimed, so claimed
+//! chunks stay contiguous and nothing is computed twice.
+
+use granule_runtime::{should_yield, Wire};
+use granule_sharded::{Element, ShardError, ShardedVec};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Work a chunk should take: long enough that a chunk's fetch (one call per shard) is
+/// small beside it, short enough that a stop or a move waits at most about this long.
+const CHUNK_TARGET: Duration = Duration::from_millis(1);
+/// Largest chunk, in items (bounds the memory of a chunk of tiny items).
+const CHUNK_MAX: u64 = 1 << 16;
+
+/// The next index a worker will claim and the end of its range.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    pub next: u64,
+    pub end: u64,
+}
+
+impl Cursor {
+    fn claim(&mut self, n: u64) -> Option<(u64, u64)> {
+        if self.next >= self.end {
+            return None;
+        }
+        let s = self.next;
+        let e = self.end.min(s.saturating_add(n.max(1)));
+        self.next = e;
+        Some((s, e))
+    }
+
+    /// The upper half of what is unclaimed, if it holds at least `min` items and leaves
+    /// at least `min`.
+    fn steal(&mut self, min: u64) -> Option<(u64, u64)> {
+        let rest = self.end.saturating_sub(self.next);
+        if rest < 2 * min.max(1) {
+            return None;
+        }
+        let mid = self.next + rest / 2;
+        let stolen = (mid, self.end);
+        self.end = mid;
+        Some(stolen)
+    }
+
+    /// Everything unclaimed; leaves the cursor empty.
+    fn take_rest(&mut self) -> Option<(u64, u64)> {
+        let rest = (self.next < self.end).then_some((self.next, self.end));
+        self.next = self.end;
+        rest
+    }
+}
+
+/// A worker proclet's state.
+#[derive(Serialize, Deserialize)]
+#[serde(bound(
+    serialize = "A: Serialize",
+    deserialize = "A: serde::de::DeserializeOwned"
+))]
+pub(crate) struct Worker<T: Element, A> {
+    input: ShardedVec<T>,
+    pub(crate) arg: A,
+    #[serde(with = "locked_cursor")]
+    cursor: Mutex<Cursor>,
+    /// Set by the coordinator (policy shrinking the job); the worker stops at its next
+    /// chunk boundary and hands back its unclaimed range.
+    #[serde(skip)]
+    stop: AtomicBool,
+}
+
+impl<T: Element, A> Worker<T, A> {
+    pub(crate) fn new(input: ShardedVec<T>, arg: A, range: (u64, u64)) -> Self {
+        Worker {
+            input,
+            arg,
+            cursor: Mutex::new(Cursor {
+                next: range.0,
+                end: range.1,
+            }),
+            stop: AtomicBool::new(false),
+        }
+    }
+}
+
+/// The cursor travels as its value (a proclet moves only between calls, so no one holds
+/// the lock then).
+mod locked_cursor {
+    use super::Cursor;
+    use parking_lot::Mutex;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(c: &Mutex<Cursor>, s: S) -> Result<S::Ok, S::Error> {
+        c.lock().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Mutex<Cursor>, D::Error> {
+        Cursor::deserialize(d).map(Mutex::new)
+    }
+}
+
+/// How a worker watches for a contended core.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug)]
+pub(crate) struct Watch {
+    /// Length of the sliding window, microseconds.
+    pub window_us: u64,
+    /// The worker stops when its thread got less than this share of a core over the
+    /// window (time spent waiting for its own fetches excluded).
+    pub min_share: f64,
+}
+
+/// One work call's request.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub(crate) struct WorkReq {
+    /// A new range for a worker whose cursor is empty.
+    pub assign: Option<(u64, u64)>,
+    /// Return after about this long, microseconds.
+    pub budget_us: u64,
+    pub watch: Option<Watch>,
+}
+
+/// Why a work call returned.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// The cursor is empty.
+    Finished,
+    /// The time budget ran out; the worker has more.
+    Budget,
+    /// The runtime is moving the proclet (call again: the call follows it).
+    Moving,
+    /// The core is busy with other work; the unclaimed range is in `rest`.
+    Contended,
+    /// The coordinator asked it to stop; the unclaimed range is in `rest`.
+    Asked,
+}
+
+/// One work call's reply: the kernel's output for items `start..end`, exactly.
+#[derive(Serialize, Deserialize, Debug)]
+pub(crate) struct WorkReply<O> {
+    pub start: u64,
+    pub end: u64,
+    pub out: O,
+    pub stop: Stop,
+    /// What the worker handed back (when it stopped for good).
+    pub rest: Option<(u64, u64)>,
+    /// Thread CPU seconds the call used, and its wall seconds (for the job's log).
+    pub cpu_s: f64,
+    pub wall_s: f64,
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+/// Samples (wall, cpu-excluding-waits) at chunk boundaries, to judge the last window.
+struct ShareMeter {
+    samples: std::collections::VecDeque<(Instant, Duration)>,
+    waited: Duration,
+    cpu0: Duration,
+}
+
+impl ShareMeter {
+    fn new() -> Self {
+        let mut samples = std::collections::VecDeque::new();
+        samples.push_back((Instant::now(), Duration::ZERO));
+        ShareMeter {
+            samples,
+            waited: Duration::ZERO,
+            cpu0: thread_cpu(),
+        }
+    }
+
+    /// Share of a core the thread got over the last `window` (None until a whole window
+    /// has passed). Time blocked on our own fetches counts as neither.
+    fn sample(&mut self, window: Duration) -> Option<f64> {
+        let now = Instant::now();
+        let cpu = thread_cpu().saturating_sub(self.cpu0);
+        // The waits are subtracted from wall time by adding them to the CPU side.
+        let busy = cpu + self.waited;
+        self.samples.push_back((now, busy));
+        while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= window {
+            self.samples.pop_front();
+        }
+        let (t0, b0) = *self.samples.front()?;
+        let wall = now.duration_since(t0);
+        if wall < window {
+            return None;
+        }
+        Some((busy.saturating_sub(b0)).as_secs_f64() / wall.as_secs_f64())
+    }
+}
+
+/// The work loop every kernel shares: claim, fetch ahead, compute, check why to stop.
+/// `each(arg, item, out)` folds one item into the output.
+pub(crate) fn work_loop<T, A, O>(
+    w: &Worker<T, A>,
+    req: WorkReq,
+    mut out: O,
+    mut each: impl FnMut(&A, &T, &mut O),
+) -> Result<WorkReply<O>, String>
+where
+    T: Element,
+    A: Wire + Sync,
+    O: Send,
+{
+    if let Some((s, e)) = req.assign {
+        let mut c = w.cursor.lock();
+        if c.next >= c.end {
+            *c = Cursor { next: s, end: e };
+        } else {
+            return Err(format!(
+                "internal: range {s}..{e} assigned to a worker that still has {}..{}",
+                c.next, c.end
+            ));
+        }
+    }
+    let started = Instant::now();
+    let cpu_started = thread_cpu();
+    let budget = Duration::from_micros(req.budget_us.max(1));
+    let start = w.cursor.lock().next;
+    let fetch = |(s, e): (u64, u64)| {
+        let f = w.input.read_range_async(s, e);
+        granule_runtime::spawn(f).map(|h| ((s, e), h))
+    };
+    let unclaim = |s: u64| {
+        let mut c = w.cursor.lock();
+        // Steals only ever lower `end` to at least the claimed `next`, so giving back a
+        // claimed chunk keeps the range contiguous.
+        c.next = c.next.min(s);
+    };
+    let mut chunk: u64 = 16;
+    let mut done_to = start;
+    let mut meter = ShareMeter::new();
+    let claimed = w.cursor.lock().claim(chunk);
+    let mut current = match claimed {
+        Some(r) => Some(fetch(r).ok_or("no node runtime to fetch with")?),
+        None => None,
+    };
+    let stop = granule_runtime::cpu_bound(|| -> Result<Stop, String> {
+        while let Some(((s, e), handle)) = current.take() {
+            let waiting = Instant::now();
+            let items: Result<Vec<T>, ShardError> = granule_runtime::block_on(handle)
+                .unwrap_or_else(|e| Err(ShardError::Step(format!("fetch task failed: {e}"))));
+            meter.waited += waiting.elapsed();
+            let items = match items {
+                Ok(v) if v.len() as u64 == e - s => v,
+                Ok(v) => {
+                    unclaim(s);
+                    return Err(format!(
+                        "the input returned {} items for {s}..{e} (was it changed after sealing?)",
+                        v.len()
+                    ));
+                }
+                Err(err) => {
+                    unclaim(s);
+                    return Err(format!("reading input items {s}..{e}: {err}"));
+                }
+            };
+            // Keep the next chunk's fetch in flight while this one is computed.
+            let next = w.cursor.lock().claim(chunk);
+            current = match next {
+                Some(r) => Some(fetch(r).ok_or("no node runtime to fetch with")?),
+                None => None,
+            };
+            let t = Instant::now();
+            for x in &items {
+                each(&w.arg, x, &mut out);
+            }
+            done_to = e;
+            // Size the next chunks to about CHUNK_TARGET of work.
+            let per_item = t.elapsed().as_nanos() as u64 / (e - s).max(1);
+            chunk = (CHUNK_TARGET.as_nanos() as u64 / per_item.max(1)).clamp(1, CHUNK_MAX);
+            let why = if should_yield() {
+                Some(Stop::Moving)
+            } else if w.stop.swap(false, Ordering::AcqRel) {
+                Some(Stop::Asked)
+            } else if req.watch.is_some_and(|wt| {
+                meter
+                    .sample(Duration::from_micros(wt.window_us))
+                    .is_some_and(|share| share < wt.min_share)
+            }) {
+                Some(Stop::Contended)
+            } else if started.elapsed() >= budget {
+                Some(Stop::Budget)
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                if let Some(((s2, _), h)) = current.take() {
+                    h.abort();
+                    unclaim(s2);
+                }
+                return Ok(why);
+            }
+        }
+        Ok(Stop::Finished)
+    })?;
+    let rest = match stop {
+        Stop::Contended | Stop::Asked => w.cursor.lock().take_rest(),
+        _ => None,
+    };
+    Ok(WorkReply {
+        start,
+        end: done_to,
+        out,
+        stop,
+        rest,
+        cpu_s: thread_cpu().saturating_sub(cpu_started).as_secs_f64(),
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Steal the upper half of a worker's unclaimed range (read-only call: runs beside the
+/// worker's own call).
+pub(crate) fn steal<T: Element, A>(w: &Worker<T, A>, min: u64) -> Option<(u64, u64)> {
+    w.cursor.lock().steal(min)
+}
+
+/// Ask a worker to stop at its next chunk boundary.
+pub(crate) fn ask_stop<T: Element, A>(w: &Worker<T, A>, _: ()) {
+    w.stop.store(true, Ordering::Release);
+}
+
+// ---- kernels: each wraps the user's closure `f` (shipped as code, see `run_ref_with`) ----
+
+pub(crate) fn for_all_kernel<T, A, F>(
+    w: &Worker<T, A>,
+    req: WorkReq,
+    f: &F,
+) -> Result<WorkReply<()>, String>
+where
+    T: Element,
+    A: Wire + Sync,
+    F: Fn(&A, &T),
+{
+    work_loop(w, req, (), |a, x, _| f(a, x))
+}
+
+pub(crate) fn map_kernel<T, A, U, F>(
+    w: &Worker<T, A>,
+    req: WorkReq,
+    f: &F,
+) -> Result<WorkReply<Vec<U>>, String>
+where
+    T: Element,
+    A: Wire + Sync,
+    U: Send,
+    F: Fn(&A, &T) -> U,
+{
+    work_loop(w, req, Vec::new(), |a, x, o| o.push(f(a, x)))
+}
+
+pub(crate) fn flat_map_kernel<T, A, U, F>(
+    w: &Worker<T, A>,
+    req: WorkReq,
+    f: &F,
+) -> Result<WorkReply<Vec<U>>, String>
+where
+    T: Element,
+    A: Wire + Sync,
+    U: Send,
+    F: Fn(&A, &T) -> Vec<U>,
+{
+    work_loop(w, req, Vec::new(), |a, x, o| o.extend(f(a, x)))
+}
+
+pub(crate) fn filter_kernel<T, A, F>(
+    w: &Worker<T, A>,
+    req: WorkReq,
+    f: &F,
+) -> Result<WorkReply<Vec<T>>, String>
+where
+    T: Element,
+    A: Wire + Sync,
+    F: Fn(&A, &T) -> bool,
+{
+    work_loop(w, req, Vec::new(), |a, x, o| {
+        if f(a, x) {
+            o.push(x.clone())
+        }
+    })
+}
+
+/// `reduce`: the worker's argument is `(arg, init)`; each call folds its items into a
+/// fresh copy of `init`.
+pub(crate) fn reduce_kernel<T, A, Acc, F>(
+    w: &Worker<T, (A, Acc)>,
+    req: WorkReq,
+    f: &F,
+) -> Result<WorkReply<Acc>, String>
+where
+    T: Element,
+    A: Wire + Sync,
+    Acc: Wire + Clone + Sync,
+    F: Fn(&A, &mut Acc, &T),
+{
+    let init = w.arg.1.clone();
+    work_loop(w, req, init, |(a, _), x, acc| f(a, acc, x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn claims_are_contiguous_and_steals_take_the_upper_half() {
+        let mut c = Cursor { next: 0, end: 100 };
+        assert_eq!(c.claim(10), Some((0, 10)));
+        assert_eq!(c.steal(1), Some((55, 100)));
+        assert_eq!(c.claim(100), Some((10, 55)));
+        assert_eq!(c.claim(1), None);
+        assert_eq!(c.steal(1), None);
+    }
+
+    #[test]
+    fn steal_leaves_at_least_min() {
+        let mut c = Cursor { next: 0, end: 7 };
+        assert_eq!(c.steal(4), None);
+        assert_eq!(c.steal(3), Some((3, 7)));
+        assert_eq!(c.take_rest(), Some((0, 3)));
+        assert_eq!(c.take_rest(), None);
+    }
+
+    proptest! {
+        /// Any interleaving of claims, steals and hand-backs covers the range exactly
+        /// once: claimed chunks, stolen ranges and the rest partition it.
+        #[test]
+        fn claims_steals_and_rest_partition_the_range(
+            end in 0u64..5000,
+            ops in proptest::collection::vec((0u8..3, 1u64..300), 0..60),
+        ) {
+            let mut c = Cursor { next: 0, end };
+            let mut pieces: Vec<(u64, u64)> = Vec::new();
+            for (op, n) in ops {
+                match op {
+                    0 => pieces.extend(c.claim(n)),
+                    1 => pieces.extend(c.steal(n)),
+                    _ => if n % 7 == 0 { pieces.extend(c.take_rest()) },
+                }
+            }
+            pieces.extend(c.take_rest());
+            pieces.sort();
+            let mut at = 0;
+            for (s, e) in pieces {
+                prop_assert_eq!(s, at);
+                prop_assert!(e > s);
+                at = e;
+            }
+            prop_assert_eq!(at, end);
+        }
+    }
+}
