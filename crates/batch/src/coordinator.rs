@@ -45,7 +45,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             interval: crate::policy::DEFAULT_INTERVAL,
-            budget: Duration::from_millis(20),
+            budget: Duration::from_millis(50),
             window: Duration::from_millis(6),
             min_share: 0.6,
             min_steal: 1,
@@ -128,8 +128,21 @@ struct Run<'p, T: Element, A, O, F, W> {
     spare: HashMap<NodeId, f64>,
     settled_at: HashMap<NodeId, Instant>,
     pending: FuturesUnordered<Boxed<Ev<Worker<T, A>, O>>>,
-    create_failures: u32,
+    /// Nodes where a worker was just lost or could not be created: left out of
+    /// placement until then (the controller declares a dead node only after its failure
+    /// timeout, seconds later).
+    quarantine: HashMap<NodeId, Instant>,
+    /// Steals in flight whose range will start a new worker on the node: counted as
+    /// workers there already, or two ticks would both grow onto the node.
+    growing: HashMap<NodeId, usize>,
+    /// Since when the job has had no worker and no node to place one on.
+    stranded_since: Option<Instant>,
 }
+
+/// How long a node where a worker was lost is left out of placement.
+const QUARANTINE: Duration = Duration::from_millis(500);
+/// How long a job waits with no node to run on before it fails.
+const STRANDED_LIMIT: Duration = Duration::from_secs(10);
 
 /// Run a job to the end; the outputs by range.
 #[allow(clippy::too_many_arguments)]
@@ -177,7 +190,9 @@ where
         spare: HashMap::new(),
         settled_at: HashMap::new(),
         pending: FuturesUnordered::new(),
-        create_failures: 0,
+        quarantine: HashMap::new(),
+        growing: HashMap::new(),
+        stranded_since: None,
     };
     let out = r.main().await;
     r.cleanup().await;
@@ -236,6 +251,11 @@ where
             .iter()
             .filter(|n| n.state == NodeState::Alive && n.role == Role::Node)
             .filter(|n| Some(n.id) != self.me)
+            .filter(|n| {
+                self.quarantine
+                    .get(&n.id)
+                    .is_none_or(|until| Instant::now() >= *until)
+            })
             .collect()
     }
 
@@ -262,10 +282,11 @@ where
             .iter()
             .filter(|s| self.live(s) && s.node == node)
             .count()
+            + self.growing.get(&node).copied().unwrap_or(0)
     }
 
     fn live_workers(&self) -> usize {
-        self.slots.iter().filter(|s| self.live(s)).count()
+        self.slots.iter().filter(|s| self.live(s)).count() + self.growing.values().sum::<usize>()
     }
 
     // ---- actions ----
@@ -406,18 +427,18 @@ where
         match ev {
             Ev::Nothing => {}
             Ev::Created(wid, Ok(p)) => {
-                self.create_failures = 0;
                 let node = self.slots[wid].node;
                 self.slots[wid].proclet = Some(p);
                 self.call(wid, None);
                 self.note(node, Trigger::Grew);
             }
             Ev::Created(wid, Err(e)) => {
-                tracing::debug!("creating a worker failed: {e}");
-                self.create_failures += 1;
-                if self.create_failures > 50 {
+                if fatal(&e) {
                     return Err(BatchError::Call(e));
                 }
+                let node = self.slots[wid].node;
+                tracing::debug!("creating a worker on {node} failed: {e}");
+                self.quarantine.insert(node, Instant::now() + QUARANTINE);
                 self.retire(wid, Trigger::Lost);
             }
             Ev::Reply(wid, Ok(Ok(r))) => self.on_reply(wid, r)?,
@@ -432,6 +453,8 @@ where
                     self.slots[wid].lo,
                     self.slots[wid].hi
                 );
+                let node = self.slots[wid].node;
+                self.quarantine.insert(node, Instant::now() + QUARANTINE);
                 let s = &mut self.slots[wid];
                 s.calling = false;
                 s.proclet = None;
@@ -443,6 +466,11 @@ where
             }
             Ev::Stolen(victim, thief, r) => {
                 self.slots[victim].stealing = false;
+                if let Thief::New(node) = thief {
+                    if let Some(g) = self.growing.get_mut(&node) {
+                        *g = g.saturating_sub(1);
+                    }
+                }
                 let stolen = match r {
                     Ok(Some(range)) => {
                         self.slots[victim].hi = range.0;
@@ -510,6 +538,9 @@ where
     }
 
     fn on_reply(&mut self, wid: usize, r: WorkReply<O>) -> Result<(), BatchError> {
+        if let Some(log) = &self.log {
+            log.add_call(r.end - r.start, r.cpu_s, r.wall_s);
+        }
         let slot = &mut self.slots[wid];
         slot.calling = false;
         if r.end > r.start {
@@ -592,16 +623,27 @@ where
             }
             Target::Shrink(k) => self.shrink(k),
         }
-        // Progress guarantee: work handed back with no worker left to take it.
+        // Progress guarantee: work handed back with no worker left to take it goes to
+        // the node with the most room, whatever the policy says.
         if self.live_workers() == 0 && !self.pool.is_empty() {
-            let node = view
+            let best = view
                 .nodes
                 .iter()
-                .map(|n| n.id)
-                .next()
-                .ok_or(BatchError::NoNodes)?;
-            if let Some(r) = self.take_pool() {
-                self.create(node, r);
+                .max_by(|a, b| a.cores.total_cmp(&b.cores))
+                .map(|n| n.id);
+            match best {
+                Some(node) => {
+                    self.stranded_since = None;
+                    if let Some(r) = self.take_pool() {
+                        self.create(node, r);
+                    }
+                }
+                None => {
+                    let since = *self.stranded_since.get_or_insert(now);
+                    if now.duration_since(since) > STRANDED_LIMIT {
+                        return Err(BatchError::NoNodes);
+                    }
+                }
             }
         }
         Ok(())
@@ -635,6 +677,7 @@ where
         } else if let Some(victim) = self.largest(None) {
             self.settled_at
                 .insert(node, Instant::now() + self.cfg.settle);
+            *self.growing.entry(node).or_default() += 1;
             self.steal(victim, Thief::New(node));
             true
         } else {

@@ -109,6 +109,20 @@ pub struct JobEvent {
 #[derive(Default, Debug)]
 pub struct JobLog {
     events: Mutex<Vec<JobEvent>>,
+    calls: Mutex<CallTotals>,
+}
+
+/// What the workers' calls added up to over a job.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct CallTotals {
+    /// Work calls answered.
+    pub calls: u64,
+    /// Items they reported.
+    pub items: u64,
+    /// CPU seconds of the workers' threads inside the calls.
+    pub cpu_s: f64,
+    /// Wall seconds the calls ran (inside the workers).
+    pub wall_s: f64,
 }
 
 impl JobLog {
@@ -123,6 +137,19 @@ impl JobLog {
 
     pub(crate) fn push(&self, e: JobEvent) {
         self.events.lock().push(e);
+    }
+
+    /// Totals of the workers' calls so far.
+    pub fn calls(&self) -> CallTotals {
+        *self.calls.lock()
+    }
+
+    pub(crate) fn add_call(&self, items: u64, cpu_s: f64, wall_s: f64) {
+        let mut c = self.calls.lock();
+        c.calls += 1;
+        c.items += items;
+        c.cpu_s += cpu_s;
+        c.wall_s += wall_s;
     }
 }
 
@@ -162,7 +189,7 @@ impl Batch {
         self
     }
 
-    /// How long one work call runs before it reports (default 20 ms): bounds the work a
+    /// How long one work call runs before it reports (default 50 ms): bounds the work a
     /// lost node costs and how stale the coordinator's view of progress gets.
     pub fn budget(mut self, d: Duration) -> Batch {
         self.settings.budget = d.max(Duration::from_micros(100));

@@ -21,9 +21,12 @@ use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// Work a chunk should take: long enough that a chunk's fetch (one call per shard) is
-/// small beside it, short enough that a stop or a move waits at most about this long.
-const CHUNK_TARGET: Duration = Duration::from_millis(1);
+/// Work a chunk should take: long enough that a chunk's fetch (one call per shard, and
+/// a thread hand-off to await it) is small beside it.
+const CHUNK_TARGET: Duration = Duration::from_millis(4);
+/// Work between two checks of whether to stop (moving, asked, contended, budget): how
+/// long a stop waits for the running item boundary at most, about.
+const CHECK_EVERY: Duration = Duration::from_micros(250);
 /// Largest chunk, in items (bounds the memory of a chunk of tiny items).
 const CHUNK_MAX: u64 = 1 << 16;
 
@@ -118,8 +121,8 @@ mod locked_cursor {
 pub(crate) struct Watch {
     /// Length of the sliding window, microseconds.
     pub window_us: u64,
-    /// The worker stops when its thread got less than this share of a core over the
-    /// window (time spent waiting for its own fetches excluded).
+    /// The worker stops when its thread spent more than `1 - min_share` of the window
+    /// waiting for its core (runnable, not running).
     pub min_share: f64,
 }
 
@@ -169,41 +172,85 @@ fn thread_cpu() -> Duration {
         .unwrap_or_default()
 }
 
-/// Samples (wall, cpu-excluding-waits) at chunk boundaries, to judge the last window.
+/// Judges whether the worker's core is busy with other work: the share of the last
+/// window its thread spent *waiting to run* (the kernel's run-queue delay for the
+/// thread, `/proc/thread-self/schedstat`). Unlike CPU time ÷ wall time this is blind to
+/// what is not contention: time blocked on our own fetches (the thread sleeps) and CFS
+/// quota throttling of the node's own group (its tasks leave the run queue) both count
+/// as neither running nor waiting.
 struct ShareMeter {
-    samples: std::collections::VecDeque<(Instant, Duration)>,
-    waited: Duration,
-    cpu0: Duration,
+    file: Option<std::fs::File>,
+    samples: std::collections::VecDeque<(Instant, u64)>,
+    last: Option<Instant>,
+    /// Consecutive readings below the threshold.
+    low: u32,
 }
+
+/// Readings (one per millisecond) in a row that must find the core contended: the
+/// scheduler undoes a brief co-location of two busy threads on one vCPU within a few
+/// milliseconds, and that must not shrink a job.
+const LOW_READINGS: u32 = 4;
+
+/// Shortest interval between two readings (a reading costs a couple of microseconds).
+const SAMPLE_EVERY: Duration = Duration::from_millis(1);
 
 impl ShareMeter {
     fn new() -> Self {
-        let mut samples = std::collections::VecDeque::new();
-        samples.push_back((Instant::now(), Duration::ZERO));
-        ShareMeter {
-            samples,
-            waited: Duration::ZERO,
-            cpu0: thread_cpu(),
+        let file = std::fs::File::open("/proc/thread-self/schedstat").ok();
+        let mut m = ShareMeter {
+            file,
+            samples: std::collections::VecDeque::new(),
+            last: None,
+            low: 0,
+        };
+        if let Some(d) = m.read() {
+            m.samples.push_back((Instant::now(), d));
         }
+        m
     }
 
-    /// Share of a core the thread got over the last `window` (None until a whole window
-    /// has passed). Time blocked on our own fetches counts as neither.
+    /// Run-queue delay of the thread so far, nanoseconds.
+    fn read(&mut self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let f = self.file.as_ref()?;
+        let mut buf = [0u8; 96];
+        let n = f.read_at(&mut buf, 0).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        text.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// Whether the core has been contended for [`LOW_READINGS`] readings in a row.
+    fn contended(&mut self, wt: Watch) -> bool {
+        match self.sample(Duration::from_micros(wt.window_us)) {
+            Some(share) if share < wt.min_share => self.low += 1,
+            Some(_) => self.low = 0,
+            None => {}
+        }
+        self.low >= LOW_READINGS
+    }
+
+    /// Share of the last `window` the thread did *not* spend waiting for its core
+    /// (`None` until a whole window has been seen, or between readings).
     fn sample(&mut self, window: Duration) -> Option<f64> {
         let now = Instant::now();
-        let cpu = thread_cpu().saturating_sub(self.cpu0);
-        // The waits are subtracted from wall time by adding them to the CPU side.
-        let busy = cpu + self.waited;
-        self.samples.push_back((now, busy));
+        if self
+            .last
+            .is_some_and(|l| now.duration_since(l) < SAMPLE_EVERY)
+        {
+            return None;
+        }
+        self.last = Some(now);
+        let delay = self.read()?;
+        self.samples.push_back((now, delay));
         while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= window {
             self.samples.pop_front();
         }
-        let (t0, b0) = *self.samples.front()?;
+        let (t0, d0) = *self.samples.front()?;
         let wall = now.duration_since(t0);
         if wall < window {
             return None;
         }
-        Some((busy.saturating_sub(b0)).as_secs_f64() / wall.as_secs_f64())
+        Some(1.0 - delay.saturating_sub(d0) as f64 / 1e9 / wall.as_secs_f64())
     }
 }
 
@@ -253,12 +300,24 @@ where
         Some(r) => Some(fetch(r).ok_or("no node runtime to fetch with")?),
         None => None,
     };
+    let mut check_every: usize = 1;
+    let why_stop = |meter: &mut ShareMeter| {
+        if should_yield() {
+            Some(Stop::Moving)
+        } else if w.stop.swap(false, Ordering::AcqRel) {
+            Some(Stop::Asked)
+        } else if req.watch.is_some_and(|wt| meter.contended(wt)) {
+            Some(Stop::Contended)
+        } else if started.elapsed() >= budget {
+            Some(Stop::Budget)
+        } else {
+            None
+        }
+    };
     let stop = granule_runtime::cpu_bound(|| -> Result<Stop, String> {
         while let Some(((s, e), handle)) = current.take() {
-            let waiting = Instant::now();
             let items: Result<Vec<T>, ShardError> = granule_runtime::block_on(handle)
                 .unwrap_or_else(|e| Err(ShardError::Step(format!("fetch task failed: {e}"))));
-            meter.waited += waiting.elapsed();
             let items = match items {
                 Ok(v) if v.len() as u64 == e - s => v,
                 Ok(v) => {
@@ -279,34 +338,32 @@ where
                 Some(r) => Some(fetch(r).ok_or("no node runtime to fetch with")?),
                 None => None,
             };
+            // Compute, checking every `check_every` items (about CHECK_EVERY of work)
+            // whether to stop: a stop waits for an item boundary, not a chunk's end.
             let t = Instant::now();
+            let mut why = None;
+            let mut k = 0;
             for x in &items {
                 each(&w.arg, x, &mut out);
-            }
-            done_to = e;
-            // Size the next chunks to about CHUNK_TARGET of work.
-            let per_item = t.elapsed().as_nanos() as u64 / (e - s).max(1);
-            chunk = (CHUNK_TARGET.as_nanos() as u64 / per_item.max(1)).clamp(1, CHUNK_MAX);
-            let why = if should_yield() {
-                Some(Stop::Moving)
-            } else if w.stop.swap(false, Ordering::AcqRel) {
-                Some(Stop::Asked)
-            } else if req.watch.is_some_and(|wt| {
-                meter
-                    .sample(Duration::from_micros(wt.window_us))
-                    .is_some_and(|share| share < wt.min_share)
-            }) {
-                Some(Stop::Contended)
-            } else if started.elapsed() >= budget {
-                Some(Stop::Budget)
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                if let Some(((s2, _), h)) = current.take() {
-                    h.abort();
-                    unclaim(s2);
+                k += 1;
+                if k % check_every == 0 || k == items.len() {
+                    why = why_stop(&mut meter);
+                    if why.is_some() {
+                        break;
+                    }
                 }
+            }
+            done_to = s + k as u64;
+            // Size the next chunks to about CHUNK_TARGET of work, and the checks.
+            let per_item = (t.elapsed().as_nanos() as u64 / (k as u64).max(1)).max(1);
+            chunk = (CHUNK_TARGET.as_nanos() as u64 / per_item).clamp(1, CHUNK_MAX);
+            check_every = ((CHECK_EVERY.as_nanos() as u64 / per_item) as usize).max(1);
+            if let Some(why) = why {
+                if let Some((_, h)) = current.take() {
+                    h.abort();
+                }
+                // Give back the rest of this chunk and the one being fetched.
+                unclaim(done_to);
                 return Ok(why);
             }
         }

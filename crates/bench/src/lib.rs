@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod affinity;
+pub mod batch;
 pub mod controller;
 pub mod invoke;
 pub mod migrate;
@@ -34,6 +35,7 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("migrate", "migration time of a proclet with 64 KiB to 16 MiB of state, next to raw TCP of the same bytes"),
     ("sharded", "ops/s of ShardedVec and ShardedMap across 3 nodes, low-latency and batching modes, vs std containers in one process"),
     ("remote-iter", "a compute loop iterating a sealed remote ShardedVec (100 B to 10 KiB elements, 0-100 µs of work each) vs the same loop over a local Vec"),
+    ("batch", "for_all and a word count on 2 cores vs a plain loop, rayon and Ray; compute proclets shrinking from and growing back onto a vCPU an antagonist takes"),
     ("pressure", "KV shards under open-loop load while a memory antagonist fills one node: p99 timeline, moves, vs throttled migration"),
 ];
 
@@ -46,6 +48,7 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         "pressure" => pressure::run(opts),
         "remote-iter" => remote_iter::run(opts),
         "sharded" => sharded::run(opts),
+        "batch" => batch::run(opts),
         other => anyhow::bail!(
             "unknown benchmark '{other}'; known: {}",
             BENCHMARKS

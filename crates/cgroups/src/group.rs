@@ -2,7 +2,7 @@
 
 use crate::hierarchy::{Controller, Hierarchy};
 use crate::procfs::process_start_time;
-use crate::{CgroupError, ANTAGONIST_DIR, CFS_PERIOD_US, GRANULE_DIR, MIN_CFS_QUOTA_US};
+use crate::{CgroupError, ANTAGONIST_DIR, GRANULE_DIR, MIN_CFS_QUOTA_US};
 use granule_wire::CgroupPaths;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -148,7 +148,7 @@ impl NodeGroup {
         }
         write_value(&mem.join("memory.limit_in_bytes"), mem_bytes)?;
         // The period first: the quota is validated against it.
-        write_value(&cpu.join("cpu.cfs_period_us"), CFS_PERIOD_US)?;
+        write_value(&cpu.join("cpu.cfs_period_us"), crate::cfs_period_us())?;
         write_value(&cpu.join("cpu.cfs_quota_us"), quota_us(cores))?;
         Ok(g)
     }
@@ -172,9 +172,9 @@ impl NodeGroup {
     }
 }
 
-/// The CFS quota for `cores` cores at the fixed period.
+/// The CFS quota for `cores` cores at the node groups' period.
 pub(crate) fn quota_us(cores: f64) -> u64 {
-    ((cores * CFS_PERIOD_US as f64).round() as u64).max(MIN_CFS_QUOTA_US)
+    ((cores * crate::cfs_period_us() as f64).round() as u64).max(MIN_CFS_QUOTA_US)
 }
 
 /// Move process `pid` into the groups `paths` names (a `None` field leaves that

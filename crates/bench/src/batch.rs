@@ -1,0 +1,989 @@
+//! Benchmark `batch`: Granule's batch computing against a plain loop, rayon and Ray on
+//! the same two cores, and how fast a job's compute proclets leave a core that turns
+//! busy and come back when it frees up.
+//!
+//! Part (a) runs `for_all` over 1e6 items of ~3 µs of work each; part (b) a word count
+//! (`reduce` whose per-document step tokenizes and counts, the map side, and whose
+//! combine merges counts) over generated text. Both run, in the same process, as a plain
+//! single-threaded loop, a rayon loop on 2 threads, and a Granule job on two `cpu=1`
+//! nodes; Ray (`num_cpus=2`) runs the same work from a Python script in the same run
+//! (installed into `target/ray-venv` by the benchmark; skipped with the reason when it
+//! cannot be). Part (c) pins the two nodes one per vCPU (cpusets), sets a 10 ms CFS
+//! period, runs a long job and switches a CPU antagonist on node 2's vCPU on and off:
+//! the time until the job has no worker left there (shrink) and until it has one again
+//! (grow), per trial, and the job's cores over time.
+
+use crate::work::{calibrate, iters_for, spin};
+use crate::BenchOpts;
+use anyhow::{bail, Context};
+use granule::batch::{Batch, JobLog, Trigger};
+use granule::sharded::ShardedVec;
+use granule::{Cluster, NodeId};
+use granule_report::{Cell, Meta, Plot, Report, Table};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Sizes of one run.
+struct Params {
+    items: u64,
+    work_us: f64,
+    docs: u64,
+    words_per_doc: u64,
+    vocab: u64,
+    seed: u64,
+    reps: usize,
+    trials: usize,
+    on_ms: u64,
+    off_ms: u64,
+    reaction_work_us: f64,
+}
+
+impl Params {
+    fn new(quick: bool) -> Params {
+        if quick {
+            Params {
+                items: 40_000,
+                work_us: 3.0,
+                docs: 1_000,
+                words_per_doc: 100,
+                vocab: 5_000,
+                seed: 7,
+                reps: 1,
+                trials: 3,
+                on_ms: 150,
+                off_ms: 150,
+                reaction_work_us: 10.0,
+            }
+        } else {
+            Params {
+                items: 1_000_000,
+                work_us: 3.0,
+                docs: 100_000,
+                words_per_doc: 100,
+                vocab: 5_000,
+                seed: 7,
+                reps: 3,
+                trials: 20,
+                on_ms: 250,
+                off_ms: 250,
+                reaction_work_us: 10.0,
+            }
+        }
+    }
+}
+
+/// One measured run: what ran, how long, and its throughput.
+struct Row {
+    workload: &'static str,
+    system: &'static str,
+    items: u64,
+    secs: f64,
+    /// Fraction of the 2 cores the system's processes used over the run (Granule only).
+    cores_used: f64,
+}
+
+impl Row {
+    fn rate(&self) -> f64 {
+        self.items as f64 / self.secs
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((p * (v.len() - 1) as f64).round() as usize).min(v.len() - 1);
+    v[i]
+}
+
+// ---- the text generator (the Python script generates the same words) ----
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn documents(p: &Params) -> Vec<String> {
+    (0..p.docs)
+        .map(|d| {
+            (0..p.words_per_doc)
+                .map(|j| {
+                    format!(
+                        "w{}",
+                        splitmix64(p.seed ^ (d * p.words_per_doc + j)) % p.vocab
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+type Counts = HashMap<String, u64>;
+
+/// The map side of the word count: one document's words into the counts.
+fn count_words(acc: &mut Counts, doc: &str) {
+    for w in doc.split(' ') {
+        match acc.get_mut(w) {
+            Some(c) => *c += 1,
+            None => {
+                acc.insert(w.to_owned(), 1);
+            }
+        }
+    }
+}
+
+/// The reduce side: merge counts.
+fn merge_counts(a: &mut Counts, b: Counts) {
+    for (w, c) in b {
+        *a.entry(w).or_default() += c;
+    }
+}
+
+/// (total words, distinct words, checksum) — the same checksum as the Python script.
+fn digest(c: &Counts) -> (u64, u64, u64) {
+    let total = c.values().sum();
+    let sum = c.iter().fold(0u64, |h, (w, n)| {
+        let id: u64 = w[1..].parse().unwrap_or(0);
+        h.wrapping_add(n.wrapping_mul(id + 1))
+    });
+    (total, c.len() as u64, sum)
+}
+
+// ---- CPU time of processes ----
+
+fn clock_ticks() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64
+}
+
+/// User + system CPU seconds of process `pid` (all its threads, living and exited).
+fn process_cpu_s(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3, utime 14 and stime 15 (1-based).
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / clock_ticks()
+}
+
+/// Nanoseconds on CPU of every living thread of `pid` (schedstat: fine-grained, for
+/// the timeline).
+fn process_cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn nodes_cpu_s(cluster: &Cluster) -> f64 {
+    cluster
+        .spawned_nodes()
+        .iter()
+        .map(|(_, pid)| process_cpu_s(*pid))
+        .sum()
+}
+
+// ---- parts (a) and (b) ----
+
+fn fill<T: granule::sharded::Element>(
+    items: Vec<T>,
+    chunk: usize,
+) -> anyhow::Result<ShardedVec<T>> {
+    let v = ShardedVec::new()?;
+    let mut it = items.into_iter().peekable();
+    while it.peek().is_some() {
+        let c: Vec<T> = it.by_ref().take(chunk).collect();
+        v.extend(c)?;
+    }
+    v.seal()?;
+    Ok(v)
+}
+
+fn throughput(p: &Params, iters: u64, rows: &mut Vec<Row>) -> anyhow::Result<(u64, u64, u64)> {
+    let cluster = Cluster::builder()
+        .nodes("cpu=1,mem=2GiB;cpu=1,mem=2GiB")?
+        .shed(false)
+        .start()
+        .context("starting the cluster")?;
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build()?;
+    let local: Vec<u64> = (0..p.items).collect();
+    let input = fill(local.clone(), 65_536)?;
+    for _ in 0..p.reps {
+        let t = Instant::now();
+        for x in &local {
+            std::hint::black_box(spin(iters) ^ x);
+        }
+        rows.push(Row {
+            workload: "for_all",
+            system: "plain loop (1 thread)",
+            items: p.items,
+            secs: t.elapsed().as_secs_f64(),
+            cores_used: f64::NAN,
+        });
+        let t = Instant::now();
+        pool.install(|| {
+            local.par_iter().for_each(|x| {
+                std::hint::black_box(spin(iters) ^ x);
+            })
+        });
+        rows.push(Row {
+            workload: "for_all",
+            system: "rayon (2 threads)",
+            items: p.items,
+            secs: t.elapsed().as_secs_f64(),
+            cores_used: f64::NAN,
+        });
+        let cpu0 = nodes_cpu_s(&cluster);
+        let t = Instant::now();
+        let log = JobLog::new();
+        Batch::new()
+            .log(log.clone())
+            .for_all(&input, iters, |it: &u64, x: &u64| {
+                std::hint::black_box(spin(*it) ^ x);
+            })?;
+        let secs = t.elapsed().as_secs_f64();
+        let c = log.calls();
+        let ev = log.events();
+        println!(
+            "granule for_all: {secs:.3} s; {} calls, workers' CPU {:.3} s over {:.3} s in calls ({:.1} %); {} grows, {} contended",
+            c.calls,
+            c.cpu_s,
+            c.wall_s,
+            100.0 * c.cpu_s / c.wall_s,
+            ev.iter().filter(|e| e.what == Trigger::Grew).count(),
+            ev.iter().filter(|e| e.what == Trigger::Contended).count()
+        );
+        rows.push(Row {
+            workload: "for_all",
+            system: "Granule (2 nodes × 1 core)",
+            items: p.items,
+            secs,
+            cores_used: (nodes_cpu_s(&cluster) - cpu0) / (secs * 2.0),
+        });
+    }
+    input.destroy()?;
+
+    // (b) word count.
+    let docs = documents(p);
+    let words = p.docs * p.words_per_doc;
+    let input = fill(docs.clone(), 1024)?;
+    let mut digests = Vec::new();
+    for _ in 0..p.reps {
+        let t = Instant::now();
+        let mut c = Counts::new();
+        for d in &docs {
+            count_words(&mut c, d);
+        }
+        rows.push(Row {
+            workload: "word count",
+            system: "plain loop (1 thread)",
+            items: words,
+            secs: t.elapsed().as_secs_f64(),
+            cores_used: f64::NAN,
+        });
+        digests.push(digest(&c));
+        let t = Instant::now();
+        let c = pool.install(|| {
+            docs.par_iter()
+                .fold(Counts::new, |mut acc, d| {
+                    count_words(&mut acc, d);
+                    acc
+                })
+                .reduce(Counts::new, |mut a, b| {
+                    merge_counts(&mut a, b);
+                    a
+                })
+        });
+        rows.push(Row {
+            workload: "word count",
+            system: "rayon (2 threads)",
+            items: words,
+            secs: t.elapsed().as_secs_f64(),
+            cores_used: f64::NAN,
+        });
+        digests.push(digest(&c));
+        let cpu0 = nodes_cpu_s(&cluster);
+        let t = Instant::now();
+        let c = Batch::new().reduce(
+            &input,
+            (),
+            |_: &(), acc: &mut Counts, doc: &String| count_words(acc, doc),
+            Counts::new(),
+            merge_counts,
+        )?;
+        let secs = t.elapsed().as_secs_f64();
+        rows.push(Row {
+            workload: "word count",
+            system: "Granule (2 nodes × 1 core)",
+            items: words,
+            secs,
+            cores_used: (nodes_cpu_s(&cluster) - cpu0) / (secs * 2.0),
+        });
+        digests.push(digest(&c));
+    }
+    input.destroy()?;
+    crate::print_cluster_usage(&cluster);
+    cluster.shutdown();
+    let first = digests[0];
+    if digests.iter().any(|d| *d != first) || first.0 != words {
+        bail!("word counts differ between the systems: {digests:?} (expected {words} words)");
+    }
+    Ok(first)
+}
+
+// ---- Ray ----
+
+/// What the Python script printed, or why Ray was not measured.
+fn ray(p: &Params, quick: bool) -> Result<serde_json::Value, String> {
+    if quick {
+        return Err("quick run (CI smoke): Ray is measured in full runs only".into());
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script_dir = root.join("python");
+    let venv = root.join("../../target/ray-venv");
+    let setup = std::process::Command::new("bash")
+        .arg(script_dir.join("ray_venv.sh"))
+        .arg(&venv)
+        .output()
+        .map_err(|e| format!("cannot run ray_venv.sh: {e}"))?;
+    if !setup.status.success() {
+        let why = String::from_utf8_lossy(&setup.stderr);
+        return Err(format!(
+            "Ray could not be installed: {}",
+            why.lines().last().unwrap_or("no reason given").trim()
+        ));
+    }
+    let python = String::from_utf8_lossy(&setup.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let out = std::process::Command::new(&python)
+        .arg(script_dir.join("ray_batch.py"))
+        .args(["--items", &p.items.to_string()])
+        .args(["--work-us", &format!("{}", p.work_us)])
+        .args(["--batches", "1000"])
+        .args(["--docs", &p.docs.to_string()])
+        .args(["--words-per-doc", &p.words_per_doc.to_string()])
+        .args(["--vocab", &p.vocab.to_string()])
+        .args(["--seed", &p.seed.to_string()])
+        .args(["--reps", &p.reps.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run {python}: {e}"))?;
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "the Ray script failed: {}",
+            why.lines().last().unwrap_or("no message").trim()
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("the Ray script printed no JSON: {e}"))
+}
+
+// ---- part (c): shrink and grow under a CPU antagonist ----
+
+/// cpuset groups that pin the node processes one per vCPU; removed on drop.
+struct Cpusets {
+    dirs: Vec<PathBuf>,
+    pids: Vec<u32>,
+}
+
+const CPUSET_ROOT: &str = "/sys/fs/cgroup/cpuset";
+
+impl Cpusets {
+    /// Pin process `pids[k]` to vCPU `k` through a cpuset of its own.
+    fn pin(pids: &[u32]) -> anyhow::Result<Cpusets> {
+        let base = Path::new(CPUSET_ROOT).join(format!("granule-bench-{}", std::process::id()));
+        let mems = std::fs::read_to_string(Path::new(CPUSET_ROOT).join("cpuset.effective_mems"))
+            .or_else(|_| std::fs::read_to_string(Path::new(CPUSET_ROOT).join("cpuset.mems")))
+            .context("reading the root cpuset's memory nodes")?;
+        let mut sets = Cpusets {
+            dirs: Vec::new(),
+            pids: pids.to_vec(),
+        };
+        std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+        sets.dirs.push(base.clone());
+        std::fs::write(base.join("cpuset.mems"), mems.trim())?;
+        std::fs::write(base.join("cpuset.cpus"), format!("0-{}", pids.len() - 1))?;
+        for (k, pid) in pids.iter().enumerate() {
+            let dir = base.join(format!("vcpu{k}"));
+            std::fs::create_dir_all(&dir)?;
+            sets.dirs.push(dir.clone());
+            std::fs::write(dir.join("cpuset.mems"), mems.trim())?;
+            std::fs::write(dir.join("cpuset.cpus"), k.to_string())?;
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+                .with_context(|| format!("moving node process {pid} into {}", dir.display()))?;
+        }
+        Ok(sets)
+    }
+}
+
+impl Drop for Cpusets {
+    fn drop(&mut self) {
+        for pid in &self.pids {
+            let _ = std::fs::write(Path::new(CPUSET_ROOT).join("cgroup.procs"), pid.to_string());
+        }
+        for d in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// The cpu cgroup directory of process `pid` (cgroup v1), if it is in one.
+fn cpu_group_of(pid: u32) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+        (ctrls.split(',').any(|c| c == "cpu") && path != "/")
+            .then(|| Path::new("/sys/fs/cgroup/cpu").join(path.trim_start_matches('/')))
+    })
+}
+
+/// When the antagonist spun: (started, stopped).
+type Spans = Arc<parking_lot::Mutex<Vec<(Instant, Option<Instant>)>>>;
+
+/// A thread pinned to one vCPU that spins while switched on. It joins the cpu group of
+/// the node it competes with, when there is one: it then takes half of that node's core
+/// the way another tenant's process in the node's container would (at the root level,
+/// the kernel's group weights let it starve the node's whole group for hundreds of
+/// milliseconds at times, which measures the kernel, not Granule).
+struct Antagonist {
+    on: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    /// (started, stopped) spinning, as the thread itself saw it.
+    spans: Spans,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Antagonist {
+    fn start(cpu: usize, group: Option<PathBuf>) -> anyhow::Result<Antagonist> {
+        let on = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let spans = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (o, s, sp) = (on.clone(), stop.clone(), spans.clone());
+        let mut set = nix::sched::CpuSet::new();
+        set.set(cpu)?;
+        let thread = std::thread::Builder::new()
+            .name("cpu-antagonist".into())
+            .spawn(move || {
+                let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+                if let Some(g) = &group {
+                    let tid = nix::unistd::gettid().as_raw();
+                    if let Err(e) = std::fs::write(g.join("tasks"), tid.to_string()) {
+                        eprintln!("the antagonist could not join {}: {e}", g.display());
+                    }
+                }
+                while !s.load(Ordering::Acquire) {
+                    if o.load(Ordering::Acquire) {
+                        sp.lock().push((Instant::now(), None));
+                        while o.load(Ordering::Acquire) {
+                            std::hint::black_box(spin(64));
+                        }
+                        if let Some(last) = sp.lock().last_mut() {
+                            last.1 = Some(Instant::now());
+                        }
+                    } else {
+                        // Off: poll often enough that switching on costs < 0.2 ms.
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+            })?;
+        Ok(Antagonist {
+            on,
+            stop,
+            spans,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Antagonist {
+    fn drop(&mut self) {
+        self.on.store(false, Ordering::Release);
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Reaction {
+    shrink_ms: Vec<f64>,
+    grow_ms: Vec<f64>,
+    /// Trials in which the job never left (or never came back) before the phase ended.
+    missed_shrink: usize,
+    missed_grow: usize,
+    /// (seconds, cores used by node 1, by node 2, workers node 1, workers node 2,
+    /// antagonist on)
+    timeline: Vec<(f64, f64, f64, usize, usize, bool)>,
+    placement: String,
+    result_ok: bool,
+}
+
+fn reaction(p: &Params, per_us: f64) -> anyhow::Result<Reaction> {
+    // A 10 ms CFS period for the node groups (read when the cluster makes them).
+    std::env::set_var("GRANULE_CFS_PERIOD_US", "10000");
+    let cluster = Cluster::builder()
+        .nodes("cpu=1,mem=2GiB;cpu=1,mem=2GiB")?
+        .shed(false)
+        .start()
+        .context("starting the cluster");
+    std::env::remove_var("GRANULE_CFS_PERIOD_US");
+    let cluster = cluster?;
+    let spawned = cluster.spawned_nodes();
+    if spawned.len() != 2 {
+        bail!("expected 2 node processes, got {}", spawned.len());
+    }
+    let pids: Vec<u32> = spawned.iter().map(|(_, pid)| *pid).collect();
+    let nodes: Vec<NodeId> = spawned.iter().map(|(n, _)| *n).collect();
+    let (_cpusets, placement) = match Cpusets::pin(&pids) {
+        Ok(c) => (
+            Some(c),
+            "node 1 in a cpuset of vCPU 0, node 2 in a cpuset of vCPU 1".to_string(),
+        ),
+        Err(e) => {
+            for (k, pid) in pids.iter().enumerate() {
+                crate::affinity::pin_pid(*pid, k)?;
+            }
+            (
+                None,
+                format!(
+                    "cpusets unavailable ({e:#}); node k pinned to vCPU k with sched_setaffinity"
+                ),
+            )
+        }
+    };
+    let node2_group = cpu_group_of(pids[1]);
+    let ant_where = match &node2_group {
+        Some(g) => format!("joins node 2's cpu group ({})", g.display()),
+        None => "runs at the root cpu group (node 2 has none)".to_string(),
+    };
+    let placement = format!(
+        "{placement}; {}; the antagonist is a thread of the driver pinned to vCPU 1 that {ant_where}; the driver (job coordinator) is not pinned",
+        if cluster.cgroups_active() {
+            "node cpu groups with a 1-core quota per 10 ms CFS period"
+        } else {
+            "no cpu cgroups (not root?): no CFS quota"
+        }
+    );
+    let iters = iters_for(p.reaction_work_us, per_us);
+    let span_s = p.trials as f64 * (p.on_ms + p.off_ms) as f64 / 1000.0 + 1.0;
+    // Enough items for the whole schedule even at 2 cores throughout (the job must
+    // outlast the schedule for every trial to count).
+    let items = (span_s * 2.0e6 / p.reaction_work_us) as u64;
+    let input = fill((0..items).collect::<Vec<u64>>(), 65_536)?;
+    let log = JobLog::new();
+    let ant = Antagonist::start(1, node2_group)?;
+    let job_done = Arc::new(AtomicBool::new(false));
+    let job = {
+        let (input, log, done) = (input.clone(), log.clone(), job_done.clone());
+        let ctx = granule::thread_context();
+        std::thread::spawn(move || {
+            ctx.enter();
+            let r = Batch::new().log(log).reduce(
+                &input,
+                iters,
+                |it: &u64, acc: &mut u64, x: &u64| {
+                    std::hint::black_box(spin(*it));
+                    *acc = acc.wrapping_add(*x);
+                },
+                0u64,
+                |a: &mut u64, b| *a = a.wrapping_add(b),
+            );
+            done.store(true, Ordering::Release);
+            r
+        })
+    };
+    // The timeline sampler: CPU of each node process every 10 ms.
+    let sampler = {
+        let done = job_done.clone();
+        let pids = pids.clone();
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let t0 = Instant::now();
+            let mut prev: Vec<u64> = pids.iter().map(|p| process_cpu_ns(*p)).collect();
+            let mut prev_t = Instant::now();
+            while !done.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(10));
+                let now = Instant::now();
+                let cur: Vec<u64> = pids.iter().map(|p| process_cpu_ns(*p)).collect();
+                let dt = now.duration_since(prev_t).as_secs_f64();
+                let used: Vec<f64> = cur
+                    .iter()
+                    .zip(&prev)
+                    .map(|(c, p)| c.saturating_sub(*p) as f64 / 1e9 / dt)
+                    .collect();
+                out.push((now, now.duration_since(t0), used));
+                prev = cur;
+                prev_t = now;
+            }
+            out
+        })
+    };
+    // Wait for the job to reach node 2, then run the schedule.
+    let t_wait = Instant::now();
+    while !log
+        .events()
+        .iter()
+        .any(|e| e.node == nodes[1] && e.what == Trigger::Grew)
+    {
+        if t_wait.elapsed() > Duration::from_secs(10) || job_done.load(Ordering::Acquire) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    for _ in 0..p.trials {
+        if job_done.load(Ordering::Acquire) {
+            break;
+        }
+        ant.on.store(true, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(p.on_ms));
+        ant.on.store(false, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(p.off_ms));
+    }
+    let sum = job
+        .join()
+        .map_err(|_| anyhow::anyhow!("the job thread panicked"))??;
+    let samples = sampler
+        .join()
+        .map_err(|_| anyhow::anyhow!("the sampler panicked"))?;
+    let spans = ant.spans.lock().clone();
+    drop(ant);
+    input.destroy()?;
+    crate::print_cluster_usage(&cluster);
+    cluster.shutdown();
+    let want = (0..items).fold(0u64, |a, x| a.wrapping_add(x));
+
+    let events = log.events();
+    let mut r = Reaction {
+        shrink_ms: Vec::new(),
+        grow_ms: Vec::new(),
+        missed_shrink: 0,
+        missed_grow: 0,
+        timeline: Vec::new(),
+        placement,
+        result_ok: sum == want,
+    };
+    let on2 = |e: &&granule::batch::JobEvent| e.node == nodes[1];
+    let job_end = events.last().map_or_else(Instant::now, |e| e.at);
+    for (k, (on, off)) in spans.iter().enumerate() {
+        let Some(off) = *off else { continue };
+        let next_on = spans.get(k + 1).map(|s| s.0);
+        // Did the job have a worker on node 2 when the antagonist started?
+        let before = events.iter().filter(on2).rfind(|e| e.at <= *on);
+        if before.is_some_and(|e| e.workers_on_node > 0) {
+            match events
+                .iter()
+                .filter(on2)
+                .find(|e| e.at >= *on && e.at <= off && e.workers_on_node == 0)
+            {
+                Some(e) => r
+                    .shrink_ms
+                    .push(e.at.duration_since(*on).as_secs_f64() * 1e3),
+                None => r.missed_shrink += 1,
+            }
+        }
+        match events
+            .iter()
+            .filter(on2)
+            .find(|e| e.at >= off && e.what == Trigger::Grew && next_on.is_none_or(|n| e.at < n))
+        {
+            Some(e) => r.grow_ms.push(e.at.duration_since(off).as_secs_f64() * 1e3),
+            None if job_end > off + Duration::from_millis(p.off_ms) => r.missed_grow += 1,
+            None => {}
+        }
+    }
+    let t0 = samples.first().map(|s| s.0).unwrap_or_else(Instant::now);
+    for (at, _, used) in &samples {
+        let workers = |n: NodeId| {
+            events
+                .iter()
+                .rfind(|e| e.node == n && e.at <= *at)
+                .map_or(0, |e| e.workers_on_node)
+        };
+        let ant_on = spans
+            .iter()
+            .any(|(s, e)| *s <= *at && e.is_none_or(|e| *at <= e));
+        r.timeline.push((
+            at.duration_since(t0).as_secs_f64(),
+            used.first().copied().unwrap_or(0.0),
+            used.get(1).copied().unwrap_or(0.0),
+            workers(nodes[0]),
+            workers(nodes[1]),
+            ant_on,
+        ));
+    }
+    Ok(r)
+}
+
+/// Run the benchmark and write its report.
+pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
+    let p = Params::new(opts.quick);
+    let affinity = crate::affinity::SavedAffinity::unpin();
+    let per_us = calibrate();
+    let iters = iters_for(p.work_us, per_us);
+    let mut rows = Vec::new();
+    let (words, distinct, checksum) = throughput(&p, iters, &mut rows)?;
+    let reaction = reaction(&p, per_us);
+    drop(affinity);
+    let reaction = reaction?;
+    let ray = ray(&p, opts.quick);
+
+    let med = |w: &str, s: &str| {
+        median(
+            rows.iter()
+                .filter(|r| r.workload == w && r.system == s)
+                .map(Row::rate)
+                .collect(),
+        )
+    };
+    const G: &str = "Granule (2 nodes × 1 core)";
+    const RAYON: &str = "rayon (2 threads)";
+    const PLAIN: &str = "plain loop (1 thread)";
+    let (ray_for_all, ray_wc, ray_note) = match &ray {
+        Ok(j) => {
+            let f = j["for_all_items_per_s"].as_f64().unwrap_or(f64::NAN);
+            let w = j["wordcount_words_per_s"].as_f64().unwrap_or(f64::NAN);
+            let ok = j["wordcount_checksum"].as_u64() == Some(checksum)
+                && j["wordcount_distinct"].as_u64() == Some(distinct);
+            (
+                f,
+                w,
+                format!(
+                    "Ray {} (Python {}), num_cpus=2, 1000 tasks of contiguous items; word count method: {}; its counts {} Granule's",
+                    j["ray_version"].as_str().unwrap_or("?"),
+                    j["python_version"].as_str().unwrap_or("?"),
+                    j["wordcount_method"].as_str().unwrap_or("?"),
+                    if ok { "match" } else { "DO NOT match" }
+                ),
+            )
+        }
+        Err(why) => (f64::NAN, f64::NAN, format!("Ray not measured: {why}")),
+    };
+
+    let mut table = Table::new(&[
+        "workload",
+        "system",
+        "items",
+        "seconds_median",
+        "items_per_s",
+        "vs_plain_loop",
+        "vs_rayon",
+        "cores_used_fraction",
+    ]);
+    let systems = [PLAIN, RAYON, G];
+    for w in ["for_all", "word count"] {
+        for s in systems {
+            let secs = median(
+                rows.iter()
+                    .filter(|r| r.workload == w && r.system == s)
+                    .map(|r| r.secs)
+                    .collect(),
+            );
+            let cores = median(
+                rows.iter()
+                    .filter(|r| r.workload == w && r.system == s)
+                    .map(|r| r.cores_used)
+                    .collect(),
+            );
+            let items = rows.iter().find(|r| r.workload == w).map_or(0, |r| r.items);
+            table.row(vec![
+                Cell::from(w),
+                Cell::from(s),
+                Cell::from(items as f64),
+                Cell::from(secs),
+                Cell::from(med(w, s)),
+                Cell::from(med(w, s) / med(w, PLAIN)),
+                Cell::from(med(w, s) / med(w, RAYON)),
+                if cores.is_finite() {
+                    Cell::from(cores)
+                } else {
+                    Cell::empty()
+                },
+            ]);
+        }
+        let ray_rate = if w == "for_all" { ray_for_all } else { ray_wc };
+        if ray_rate.is_finite() {
+            table.row(vec![
+                Cell::from(w),
+                Cell::from("Ray (num_cpus=2, Python)"),
+                Cell::from(rows.iter().find(|r| r.workload == w).map_or(0, |r| r.items) as f64),
+                Cell::empty(),
+                Cell::from(ray_rate),
+                Cell::from(ray_rate / med(w, PLAIN)),
+                Cell::from(ray_rate / med(w, RAYON)),
+                Cell::empty(),
+            ]);
+        }
+    }
+
+    let mut timeline = Table::new(&[
+        "t_s",
+        "node1_cores",
+        "node2_cores",
+        "node1_workers",
+        "node2_workers",
+        "antagonist_on",
+    ]);
+    for (t, a, b, wa, wb, on) in &reaction.timeline {
+        timeline.row(vec![
+            Cell::from(*t),
+            Cell::from(*a),
+            Cell::from(*b),
+            Cell::from(*wa as f64),
+            Cell::from(*wb as f64),
+            Cell::from(if *on { 1.0 } else { 0.0 }),
+        ]);
+    }
+    let mut trials = Table::new(&["trial", "shrink_ms", "grow_ms"]);
+    for k in 0..reaction.shrink_ms.len().max(reaction.grow_ms.len()) {
+        let c = |v: &[f64]| v.get(k).map_or(Cell::empty(), |x| Cell::from(*x));
+        trials.row(vec![
+            Cell::from((k + 1) as f64),
+            c(&reaction.shrink_ms),
+            c(&reaction.grow_ms),
+        ]);
+    }
+    let plot = Plot::line("Job cores per node while an antagonist takes node 2's vCPU")
+        .x_label("seconds")
+        .y_label("cores (measured) / workers")
+        .series(
+            "node 1 cores used",
+            reaction.timeline.iter().map(|r| (r.0, r.1)),
+        )
+        .series(
+            "node 2 cores used",
+            reaction.timeline.iter().map(|r| (r.0, r.2)),
+        )
+        .series(
+            "node 2 workers",
+            reaction.timeline.iter().map(|r| (r.0, r.4 as f64)),
+        )
+        .series(
+            "antagonist on node 2's vCPU",
+            reaction
+                .timeline
+                .iter()
+                .map(|r| (r.0, if r.5 { 1.1 } else { 0.0 })),
+        );
+    let bars = Plot::bars("Throughput on 2 cores (items/s)")
+        .y_label("items per second")
+        .log_y(true)
+        .categories(["for_all 3 µs/item", "word count"])
+        .bar_series(PLAIN, [med("for_all", PLAIN), med("word count", PLAIN)])
+        .bar_series(RAYON, [med("for_all", RAYON), med("word count", RAYON)])
+        .bar_series(G, [med("for_all", G), med("word count", G)])
+        .bar_series("Ray", [ray_for_all, ray_wc]);
+
+    let placement = format!(
+        "(a), (b): the driver process (embedded controller, the job's coordinator, the plain and rayon loops) and two \
+         node processes (cpu=1, mem=2GiB; in cpu cgroups with a 1-core quota when run as root) share the 2 vCPUs, \
+         unpinned; the plain loop runs on the driver's main thread, rayon on a 2-thread pool in the driver while the \
+         nodes idle; Ray runs afterwards from its own processes. (c): {}",
+        reaction.placement
+    );
+    let mut meta = Meta::collect(placement, opts.quick);
+    meta.note(format!(
+        "for_all: {} u64 items in a sealed ShardedVec, ~{} µs of calibrated integer work each ({} iterations; the \
+         Python side spins {} µs on the clock); word count: {} generated documents × {} words from a {}-word \
+         vocabulary (splitmix64, seed {}), {} words total, {} distinct, checksum {checksum} — the same for every \
+         system; medians of {} runs. Granule: default Greedy policy (starts with one compute proclet, grows where \
+         probes find idle cores every 2 ms). cores_used_fraction: CPU time of the node processes ÷ (job time × 2 \
+         cores).",
+        p.items, p.work_us, iters, p.work_us, p.docs, p.words_per_doc, p.vocab, p.seed, words, distinct, p.reps
+    ));
+    meta.note(ray_note.clone());
+    meta.note(format!(
+        "(c): a reduce over {} µs items; {} antagonist cycles ({} ms on, {} ms off); shrink = antagonist start → the \
+         job has no worker on node 2; grow = antagonist stop → a worker runs on node 2 again. Trials without a worker \
+         on node 2 at the start are not counted. Missed: {} shrinks, {} grows. Job result {}.",
+        p.reaction_work_us,
+        p.trials,
+        p.on_ms,
+        p.off_ms,
+        reaction.missed_shrink,
+        reaction.missed_grow,
+        if reaction.result_ok { "correct" } else { "WRONG" }
+    ));
+    let mut rep = Report::new("batch", meta);
+    rep.title("Benchmark: batch — for_all and word count vs a plain loop, rayon and Ray; reaction to a CPU antagonist");
+    rep.table(table);
+    rep.plot(plot);
+    rep.extra_plot("throughput", bars);
+    rep.extra_table("timeline", timeline);
+    rep.extra_table("trials", trials);
+    let g_fa = med("for_all", G);
+    rep.summary("for_all_vs_rayon", g_fa / med("for_all", RAYON));
+    rep.summary("for_all_vs_ray", g_fa / ray_for_all);
+    if let Err(why) = &ray {
+        rep.summary_str("ray_skipped", why.clone());
+    }
+    let cores = median(
+        rows.iter()
+            .filter(|r| r.workload == "for_all" && r.system == G)
+            .map(|r| r.cores_used)
+            .collect(),
+    );
+    rep.summary("cores_used_fraction", cores);
+    rep.summary("shrink_ms", median(reaction.shrink_ms.clone()));
+    rep.summary("grow_ms", median(reaction.grow_ms.clone()));
+    rep.summary(
+        "shrink_ms_p95",
+        percentile(reaction.shrink_ms.clone(), 0.95),
+    );
+    rep.summary("grow_ms_p95", percentile(reaction.grow_ms.clone(), 0.95));
+    rep.summary(
+        "reaction_trials",
+        reaction.shrink_ms.len().min(reaction.grow_ms.len()) as f64,
+    );
+    rep.summary(
+        "reaction_result_correct",
+        if reaction.result_ok { 1.0 } else { 0.0 },
+    );
+    rep.summary("for_all_vs_plain_loop", g_fa / med("for_all", PLAIN));
+    rep.summary(
+        "wordcount_vs_rayon",
+        med("word count", G) / med("word count", RAYON),
+    );
+    rep.summary(
+        "wordcount_vs_plain_loop",
+        med("word count", G) / med("word count", PLAIN),
+    );
+    rep.summary("wordcount_vs_ray", med("word count", G) / ray_wc);
+    rep.summary("ray_vs_ideal_for_all", ray_for_all * p.work_us * 1e-6 / 2.0);
+    if !reaction.result_ok {
+        bail!("the job under the antagonist returned a wrong result");
+    }
+    Ok(rep.write(&opts.out)?)
+}
