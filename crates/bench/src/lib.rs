@@ -74,7 +74,39 @@ pub fn print_cluster_usage(cluster: &granule::Cluster) {
             println!("\ncluster resources at the end of the run:");
             print!("{}", granule_report::usage::node_table(&nodes));
             print!("{}", granule_report::usage::proclet_table(&nodes));
+            print!("{}", kind_ratios(&nodes));
         }
         Err(e) => println!("(cannot read the cluster's resource use: {e})"),
     }
+}
+
+/// CPU per memory of the proclets each node reports (its largest 16), by kind: compute
+/// proclets should use ≥ 0.1 core per MiB they hold, memory proclets ≤ 0.001 (the
+/// thresholds the nodes warn at; see `GRANULE_COMPUTE_MIN_CORES_PER_MIB`).
+pub fn kind_ratios(nodes: &[granule::NodeInfo]) -> String {
+    use granule::Kind;
+    let mut out =
+        String::from("measured CPU/memory ratio by proclet kind (largest proclets per node):\n");
+    for kind in [Kind::Compute, Kind::Memory, Kind::Hybrid] {
+        let (mut n, mut cores, mut bytes) = (0usize, 0.0f64, 0u64);
+        for p in nodes
+            .iter()
+            .flat_map(|n| &n.usage.top)
+            .filter(|p| p.kind == kind)
+        {
+            n += 1;
+            cores += p.cores;
+            bytes += p.mem_bytes;
+        }
+        if n == 0 {
+            out.push_str(&format!("  {kind:<8} none\n"));
+            continue;
+        }
+        let mib = bytes as f64 / (1u64 << 20) as f64;
+        out.push_str(&format!(
+            "  {kind:<8} {n} proclets, {cores:.3} cores over {mib:.2} MiB = {:.4} cores/MiB\n",
+            cores / mib.max(1e-9)
+        ));
+    }
+    out
 }

@@ -332,6 +332,13 @@ pub fn block_on_public<F: Future>(fut: F) -> F::Output {
     }
 }
 
+/// The kind of proclet `id` if it is hosted on the node the caller belongs to (inside a
+/// closure: the proclet's node). Libraries use it to give a proclet split off another the
+/// same kind.
+pub fn hosted_kind(id: granule_wire::ProcletId) -> Option<granule_wire::Kind> {
+    current_node()?.hosted_kind(id)
+}
+
 /// Run a CPU-bound section of a closure (a compute proclet working through items) on
 /// the calling thread. On a node worker thread the worker's place in the node's runtime
 /// is handed to another thread first, so calls to the node (a neighbour fetching

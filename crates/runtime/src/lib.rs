@@ -36,8 +36,8 @@ pub use boot::{init_logging, run_node, NodeArgs};
 pub use cluster::{run, Cluster, ClusterBuilder};
 pub use config::ClusterConfig;
 pub use context::{
-    block_on_public as block_on, cluster_nodes, cluster_nodes_async, cpu_bound, here, set_spin,
-    spawn, thread_context, ThreadContext,
+    block_on_public as block_on, cluster_nodes, cluster_nodes_async, cpu_bound, here, hosted_kind,
+    set_spin, spawn, thread_context, ThreadContext,
 };
 pub use error::{CallError, ClusterError};
 pub use footprint::Footprint;

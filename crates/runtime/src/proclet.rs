@@ -653,6 +653,24 @@ impl<S: ProcletState> Proclet<S> {
         .unwrap_or(Err(CallError::Timeout(self.timeout.unwrap_or_default())))
     }
 
+    /// Change the proclet's kind where it lives: what placement, the pressure policy
+    /// and the node's accounting treat it as from now on (a memory proclet that will run
+    /// closures next to its data becomes `Kind::Hybrid`; see the sharded structures'
+    /// `hybridize`). It keeps the kind when it moves.
+    pub fn set_kind(&self, kind: Kind) -> Result<(), CallError> {
+        let id = self.id;
+        let found = self.run_ref((id, kind), |_: &S, (id, kind): (ProcletId, Kind)| {
+            context::current_node().is_some_and(|n| n.retag(id, kind))
+        })?;
+        if found {
+            Ok(())
+        } else {
+            Err(CallError::Internal(format!(
+                "{id} answered a call but is not in its node's table"
+            )))
+        }
+    }
+
     /// [`Proclet::destroy`] as a future.
     pub fn destroy_async(&self) -> impl Future<Output = Result<(), CallError>> + Send + 'static {
         let node = node_or_current(&self.node);

@@ -164,7 +164,9 @@ impl SlotStats {
 /// A proclet hosted on this node.
 pub(crate) struct Slot {
     pub id: ProcletId,
-    pub kind: Kind,
+    /// Its kind (index, see `Kind::index`): a memory proclet can be made hybrid and
+    /// back while hosted (`Proclet::set_kind`).
+    kind: std::sync::atomic::AtomicU8,
     pub state_type: TypeId,
     /// Encode/decode of the state type, for moves.
     pub state_desc: &'static Descriptor,
@@ -192,6 +194,15 @@ pub(crate) enum TryLock {
 }
 
 impl Slot {
+    pub fn kind(&self) -> Kind {
+        Kind::from_index(self.kind.load(Ordering::Relaxed) as usize)
+    }
+
+    /// Change the kind; returns the previous one.
+    pub fn set_kind(&self, kind: Kind) -> Kind {
+        Kind::from_index(self.kind.swap(kind.index() as u8, Ordering::Relaxed) as usize)
+    }
+
     pub fn new(
         id: ProcletId,
         kind: Kind,
@@ -201,7 +212,7 @@ impl Slot {
     ) -> Arc<Slot> {
         Arc::new(Slot {
             id,
-            kind,
+            kind: std::sync::atomic::AtomicU8::new(kind.index() as u8),
             state_type: state_desc.state_type(),
             state_desc,
             epoch,

@@ -278,4 +278,28 @@ impl<K: MapKey, V: MapValue + Clone> ShardedMap<K, V> {
     pub fn destroy(&self) -> Result<(), ShardError> {
         self.sharder.destroy()
     }
+
+    /// Make the shards hybrid proclets, to run code next to their entries
+    /// ([`ShardedMap::offload`]); see [`AutoSharder::hybridize`].
+    pub fn hybridize(&self) -> Result<(), ShardError> {
+        self.sharder.hybridize()
+    }
+
+    /// Make the shards plain memory proclets again.
+    pub fn dehybridize(&self) -> Result<(), ShardError> {
+        self.sharder.dehybridize()
+    }
+
+    /// Run `f(&arg, entries)` next to every shard's entries (a key range each, in key
+    /// order); only the results travel.
+    pub fn offload<A, R, F>(&self, arg: A, f: F) -> Result<Vec<R>, ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Fn(&A, &BTreeMap<K, V>) -> R + Copy + Send + Sync + 'static,
+    {
+        // Zero-sized like `f`, which it alone captures: it travels as code.
+        self.sharder
+            .offload(arg, move |s: &MapShard<K, V>, a: A| f(&a, &s.entries))
+    }
 }

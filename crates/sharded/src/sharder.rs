@@ -804,6 +804,42 @@ impl<S: Shard> AutoSharder<S> {
             .ok_or(ShardError::Unmapped)
     }
 
+    /// Make every shard a *hybrid* proclet: a memory proclet that also runs code next to
+    /// its data ([`AutoSharder::offload`]), which placement and the pressure policy then
+    /// weigh for both its memory and its CPU. Shards split off a hybrid shard are hybrid
+    /// too. Undo with [`AutoSharder::dehybridize`].
+    pub fn hybridize(&self) -> Result<(), ShardError> {
+        self.set_kind(Kind::Hybrid)
+    }
+
+    /// Make every shard a plain memory proclet again.
+    pub fn dehybridize(&self) -> Result<(), ShardError> {
+        self.set_kind(Kind::Memory)
+    }
+
+    fn set_kind(&self, kind: Kind) -> Result<(), ShardError> {
+        for (_, s) in self.shards()? {
+            match s.set_kind(kind) {
+                // Merged away meanwhile: its data lives on in a neighbour, already seen.
+                Ok(()) | Err(CallError::ProcletGone(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Run `f(&shard, arg)` next to the data of every shard (on the shards' nodes, not
+    /// the caller's): only `f`'s results travel. The same as
+    /// [`AutoSharder::map_shards`]; the name says what a hybrid structure is for.
+    pub fn offload<A, R, F>(&self, arg: A, f: F) -> Result<Vec<R>, ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
+    {
+        self.map_shards(arg, f)
+    }
+
     /// Run `f(&shard, arg)` on every shard, in key order (a split in progress is finished
     /// first, so every element is seen exactly once).
     pub fn map_shards<A, R, F>(&self, arg: A, f: F) -> Result<Vec<R>, ShardError>
@@ -1224,7 +1260,9 @@ fn publish_pending<S: Shard>(
     };
     let bytes =
         postcard::to_allocvec(&p.data).map_err(|e| format!("encoding a split-off part: {e}"))?;
-    let mut b = Proclet::builder(Kind::Memory).footprint();
+    // The part keeps its parent's kind (a hybrid shard's parts are hybrid).
+    let kind = granule_runtime::hosted_kind(me.id()).unwrap_or(Kind::Memory);
+    let mut b = Proclet::builder(kind).footprint();
     if let Some(n) = here() {
         b = b.on(n);
     }

@@ -249,6 +249,31 @@ impl<T: Element> ShardedVec<T> {
     pub fn destroy(&self) -> Result<(), ShardError> {
         self.sharder.destroy()
     }
+
+    /// Make the shards hybrid proclets, to run code next to their elements
+    /// ([`ShardedVec::offload`]); see [`AutoSharder::hybridize`].
+    pub fn hybridize(&self) -> Result<(), ShardError> {
+        self.sharder.hybridize()
+    }
+
+    /// Make the shards plain memory proclets again.
+    pub fn dehybridize(&self) -> Result<(), ShardError> {
+        self.sharder.dehybridize()
+    }
+
+    /// Run `f(&arg, first_index, elements)` next to every shard's elements, in index
+    /// order; only the results travel.
+    pub fn offload<A, R, F>(&self, arg: A, f: F) -> Result<Vec<R>, ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Fn(&A, u64, &[T]) -> R + Copy + Send + Sync + 'static,
+    {
+        // The wrapper captures only `f`, itself a capture-less (zero-sized) closure, so it
+        // is zero-sized too and travels as code like any shipped closure.
+        self.sharder
+            .offload(arg, move |s: &VecShard<T>, a: A| f(&a, s.start, &s.items))
+    }
 }
 
 /// An iterator over a sealed [`ShardedVec`] that prefetches blocks in the background.

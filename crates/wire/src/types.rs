@@ -55,6 +55,15 @@ impl Kind {
             Kind::Hybrid => 2,
         }
     }
+
+    /// The kind of an index from [`Kind::index`] (out of range: `Hybrid`).
+    pub fn from_index(i: usize) -> Kind {
+        match i {
+            0 => Kind::Compute,
+            1 => Kind::Memory,
+            _ => Kind::Hybrid,
+        }
+    }
 }
 
 impl fmt::Display for Kind {

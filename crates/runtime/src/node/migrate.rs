@@ -335,7 +335,11 @@ impl NodeInner {
         self.remove_hosted(&slot);
         drop(guard);
         let took = t0.elapsed();
-        if let Err(e) = self.controller.set_location(proclet, loc, slot.kind).await {
+        if let Err(e) = self
+            .controller
+            .set_location(proclet, loc, slot.kind())
+            .await
+        {
             tracing::warn!(%proclet, "moved, but the controller was not told: {e}");
         }
         // Freeing a large state takes a while: not on the workers, but at their priority
@@ -378,7 +382,7 @@ impl NodeInner {
     ) -> Result<(u64, Option<Bytes>), RemoteError> {
         let header = |offset: u64, total: u64, last: bool, raw: bool| Msg::Transfer {
             proclet: slot.id,
-            kind: slot.kind,
+            kind: slot.kind(),
             state: shipping::code_ref(slot.state_desc),
             epoch,
             offset,

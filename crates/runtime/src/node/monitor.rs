@@ -61,6 +61,14 @@ pub struct PressureConfig {
     /// Whether the node sheds proclets under pressure (`GRANULE_SHED=off` disables it;
     /// default on).
     pub shed: bool,
+    /// A compute proclet holding at least 1 MiB should use at least this many cores per
+    /// MiB, or the node warns that it looks like a memory or hybrid proclet
+    /// (`GRANULE_COMPUTE_MIN_CORES_PER_MIB`, default 0.1).
+    pub compute_min_cores_per_mib: f64,
+    /// A memory proclet should use at most this many cores per MiB, or the node warns
+    /// that it looks like a compute or hybrid proclet
+    /// (`GRANULE_MEMORY_MAX_CORES_PER_MIB`, default 0.001).
+    pub memory_max_cores_per_mib: f64,
 }
 
 impl Default for PressureConfig {
@@ -74,6 +82,8 @@ impl Default for PressureConfig {
             runq_delay_max: 1.0,
             cpu_window: Duration::from_secs(1),
             shed: true,
+            compute_min_cores_per_mib: COMPUTE_MIN_CORES_PER_MIB,
+            memory_max_cores_per_mib: MEMORY_MAX_CORES_PER_MIB,
         }
     }
 }
@@ -98,6 +108,24 @@ impl PressureConfig {
                 Err(e) => tracing::warn!("ignoring GRANULE_MEM_FREE_MIN={v}: {e}"),
             }
         }
+        let ratio = |name: &str, into: &mut f64| {
+            if let Ok(v) = std::env::var(name) {
+                match v.trim().parse::<f64>() {
+                    Ok(r) if r.is_finite() && r >= 0.0 => *into = r,
+                    _ => {
+                        tracing::warn!("ignoring {name}={v}: expected a number ≥ 0 (cores per MiB)")
+                    }
+                }
+            }
+        };
+        ratio(
+            "GRANULE_COMPUTE_MIN_CORES_PER_MIB",
+            &mut c.compute_min_cores_per_mib,
+        );
+        ratio(
+            "GRANULE_MEMORY_MAX_CORES_PER_MIB",
+            &mut c.memory_max_cores_per_mib,
+        );
         if let Ok(v) = std::env::var("GRANULE_SHED") {
             c.shed = !matches!(v.trim(), "off" | "0" | "false" | "no");
         }
@@ -379,34 +407,36 @@ impl Monitor {
     }
 }
 
-/// Compute proclets should use at least this many cores per MiB they hold...
+/// Compute proclets should use at least this many cores per MiB they hold (default of
+/// [`PressureConfig::compute_min_cores_per_mib`])...
 const COMPUTE_MIN_CORES_PER_MIB: f64 = 0.1;
-/// ...and memory proclets at most this many.
+/// ...and memory proclets at most this many ([`PressureConfig::memory_max_cores_per_mib`]).
 const MEMORY_MAX_CORES_PER_MIB: f64 = 0.001;
 
 /// Warn (once per proclet, after its CPU average settled) when a proclet's use does not
 /// match its kind: placement and the pressure policy trust the kind, so a memory proclet
 /// that burns CPU, or a compute proclet that mostly holds data, lands in the wrong place.
-fn warn_if_misdeclared(slot: &Slot, cores: f64) {
+fn warn_if_misdeclared(slot: &Slot, cores: f64, cfg: &PressureConfig) {
+    let (compute_min, memory_max) = (cfg.compute_min_cores_per_mib, cfg.memory_max_cores_per_mib);
     if slot.since.elapsed() < Duration::from_secs(3) || slot.stats.warned.load(Ordering::Relaxed) {
         return;
     }
     let mib = slot.stats.footprint.load(Ordering::Relaxed) as f64 / (1 << 20) as f64;
     let ratio = cores / mib.max(1e-9);
-    let odd = match slot.kind {
-        Kind::Compute => mib >= 1.0 && ratio < COMPUTE_MIN_CORES_PER_MIB,
-        Kind::Memory => mib >= 1.0 && ratio > MEMORY_MAX_CORES_PER_MIB && cores >= 0.05,
+    let odd = match slot.kind() {
+        Kind::Compute => mib >= 1.0 && ratio < compute_min,
+        Kind::Memory => mib >= 1.0 && ratio > memory_max && cores >= 0.05,
         Kind::Hybrid => false,
     };
     if odd && !slot.stats.warned.swap(true, Ordering::Relaxed) {
         tracing::warn!(
             proclet = %slot.id,
-            kind = %slot.kind,
+            kind = %slot.kind(),
             cores = format!("{cores:.3}"),
             mib = format!("{mib:.1}"),
             "this proclet's use does not match its kind ({:.4} cores/MiB; compute proclets \
-             should use ≥ {COMPUTE_MIN_CORES_PER_MIB}, memory proclets ≤ {MEMORY_MAX_CORES_PER_MIB}); \
-             consider Kind::Hybrid or splitting it",
+             should use ≥ {compute_min}, memory proclets ≤ {memory_max}); \
+             consider Kind::Hybrid (hybridize a sharded structure) or splitting it",
             ratio
         );
     }
@@ -523,7 +553,7 @@ impl NodeInner {
             .iter()
             .map(|s| ProcletUsage {
                 id: s.id,
-                kind: s.kind,
+                kind: s.kind(),
                 mem_bytes: s.stats.footprint.load(Ordering::Relaxed),
                 cores: s.stats.cores(),
                 pinned: s.pinned.load(Ordering::Relaxed),
@@ -608,7 +638,7 @@ impl NodeInner {
             let old = slot.stats.cores();
             let new = old + alpha * (rate - old);
             slot.stats.cores.store(new.to_bits(), Ordering::Relaxed);
-            warn_if_misdeclared(slot, new);
+            warn_if_misdeclared(slot, new, &self.monitor.config);
         }
         let runq = delay_total as f64 / 1e9 / wall;
         // CFS periods (20 ms) are counted only while the group runs: throttling is judged
@@ -768,7 +798,7 @@ impl NodeView for LiveView<'_> {
             .filter(|s| !s.pinned.load(Ordering::Relaxed) && !s.moving.load(Ordering::Relaxed))
             .map(|s| Candidate {
                 id: s.id,
-                kind: s.kind,
+                kind: s.kind(),
                 mem_bytes: s.stats.footprint.load(Ordering::Relaxed),
                 cores: s.stats.cores(),
             })

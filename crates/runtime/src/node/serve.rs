@@ -42,6 +42,26 @@ impl NodeInner {
         }
     }
 
+    /// Change a hosted proclet's kind (counters follow); `false` if it is not here.
+    pub(crate) fn retag(&self, id: ProcletId, kind: Kind) -> bool {
+        let Some(slot) = self.table.get(&id).map(|s| s.clone()) else {
+            return false;
+        };
+        let old = slot.set_kind(kind);
+        if old != kind {
+            self.hosted[old.index()].fetch_sub(1, Ordering::Relaxed);
+            self.hosted[kind.index()].fetch_add(1, Ordering::Relaxed);
+            // Its use is judged afresh against the new kind.
+            slot.stats.warned.store(false, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// The kind of a proclet hosted here.
+    pub(crate) fn hosted_kind(&self, id: ProcletId) -> Option<Kind> {
+        self.table.get(&id).map(|s| s.kind())
+    }
+
     pub(super) fn remove_hosted(&self, slot: &Slot) {
         // Only this very slot: the proclet may have come back and be hosted anew.
         if self
@@ -49,7 +69,7 @@ impl NodeInner {
             .remove_if(&slot.id, |_, s| std::ptr::eq(&**s, slot))
             .is_some()
         {
-            self.hosted[slot.kind.index()].fetch_sub(1, Ordering::Relaxed);
+            self.hosted[slot.kind().index()].fetch_sub(1, Ordering::Relaxed);
         }
     }
 
