@@ -327,3 +327,62 @@ fn a_node_lost_mid_job_costs_only_recomputation() {
         cluster.shutdown();
     });
 }
+
+#[test]
+fn minimize_queue_matches_production_to_a_slow_consumer() {
+    use granule::batch::MinimizeQueue;
+    use granule::sharded::ShardedQueue;
+    bounded(Duration::from_secs(120), || {
+        let (cluster, _) = cluster(2);
+        let n = 6000u64;
+        let input = sealed(&(0..n).collect::<Vec<_>>());
+        let queue: ShardedQueue<u64> = ShardedQueue::new().expect("queue");
+        // A consumer that takes about 10 000 elements a second, slower than two
+        // workers produce them.
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let consumer = {
+            let (queue, done) = (queue.clone(), done.clone());
+            let ctx = granule::thread_context();
+            std::thread::spawn(move || {
+                ctx.enter();
+                let mut got = Vec::new();
+                loop {
+                    let batch = queue.try_pop(10).expect("pop");
+                    if batch.is_empty() && done.load(std::sync::atomic::Ordering::Acquire) {
+                        return got;
+                    }
+                    got.extend(batch);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        };
+        let log = JobLog::new();
+        let mut policy = MinimizeQueue::new(&queue);
+        policy.short = 200;
+        Batch::new()
+            .policy(policy)
+            .log(log.clone())
+            .for_all(&input, queue.clone(), |q: &ShardedQueue<u64>, x: &u64| {
+                spin(50);
+                q.push(*x).expect("push");
+            })
+            .expect("for_all");
+        done.store(true, std::sync::atomic::Ordering::Release);
+        let mut got = consumer.join().expect("consumer");
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            (0..n).collect::<Vec<_>>(),
+            "every element exactly once"
+        );
+        let ev = log.events();
+        let asked = ev.iter().filter(|e| e.what == Trigger::Asked).count();
+        let most = ev.iter().map(|e| e.workers).max().unwrap_or(0);
+        eprintln!("minimize-queue: at most {most} workers, {asked} asked to stop");
+        // The queue grew while two workers ran: the policy took workers away.
+        assert!(most >= 2, "the policy never grew the job: {ev:?}");
+        assert!(asked >= 1, "the policy never shrank the job");
+        queue.destroy().expect("destroy");
+        cluster.shutdown();
+    });
+}
