@@ -71,7 +71,8 @@ enum Ev<S, O> {
     Reply(usize, Result<Result<WorkReply<O>, String>, CallError>),
     Stolen(usize, Thief, Result<Option<(u64, u64)>, CallError>),
     ProbeReady(NodeId, Result<Proclet<Probe>, CallError>),
-    Probed(NodeId, Result<f64, CallError>),
+    /// A probe's answer, with when it was asked.
+    Probed(NodeId, Instant, Result<f64, CallError>),
     Nodes(Result<Vec<NodeInfo>, CallError>),
     Nothing,
 }
@@ -306,6 +307,8 @@ where
         });
         self.settled_at
             .insert(node, Instant::now() + self.cfg.settle);
+        // A reading taken before this worker existed says nothing about room for another.
+        self.spare.remove(&node);
         let fut = Proclet::builder(Kind::Compute).on(node).create_async(
             (self.input.clone(), self.arg.clone(), range.0, range.1),
             |(input, arg, lo, hi): (ShardedVec<T>, A, u64, u64)| Worker::new(input, arg, (lo, hi)),
@@ -506,9 +509,15 @@ where
                 tracing::debug!("cannot place a probe on {node}: {e}");
                 self.probing.insert(node, false);
             }
-            Ev::Probed(node, r) => {
+            Ev::Probed(node, asked, r) => {
                 self.probing.insert(node, false);
+                // A worker placed there since the probe was sent makes its reading stale.
+                let grown_since = self
+                    .settled_at
+                    .get(&node)
+                    .is_some_and(|t| *t > asked + self.cfg.settle);
                 match r {
+                    Ok(_) if grown_since => {}
                     Ok(spare) => {
                         self.spare.insert(node, spare);
                     }
@@ -590,8 +599,9 @@ where
             match self.probes.get(&node) {
                 Some(p) => {
                     let fut = p.run_ref_async((), probe::spare_cores);
+                    let asked = Instant::now();
                     self.pending
-                        .push(Box::pin(async move { Ev::Probed(node, fut.await) }));
+                        .push(Box::pin(async move { Ev::Probed(node, asked, fut.await) }));
                 }
                 None => {
                     let cores = view
@@ -678,6 +688,7 @@ where
             self.settled_at
                 .insert(node, Instant::now() + self.cfg.settle);
             *self.growing.entry(node).or_default() += 1;
+            self.spare.remove(&node);
             self.steal(victim, Thief::New(node));
             true
         } else {

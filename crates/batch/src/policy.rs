@@ -98,6 +98,7 @@ impl ScalingPolicy for Greedy {
         let grow: Vec<NodeId> = view
             .nodes
             .iter()
+            .filter(|n| (n.workers as f64) < n.cores.ceil())
             .filter(|n| n.spare.is_some_and(|s| s >= self.min_spare))
             .map(|n| n.id)
             .collect();
