@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 pub(crate) struct Settings {
     pub interval: Duration,
     pub budget: Duration,
+    pub chunk: Duration,
     pub window: Duration,
     pub min_share: f64,
     pub min_steal: u64,
@@ -46,7 +47,8 @@ impl Default for Settings {
         Settings {
             interval: crate::policy::DEFAULT_INTERVAL,
             budget: Duration::from_millis(50),
-            window: Duration::from_millis(6),
+            chunk: Duration::from_millis(4),
+            window: Duration::from_millis(10),
             min_share: 0.6,
             min_steal: 1,
             settle: Duration::from_millis(8),
@@ -321,6 +323,7 @@ where
         let req = WorkReq {
             assign,
             budget_us: self.cfg.budget.as_micros() as u64,
+            chunk_us: self.cfg.chunk.as_micros() as u64,
             watch: self.policy.watch_contention().then_some(Watch {
                 window_us: self.cfg.window.as_micros() as u64,
                 min_share: self.cfg.min_share,

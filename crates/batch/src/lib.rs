@@ -10,8 +10,8 @@
 //! A job starts with one compute proclet over the whole input. Every policy interval
 //! (2 ms by default) the policy may grow the job, splitting the largest remaining range
 //! into a new compute proclet on a node with idle cores, or shrink it. With the default
-//! [`Greedy`] policy a worker whose core turns busy with other work (less than 60 % of a
-//! core over 6 ms) stops and hands its range back, and the job grows back onto the node
+//! [`Greedy`] policy a worker whose core turns busy with other work (its thread waited to run more than 40 % of the last
+//! 10 ms) stops and hands its range back, and the job grows back onto the node
 //! when its core is idle again. A worker that finishes early takes half of the largest
 //! remaining range (straggler mitigation). Workers fetch the input's elements from
 //! wherever its shards live, one chunk ahead of the computation, so they run where the
@@ -196,11 +196,19 @@ impl Batch {
         self
     }
 
-    /// When a worker counts its core as contended (Greedy): less than `min_share` of a
-    /// core over the last `window` (defaults 0.6 and 6 ms).
+    /// When a worker counts its core as contended (Greedy): its thread waited to run
+    /// more than `1 - min_share` of the last `window`, at two readings a millisecond
+    /// apart (defaults 0.6 and 10 ms).
     pub fn contention(mut self, window: Duration, min_share: f64) -> Batch {
         self.settings.window = window.max(Duration::from_millis(1));
         self.settings.min_share = min_share.clamp(0.0, 1.0);
+        self
+    }
+
+    /// Work a worker fetches at a time, measured in its items' compute time (default
+    /// 4 ms): the next chunk is fetched while this one is computed.
+    pub fn chunk(mut self, d: Duration) -> Batch {
+        self.settings.chunk = d.max(Duration::from_micros(10));
         self
     }
 

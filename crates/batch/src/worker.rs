@@ -21,9 +21,6 @@ use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// Work a chunk should take: long enough that a chunk's fetch (one call per shard, and
-/// a thread hand-off to await it) is small beside it.
-const CHUNK_TARGET: Duration = Duration::from_millis(4);
 /// Work between two checks of whether to stop (moving, asked, contended, budget): how
 /// long a stop waits for the running item boundary at most, about.
 const CHECK_EVERY: Duration = Duration::from_micros(250);
@@ -133,6 +130,8 @@ pub(crate) struct WorkReq {
     pub assign: Option<(u64, u64)>,
     /// Return after about this long, microseconds.
     pub budget_us: u64,
+    /// Work one fetched chunk should hold, microseconds.
+    pub chunk_us: u64,
     pub watch: Option<Watch>,
 }
 
@@ -186,10 +185,9 @@ struct ShareMeter {
     low: u32,
 }
 
-/// Readings (one per millisecond) in a row that must find the core contended: the
-/// scheduler undoes a brief co-location of two busy threads on one vCPU within a few
-/// milliseconds, and that must not shrink a job.
-const LOW_READINGS: u32 = 4;
+/// Readings (one per millisecond) in a row that must find the core contended: one
+/// unlucky window must not shrink a job.
+const LOW_READINGS: u32 = 2;
 
 /// Shortest interval between two readings (a reading costs a couple of microseconds).
 const SAMPLE_EVERY: Duration = Duration::from_millis(1);
@@ -354,9 +352,9 @@ where
                 }
             }
             done_to = s + k as u64;
-            // Size the next chunks to about CHUNK_TARGET of work, and the checks.
+            // Size the next chunks to about `chunk_us` of work, and the checks.
             let per_item = (t.elapsed().as_nanos() as u64 / (k as u64).max(1)).max(1);
-            chunk = (CHUNK_TARGET.as_nanos() as u64 / per_item).clamp(1, CHUNK_MAX);
+            chunk = (req.chunk_us.max(1) * 1000 / per_item).clamp(1, CHUNK_MAX);
             check_every = ((CHECK_EVERY.as_nanos() as u64 / per_item) as usize).max(1);
             if let Some(why) = why {
                 if let Some((_, h)) = current.take() {

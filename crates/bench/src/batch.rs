@@ -233,7 +233,26 @@ fn throughput(p: &Params, iters: u64, rows: &mut Vec<Row>) -> anyhow::Result<(u6
         .shed(false)
         .start()
         .context("starting the cluster")?;
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build()?;
+    // Nodes one per vCPU (as the reaction part pins them), rayon's threads likewise:
+    // unpinned, the kernel now and then runs two busy threads on one vCPU for several
+    // milliseconds, which Greedy's workers rightly read as a contended core (see the
+    // README's Known limits); pinned, both systems get the two vCPUs whole.
+    let pids: Vec<u32> = cluster
+        .spawned_nodes()
+        .iter()
+        .map(|(_, pid)| *pid)
+        .collect();
+    let (_cpusets, pinning) = pin_nodes(&pids)?;
+    println!("(a), (b): {pinning}");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .start_handler(|i| {
+            let mut set = nix::sched::CpuSet::new();
+            if set.set(i % 2).is_ok() {
+                let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+            }
+        })
+        .build()?;
     let local: Vec<u64> = (0..p.items).collect();
     let input = fill(local.clone(), 65_536)?;
     for _ in 0..p.reps {
@@ -472,6 +491,28 @@ fn cpu_group_of(pid: u32) -> Option<PathBuf> {
 /// When the antagonist spun: (started, stopped).
 type Spans = Arc<parking_lot::Mutex<Vec<(Instant, Option<Instant>)>>>;
 
+/// Pin node process k to vCPU k: a cpuset each, or thread affinity when cpusets cannot
+/// be made. Returns the cpusets (removed on drop) and a sentence saying which.
+fn pin_nodes(pids: &[u32]) -> anyhow::Result<(Option<Cpusets>, String)> {
+    Ok(match Cpusets::pin(pids) {
+        Ok(c) => (
+            Some(c),
+            "node 1 in a cpuset of vCPU 0, node 2 in a cpuset of vCPU 1".to_string(),
+        ),
+        Err(e) => {
+            for (k, pid) in pids.iter().enumerate() {
+                crate::affinity::pin_pid(*pid, k)?;
+            }
+            (
+                None,
+                format!(
+                    "cpusets unavailable ({e:#}); node k pinned to vCPU k with sched_setaffinity"
+                ),
+            )
+        }
+    })
+}
+
 /// A thread pinned to one vCPU that spins while switched on. It joins the cpu group of
 /// the node it competes with, when there is one: it then takes half of that node's core
 /// the way another tenant's process in the node's container would (at the root level,
@@ -566,23 +607,7 @@ fn reaction(p: &Params, per_us: f64) -> anyhow::Result<Reaction> {
     }
     let pids: Vec<u32> = spawned.iter().map(|(_, pid)| *pid).collect();
     let nodes: Vec<NodeId> = spawned.iter().map(|(n, _)| *n).collect();
-    let (_cpusets, placement) = match Cpusets::pin(&pids) {
-        Ok(c) => (
-            Some(c),
-            "node 1 in a cpuset of vCPU 0, node 2 in a cpuset of vCPU 1".to_string(),
-        ),
-        Err(e) => {
-            for (k, pid) in pids.iter().enumerate() {
-                crate::affinity::pin_pid(*pid, k)?;
-            }
-            (
-                None,
-                format!(
-                    "cpusets unavailable ({e:#}); node k pinned to vCPU k with sched_setaffinity"
-                ),
-            )
-        }
-    };
+    let (_cpusets, placement) = pin_nodes(&pids)?;
     let node2_group = cpu_group_of(pids[1]);
     let ant_where = match &node2_group {
         Some(g) => format!("joins node 2's cpu group ({})", g.display()),
