@@ -46,7 +46,9 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             interval: crate::policy::DEFAULT_INTERVAL,
-            budget: Duration::from_millis(50),
+            // Long: each call judges contention over a window of its own, which a new
+            // call must fill again (a 50 ms budget made one shrink in three ~10 ms late).
+            budget: Duration::from_millis(200),
             chunk: Duration::from_millis(4),
             window: Duration::from_millis(10),
             min_share: 0.6,

@@ -189,7 +189,8 @@ impl Batch {
         self
     }
 
-    /// How long one work call runs before it reports (default 50 ms): bounds the work a
+    /// How long one work call runs before it reports (default 200 ms; a new call starts
+    /// its contention window afresh, so shorter budgets slow the reaction to a busy core): bounds the work a
     /// lost node costs and how stale the coordinator's view of progress gets.
     pub fn budget(mut self, d: Duration) -> Batch {
         self.settings.budget = d.max(Duration::from_micros(100));

@@ -171,16 +171,17 @@ fn thread_cpu() -> Duration {
         .unwrap_or_default()
 }
 
-/// Judges whether the worker's core is busy with other work: the share of the last
-/// window its thread spent *waiting to run* (the kernel's run-queue delay for the
-/// thread, `/proc/thread-self/schedstat`). Unlike CPU time ÷ wall time this is blind to
-/// what is not contention: time blocked on our own fetches (the thread sleeps) and CFS
-/// quota throttling of the node's own group (its tasks leave the run queue) both count
-/// as neither running nor waiting.
+/// Judges whether the worker's core is busy with other work, from the kernel's account
+/// of the worker thread (`/proc/thread-self/schedstat`): the share of the last window it
+/// spent waiting to run, and its CPU time over the time it was not blocked on its own
+/// fetches.
 struct ShareMeter {
     file: Option<std::fs::File>,
-    samples: std::collections::VecDeque<(Instant, u64)>,
+    /// (when, CPU ns, run-queue delay ns, ns blocked on our own fetches).
+    samples: std::collections::VecDeque<(Instant, u64, u64, u64)>,
     last: Option<Instant>,
+    /// Time blocked on our own fetches so far.
+    waited: Duration,
     /// Consecutive readings below the threshold.
     low: u32,
 }
@@ -199,22 +200,24 @@ impl ShareMeter {
             file,
             samples: std::collections::VecDeque::new(),
             last: None,
+            waited: Duration::ZERO,
             low: 0,
         };
-        if let Some(d) = m.read() {
-            m.samples.push_back((Instant::now(), d));
+        if let Some((cpu, delay)) = m.read() {
+            m.samples.push_back((Instant::now(), cpu, delay, 0));
         }
         m
     }
 
-    /// Run-queue delay of the thread so far, nanoseconds.
-    fn read(&mut self) -> Option<u64> {
+    /// CPU time and run-queue delay of the thread so far, nanoseconds.
+    fn read(&mut self) -> Option<(u64, u64)> {
         use std::os::unix::fs::FileExt;
         let f = self.file.as_ref()?;
         let mut buf = [0u8; 96];
         let n = f.read_at(&mut buf, 0).ok()?;
         let text = std::str::from_utf8(&buf[..n]).ok()?;
-        text.split_whitespace().nth(1)?.parse().ok()
+        let mut fields = text.split_whitespace();
+        Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
     }
 
     /// Whether the core has been contended for [`LOW_READINGS`] readings in a row.
@@ -227,8 +230,11 @@ impl ShareMeter {
         self.low >= LOW_READINGS
     }
 
-    /// Share of the last `window` the thread did *not* spend waiting for its core
-    /// (`None` until a whole window has been seen, or between readings).
+    /// Share of a core the thread had over the last `window` (`None` until a whole
+    /// window has been seen, or between readings): the smaller of two views of it —
+    /// 1 − the time it waited to run, and its CPU time over the time it was not blocked
+    /// on its own fetches (the second also sees the node's group throttled by its CFS
+    /// quota because others in the group used it).
     fn sample(&mut self, window: Duration) -> Option<f64> {
         let now = Instant::now();
         if self
@@ -238,17 +244,22 @@ impl ShareMeter {
             return None;
         }
         self.last = Some(now);
-        let delay = self.read()?;
-        self.samples.push_back((now, delay));
+        let (cpu, delay) = self.read()?;
+        let waited = self.waited.as_nanos() as u64;
+        self.samples.push_back((now, cpu, delay, waited));
         while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= window {
             self.samples.pop_front();
         }
-        let (t0, d0) = *self.samples.front()?;
+        let (t0, c0, d0, w0) = *self.samples.front()?;
         let wall = now.duration_since(t0);
         if wall < window {
             return None;
         }
-        Some(1.0 - delay.saturating_sub(d0) as f64 / 1e9 / wall.as_secs_f64())
+        let wall_ns = wall.as_nanos() as f64;
+        let by_delay = 1.0 - delay.saturating_sub(d0) as f64 / wall_ns;
+        let running = (wall_ns - waited.saturating_sub(w0) as f64).max(1.0);
+        let by_cpu = cpu.saturating_sub(c0) as f64 / running;
+        Some(by_delay.min(by_cpu))
     }
 }
 
@@ -314,8 +325,10 @@ where
     };
     let stop = granule_runtime::cpu_bound(|| -> Result<Stop, String> {
         while let Some(((s, e), handle)) = current.take() {
+            let waiting = Instant::now();
             let items: Result<Vec<T>, ShardError> = granule_runtime::block_on(handle)
                 .unwrap_or_else(|e| Err(ShardError::Step(format!("fetch task failed: {e}"))));
+            meter.waited += waiting.elapsed();
             let items = match items {
                 Ok(v) if v.len() as u64 == e - s => v,
                 Ok(v) => {
@@ -371,6 +384,7 @@ where
         Stop::Contended | Stop::Asked => w.cursor.lock().take_rest(),
         _ => None,
     };
+
     Ok(WorkReply {
         start,
         end: done_to,

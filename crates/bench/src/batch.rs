@@ -513,11 +513,11 @@ fn pin_nodes(pids: &[u32]) -> anyhow::Result<(Option<Cpusets>, String)> {
     })
 }
 
-/// A thread pinned to one vCPU that spins while switched on. It joins the cpu group of
-/// the node it competes with, when there is one: it then takes half of that node's core
-/// the way another tenant's process in the node's container would (at the root level,
-/// the kernel's group weights let it starve the node's whole group for hundreds of
-/// milliseconds at times, which measures the kernel, not Granule).
+/// A thread pinned to one vCPU that spins while switched on, in the cpu group it is
+/// given: a group next to the node's own, so that the two share the vCPU by equal
+/// weights like two tenants' containers (at the root level, the kernel's group weights
+/// let it starve the node's whole group for hundreds of milliseconds at times, which
+/// measures the kernel, not Granule).
 struct Antagonist {
     on: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
@@ -608,11 +608,22 @@ fn reaction(p: &Params, per_us: f64) -> anyhow::Result<Reaction> {
     let pids: Vec<u32> = spawned.iter().map(|(_, pid)| *pid).collect();
     let nodes: Vec<NodeId> = spawned.iter().map(|(n, _)| *n).collect();
     let (_cpusets, placement) = pin_nodes(&pids)?;
-    let node2_group = cpu_group_of(pids[1]);
-    let ant_where = match &node2_group {
-        Some(g) => format!("joins node 2's cpu group ({})", g.display()),
+    // The antagonist gets a cpu group of its own next to node 2's (same parent, same
+    // weight, no quota): another tenant's container on node 2's vCPU.
+    let sibling = cpu_group_of(pids[1])
+        .and_then(|g| {
+            g.parent()
+                .map(|p| p.join(format!("antagonist-{}", std::process::id())))
+        })
+        .filter(|g| std::fs::create_dir_all(g).is_ok());
+    let ant_where = match &sibling {
+        Some(g) => format!(
+            "runs in a cpu group of its own next to node 2's ({}, same weight, no quota)",
+            g.display()
+        ),
         None => "runs at the root cpu group (node 2 has none)".to_string(),
     };
+    let node2_group = sibling.clone();
     let placement = format!(
         "{placement}; {}; the antagonist is a thread of the driver pinned to vCPU 1 that {ant_where}; the driver (job coordinator) is not pinned",
         if cluster.cgroups_active() {
@@ -705,6 +716,9 @@ fn reaction(p: &Params, per_us: f64) -> anyhow::Result<Reaction> {
         .map_err(|_| anyhow::anyhow!("the sampler panicked"))?;
     let spans = ant.spans.lock().clone();
     drop(ant);
+    if let Some(g) = &sibling {
+        let _ = std::fs::remove_dir(g);
+    }
     input.destroy()?;
     crate::print_cluster_usage(&cluster);
     cluster.shutdown();
