@@ -14,6 +14,7 @@ pub mod invoke;
 pub mod migrate;
 pub mod pressure;
 pub mod remote_iter;
+pub mod service;
 pub mod sharded;
 pub mod work;
 
@@ -36,6 +37,7 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("sharded", "ops/s of ShardedVec and ShardedMap across 3 nodes, low-latency and batching modes, vs std containers in one process"),
     ("remote-iter", "a compute loop iterating a sealed remote ShardedVec (100 B to 10 KiB elements, 0-100 µs of work each) vs the same loop over a local Vec"),
     ("batch", "for_all and a word count on 2 cores vs a plain loop, rayon and Ray; compute proclets shrinking from and growing back onto a vCPU an antagonist takes"),
+    ("service", "a stateless service under an HTTP load that triples and falls back: compute proclets splitting and merging, vs plain axum"),
     ("pressure", "KV shards under open-loop load while a memory antagonist fills one node: p99 timeline, moves, vs throttled migration"),
 ];
 
@@ -49,6 +51,7 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         "remote-iter" => remote_iter::run(opts),
         "sharded" => sharded::run(opts),
         "batch" => batch::run(opts),
+        "service" => service::run(opts),
         other => anyhow::bail!(
             "unknown benchmark '{other}'; known: {}",
             BENCHMARKS

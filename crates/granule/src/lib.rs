@@ -38,6 +38,10 @@ pub use granule_runtime::{
     NodeState, Proclet, ProcletBuilder, ProcletId, ProcletState, ProcletUsage, RangeJob, Resource,
     ThreadContext, Usage, Wire,
 };
+/// Services: [`service::StatelessService`] and [`service::StatefulService`], request
+/// handlers on compute proclets that split and merge with their load, behind an
+/// HTTP/JSON front door on every node.
+pub use granule_service as service;
 /// Sharded data structures: [`sharded::ShardedMap`], [`sharded::ShardedVec`], and the
 /// [`sharded::AutoSharder`] they are built on.
 pub use granule_sharded as sharded;

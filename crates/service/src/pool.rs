@@ -1,0 +1,762 @@
+//! The compute layer both services share: a *pool* of compute proclets, each serving one
+//! range of the 64-bit routing keys, the table of those ranges, the client-side routing
+//! with its cached copy of the table, and the scaler that splits a busy proclet's range
+//! and merges idle neighbours.
+//!
+//! **Compute proclets hold no request state.** A worker proclet holds only the service's
+//! context (nothing for a stateless service; the handle of the client-state store for a
+//! stateful one) and two counters: the CPU its handlers used and the table version it was
+//! last told. So a range can change owner at any moment without moving data, and a
+//! client whose cached table is stale still reaches a live worker that serves the call
+//! correctly: routing is *sticky* (the same key goes to the same worker while the table
+//! stands), never a correctness condition.
+//!
+//! **The table** lives in a small memory proclet, written only by the scaler of the
+//! process that started the service. Clients cache it; every reply of a worker carries
+//! the table version the scaler last told that worker (it does so every window, when it
+//! reads the worker's load), so a client learns of a split within a window and re-reads
+//! the table once.
+//!
+//! **Exactly once.** A call is sent again only when it provably did not run: a worker
+//! merged away answers *retired* without running the handler (retirement takes the
+//! worker's exclusive lock, so handlers in flight finish first and later calls are
+//! turned away), and a destroyed worker refuses calls before running anything
+//! (`CallError::ProcletGone`). Any other failure is returned to the caller, never
+//! retried.
+//!
+//! **Load** is the thread CPU time (`CLOCK_THREAD_CPUTIME_ID`) spent inside the user's
+//! handler, summed over every thread that ran it, per wall second of the window: a
+//! worker runs handlers on several of its node's worker threads at once (`run_ref`), so
+//! its load can exceed one core. The scaler reads every worker once per window
+//! ([`ScaleConfig::window`], 5 ms by default).
+
+use crate::ServiceError;
+use granule_runtime::{CallError, Kind, NodeId, Proclet, ProcletId, ProcletState, Wire};
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// When the scaler splits and merges, and how often it looks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScaleConfig {
+    /// How often every worker's load is read (the measuring window): 5 ms.
+    pub window: Duration,
+    /// A worker whose load over one window exceeds this many cores is split: 1.0.
+    pub split_above: f64,
+    /// Two neighbouring workers whose summed load, averaged over the last
+    /// [`ScaleConfig::merge_after`] windows, is under this many cores are merged: 0.6
+    /// (well under the split threshold, so a merged pair is not split again at once).
+    pub merge_below: f64,
+    /// Windows a pair is watched (and averaged over) before it may merge: 40 (200 ms at
+    /// 5 ms windows; merging is never urgent, splitting is).
+    pub merge_after: u32,
+    /// Windows a worker is left alone after a split, while clients learn of the new table
+    /// and its load (and the queue that built up before the split) moves: 10.
+    pub cooldown: u32,
+    /// Never fewer workers than this: 1.
+    pub min_proclets: usize,
+    /// Never more workers than this: 64.
+    pub max_proclets: usize,
+    /// Whether the scaler acts at all (it still measures and records when off; tests
+    /// drive splits and merges by hand then).
+    pub auto: bool,
+}
+
+impl Default for ScaleConfig {
+    fn default() -> Self {
+        ScaleConfig {
+            window: Duration::from_millis(5),
+            split_above: 1.0,
+            merge_below: 0.6,
+            merge_after: 40,
+            cooldown: 10,
+            min_proclets: 1,
+            max_proclets: 64,
+            auto: true,
+        }
+    }
+}
+
+/// One window of the scaler's record.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Sample {
+    /// Seconds since the service started.
+    pub t: f64,
+    /// Workers in the table at the end of the window.
+    pub proclets: usize,
+    /// Each worker's load over the window (cores), in key order.
+    pub loads: Vec<f64>,
+    /// Handler calls completed in the window, over all workers.
+    pub calls: u64,
+}
+
+/// A split or a merge.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ScaleEvent {
+    /// Seconds since the service started.
+    pub t: f64,
+    /// `true` for a split, `false` for a merge.
+    pub split: bool,
+    /// Workers afterwards.
+    pub proclets: usize,
+    /// The load that triggered it (the split worker's, or the merged pair's sum).
+    pub load: f64,
+}
+
+/// The record the scaler keeps: one sample per window and every split and merge.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Timeline {
+    pub samples: Vec<Sample>,
+    pub events: Vec<ScaleEvent>,
+}
+
+impl Timeline {
+    /// Splits so far.
+    pub fn splits(&self) -> usize {
+        self.events.iter().filter(|e| e.split).count()
+    }
+    /// Merges so far.
+    pub fn merges(&self) -> usize {
+        self.events.iter().filter(|e| !e.split).count()
+    }
+}
+
+/// At most this many samples are kept (over an hour at 5 ms windows is not needed; the
+/// oldest are dropped).
+const MAX_SAMPLES: usize = 1 << 20;
+
+// ----- the worker proclet --------------------------------------------------------------
+
+/// Counters a worker keeps for the scaler (not moved with the worker: a moved worker
+/// starts from zero, which the scaler notices).
+#[derive(Default)]
+pub struct Meter {
+    cpu_ns: AtomicU64,
+    calls: AtomicU64,
+    version: AtomicU64,
+    retired: AtomicBool,
+}
+
+/// The state of a compute proclet of a service: the service's context and its meter.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+pub struct Worker<C: ProcletState> {
+    pub(crate) ctx: C,
+    #[serde(skip)]
+    meter: Meter,
+}
+
+impl<C: ProcletState> Worker<C> {
+    fn new(ctx: C) -> Worker<C> {
+        Worker {
+            ctx,
+            meter: Meter::default(),
+        }
+    }
+
+    /// Run `f` and charge the CPU time the calling thread spent in it to this worker.
+    pub(crate) fn timed<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Charge<'a>(&'a Meter, u64);
+        impl Drop for Charge<'_> {
+            fn drop(&mut self) {
+                let used = thread_cpu_ns().saturating_sub(self.1);
+                self.0.cpu_ns.fetch_add(used, Ordering::Relaxed);
+                self.0.calls.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let _charge = Charge(&self.meter, thread_cpu_ns());
+        f()
+    }
+}
+
+/// The calling thread's CPU time in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID) {
+        Ok(t) => (t.tv_sec() as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec() as u64),
+        Err(_) => 0,
+    }
+}
+
+/// Nanoseconds on this process's monotonic clock (what a worker's readings are timed
+/// with: the scaler divides CPU by the time between two readings *on the worker*, so a
+/// reading that waited in a busy node's queue does not inflate the load).
+fn mono_ns() -> u64 {
+    static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+    EPOCH.elapsed().as_nanos() as u64
+}
+
+/// What a worker answers a routed call.
+#[derive(Serialize, Deserialize)]
+enum Reply<R, A> {
+    /// Done: the result and the table version the worker knows.
+    Done(R, u64),
+    /// Merged away: nothing ran, the argument comes back.
+    Retired(A, u64),
+}
+
+/// The wrapper every routed call runs in on a worker.
+fn on_worker<C, A, R, F, W>(w: &Worker<C>, a: A, (f, via): &(F, W)) -> Reply<R, A>
+where
+    C: ProcletState,
+    W: Fn(&Worker<C>, A, &F) -> R,
+{
+    let version = w.meter.version.load(Ordering::Relaxed);
+    if w.meter.retired.load(Ordering::Acquire) {
+        return Reply::Retired(a, version);
+    }
+    Reply::Done(via(w, a, f), version)
+}
+
+// ----- the table -----------------------------------------------------------------------
+
+/// A worker and where its range starts.
+type Range<C> = (u64, Proclet<Worker<C>>);
+
+/// The ranges: `ranges[i]` serves keys from its start up to the next one's start.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+pub struct Table<C: ProcletState> {
+    version: u64,
+    ranges: Vec<Range<C>>,
+}
+
+impl<C: ProcletState> Clone for Table<C> {
+    fn clone(&self) -> Self {
+        Table {
+            version: self.version,
+            ranges: self.ranges.clone(),
+        }
+    }
+}
+
+impl<C: ProcletState> Table<C> {
+    fn lookup(&self, key: u64) -> Option<&Proclet<Worker<C>>> {
+        let i = self.ranges.partition_point(|(lo, _)| *lo <= key);
+        self.ranges.get(i.checked_sub(1)?).map(|(_, w)| w)
+    }
+
+    /// Where range `i` ends (exclusive; `None`: past `u64::MAX`).
+    fn end(&self, i: usize) -> Option<u64> {
+        self.ranges.get(i + 1).map(|(lo, _)| *lo)
+    }
+}
+
+// ----- the client ----------------------------------------------------------------------
+
+/// How long a routed call keeps retrying (workers merged away under it) before it fails.
+const ROUTE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A handle to a pool: routes calls. Serializable (front doors on other nodes get one;
+/// they start with an empty cache). Clones share the cache.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+pub struct Pool<C: ProcletState> {
+    table: Proclet<Table<C>>,
+    #[serde(skip)]
+    cache: Arc<RwLock<Option<Table<C>>>>,
+    #[serde(skip)]
+    refreshing: Arc<AtomicBool>,
+}
+
+impl<C: ProcletState> Clone for Pool<C> {
+    fn clone(&self) -> Self {
+        Pool {
+            table: self.table.clone(),
+            cache: self.cache.clone(),
+            refreshing: self.refreshing.clone(),
+        }
+    }
+}
+
+impl<C: ProcletState + Clone> Pool<C> {
+    /// A pool of one worker covering every key, with `ctx` as its context.
+    pub(crate) fn create(ctx: C) -> Result<Pool<C>, ServiceError> {
+        let first = Proclet::builder(Kind::Compute).create(ctx, |c: C| Worker::new(c))?;
+        let table =
+            Proclet::builder(Kind::Memory).create(first, |w: Proclet<Worker<C>>| Table {
+                version: 1,
+                ranges: vec![(0, w)],
+            })?;
+        Ok(Pool {
+            table,
+            cache: Default::default(),
+            refreshing: Default::default(),
+        })
+    }
+}
+
+impl<C: ProcletState> Pool<C> {
+    async fn refresh(&self) -> Result<(), ServiceError> {
+        let t = self
+            .table
+            .run_ref_async((), |t: &Table<C>, ()| t.clone())
+            .await?;
+        let mut c = self.cache.write();
+        if c.as_ref().is_none_or(|old| old.version < t.version) {
+            *c = Some(t);
+        }
+        Ok(())
+    }
+
+    fn cached_version(&self) -> u64 {
+        self.cache.read().as_ref().map_or(0, |t| t.version)
+    }
+
+    async fn lookup(&self, key: u64) -> Result<Proclet<Worker<C>>, ServiceError> {
+        if let Some(w) = self.cache.read().as_ref().and_then(|t| t.lookup(key)) {
+            return Ok(w.clone());
+        }
+        self.refresh().await?;
+        self.cache
+            .read()
+            .as_ref()
+            .and_then(|t| t.lookup(key))
+            .cloned()
+            .ok_or(ServiceError::Unmapped)
+    }
+
+    /// Run `via(&worker, arg, &f)` on the worker serving `key` (both capture nothing).
+    pub(crate) async fn call<A, R, F, W>(
+        &self,
+        key: u64,
+        arg: A,
+        f: F,
+        via: W,
+    ) -> Result<R, ServiceError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Copy + Send + Sync + 'static,
+        W: Fn(&Worker<C>, A, &F) -> R + Copy + Send + Sync + 'static,
+    {
+        let started = Instant::now();
+        let mut arg = arg;
+        loop {
+            let w = self.lookup(key).await?;
+            let backup = arg.clone();
+            match w
+                .run_ref_with_async(arg, (f, via), on_worker::<C, A, R, F, W>)
+                .await
+            {
+                Ok(Reply::Done(r, v)) => {
+                    if v > self.cached_version() && !self.refreshing.swap(true, Ordering::AcqRel) {
+                        let r = self.refresh().await;
+                        self.refreshing.store(false, Ordering::Release);
+                        if let Err(e) = r {
+                            tracing::debug!("refreshing a service's table failed: {e}");
+                        }
+                    }
+                    return Ok(r);
+                }
+                Ok(Reply::Retired(a, _)) => arg = a,
+                // Destroyed after a merge: it refused before running anything.
+                Err(CallError::ProcletGone(_)) => arg = backup,
+                Err(e) => return Err(e.into()),
+            }
+            if started.elapsed() > ROUTE_PATIENCE {
+                return Err(ServiceError::Stuck);
+            }
+            tokio::time::sleep(Duration::from_micros(100)).await;
+            self.refresh().await?;
+        }
+    }
+
+    /// The workers in key order, with where their ranges start, as the table says now.
+    pub(crate) fn workers(&self) -> Result<Vec<Range<C>>, ServiceError> {
+        granule_runtime::block_on(self.refresh())?;
+        Ok(self
+            .cache
+            .read()
+            .as_ref()
+            .map(|t| t.ranges.clone())
+            .unwrap_or_default())
+    }
+
+    /// Destroy every worker and the table.
+    pub(crate) fn destroy(&self) -> Result<(), ServiceError> {
+        for (_, w) in self.workers()? {
+            match w.destroy() {
+                Ok(()) | Err(CallError::ProcletGone(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.table.destroy()?;
+        Ok(())
+    }
+}
+
+/// A worker's place: where its range starts, its id and the node it runs on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// The first routing key it serves.
+    pub lo: u64,
+    pub id: ProcletId,
+    pub node: Option<NodeId>,
+}
+
+// ----- the scaler ----------------------------------------------------------------------
+
+/// The scaler's own view: the authoritative table (it is the only writer) and what it
+/// measured last window.
+struct ScalerState<C: ProcletState> {
+    table: Table<C>,
+    /// Per worker (by id): cpu ns, calls and the worker's clock at the last reading, and
+    /// the (load, calls) measured then.
+    last: std::collections::HashMap<ProcletId, (u64, u64, u64, (f64, u64))>,
+    /// Per worker: windows of cooldown left.
+    cool: std::collections::HashMap<ProcletId, u32>,
+    /// Per left worker of a pair: windows watched, and the pair's summed load averaged
+    /// over the last `merge_after` of them.
+    low: std::collections::HashMap<ProcletId, (u32, f64)>,
+}
+
+/// Shared between a service's handle and its scaler thread.
+pub(crate) struct Scaler<C: ProcletState> {
+    pool: Pool<C>,
+    ctx: C,
+    config: ScaleConfig,
+    state: Mutex<ScalerState<C>>,
+    timeline: Mutex<Timeline>,
+    started: Instant,
+    stop: AtomicBool,
+}
+
+impl<C: ProcletState> Scaler<C> {
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+impl<C: ProcletState + Clone + Sync> Scaler<C> {
+    /// A scaler for `pool` (whose table it takes over) and its thread.
+    pub(crate) fn start(
+        pool: Pool<C>,
+        ctx: C,
+        config: ScaleConfig,
+    ) -> Result<(Arc<Scaler<C>>, std::thread::JoinHandle<()>), ServiceError> {
+        let table = pool
+            .table
+            .run_ref((), |t: &Table<C>, ()| t.clone())
+            .map_err(ServiceError::from)?;
+        let s = Arc::new(Scaler {
+            pool,
+            ctx,
+            config,
+            state: Mutex::new(ScalerState {
+                table,
+                last: Default::default(),
+                cool: Default::default(),
+                low: Default::default(),
+            }),
+            timeline: Mutex::new(Timeline::default()),
+            started: Instant::now(),
+            stop: AtomicBool::new(false),
+        });
+        let me = s.clone();
+        let cx = granule_runtime::thread_context();
+        let h = std::thread::Builder::new()
+            .name("granule-scaler".into())
+            .spawn(move || {
+                cx.enter();
+                me.run();
+            })
+            .map_err(|e| ServiceError::Http(format!("cannot start the scaler thread: {e}")))?;
+        Ok((s, h))
+    }
+
+    fn run(&self) {
+        let mut next = Instant::now() + self.config.window;
+        while !self.stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if next > now {
+                std::thread::sleep(next - now);
+            }
+            next += self.config.window;
+            // Fell behind (a split takes longer than a window): do not try to catch up.
+            if next < Instant::now() {
+                next = Instant::now() + self.config.window;
+            }
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            match self.tick() {
+                Ok(()) => {}
+                Err(ServiceError::Call(CallError::NoCluster)) => break,
+                Err(e) => tracing::debug!("service scaler: {e}"),
+            }
+        }
+    }
+
+    pub(crate) fn timeline(&self) -> Timeline {
+        self.timeline.lock().clone()
+    }
+
+    /// Read every worker's load (telling it the table version), then split or merge.
+    fn tick(&self) -> Result<(), ServiceError> {
+        let mut st = self.state.lock();
+        let loads = self.measure(&mut st)?;
+        let calls: u64 = loads.iter().map(|l| l.1).sum();
+        let loads: Vec<f64> = loads.into_iter().map(|l| l.0).collect();
+        {
+            let t = self.started.elapsed().as_secs_f64();
+            let mut tl = self.timeline.lock();
+            if tl.samples.len() >= MAX_SAMPLES {
+                tl.samples.drain(..MAX_SAMPLES / 2);
+            }
+            tl.samples.push(Sample {
+                t,
+                proclets: st.table.ranges.len(),
+                loads: loads.clone(),
+                calls,
+            });
+        }
+        if !self.config.auto {
+            return Ok(());
+        }
+        for c in st.cool.values_mut() {
+            *c = c.saturating_sub(1);
+        }
+        // Split the busiest worker over the bound (one action per window).
+        let busiest = loads
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| {
+                st.cool
+                    .get(&st.table.ranges[*i].1.id())
+                    .is_none_or(|c| *c == 0)
+            })
+            .max_by(|a, b| a.1.total_cmp(b.1));
+        if let Some((i, &load)) = busiest {
+            if load > self.config.split_above && st.table.ranges.len() < self.config.max_proclets {
+                if self.split_at(&mut st, i)? {
+                    self.record(true, st.table.ranges.len(), load);
+                }
+                return Ok(());
+            }
+        }
+        // Merge the idlest pair whose summed load, averaged over the last `merge_after`
+        // windows (a moving average: one 5 ms window holds a handful of calls), stayed
+        // under the bound.
+        let mut best: Option<(usize, f64)> = None;
+        let n = st.table.ranges.len();
+        let span = self.config.merge_after.max(1);
+        for i in 0..n.saturating_sub(1) {
+            let id = st.table.ranges[i].1.id();
+            let sum = loads[i] + loads[i + 1];
+            let cooling = [i, i + 1].iter().any(|j| {
+                st.cool
+                    .get(&st.table.ranges[*j].1.id())
+                    .is_some_and(|c| *c > 0)
+            });
+            if cooling {
+                st.low.remove(&id);
+                continue;
+            }
+            let (count, avg) = st.low.entry(id).or_insert((0, sum));
+            *count += 1;
+            *avg += (sum - *avg) / span.min(*count) as f64;
+            if *count >= span
+                && *avg < self.config.merge_below
+                && best.is_none_or(|(_, s)| *avg < s)
+            {
+                best = Some((i, *avg));
+            }
+        }
+        if let Some((i, sum)) = best {
+            if n > self.config.min_proclets.max(1) && self.merge_at(&mut st, i)? {
+                self.record(false, st.table.ranges.len(), sum);
+            }
+        }
+        Ok(())
+    }
+
+    fn record(&self, split: bool, proclets: usize, load: f64) {
+        let t = self.started.elapsed().as_secs_f64();
+        self.timeline.lock().events.push(ScaleEvent {
+            t,
+            split,
+            proclets,
+            load,
+        });
+    }
+
+    /// Each worker's (load, calls) over the window since the last reading.
+    fn measure(&self, st: &mut ScalerState<C>) -> Result<Vec<(f64, u64)>, ServiceError> {
+        let version = st.table.version;
+        let reads = st.table.ranges.iter().map(|(_, w)| {
+            w.run_ref_async(version, |w: &Worker<C>, v: u64| {
+                w.meter.version.store(v, Ordering::Relaxed);
+                (
+                    w.meter.cpu_ns.load(Ordering::Relaxed),
+                    w.meter.calls.load(Ordering::Relaxed),
+                    mono_ns(),
+                )
+            })
+        });
+        let got = granule_runtime::block_on(futures::future::join_all(reads));
+        let mut out = Vec::with_capacity(got.len());
+        for ((_, w), r) in st.table.ranges.iter().zip(got) {
+            let (cpu, calls, at) = match r {
+                Ok(v) => v,
+                Err(CallError::NoCluster) => return Err(CallError::NoCluster.into()),
+                Err(e) => {
+                    tracing::debug!(worker = %w.id(), "reading a service worker's load: {e}");
+                    out.push((0.0, 0));
+                    continue;
+                }
+            };
+            // A worker seen for the first time, or moved (its counters and clock restart),
+            // counts from now on.
+            let (c0, n0, t0, prev) = match st.last.get(&w.id()) {
+                Some(&(c0, n0, t0, prev)) if c0 <= cpu && n0 <= calls && t0 < at => {
+                    (c0, n0, t0, prev)
+                }
+                _ => {
+                    st.last.insert(w.id(), (cpu, calls, at, (0.0, 0)));
+                    out.push((0.0, 0));
+                    continue;
+                }
+            };
+            // Two readings closer than a window on the worker's clock (the first one
+            // waited in a busy node's queue): a handler that straddles the boundary
+            // would weigh too much. Keep the baseline, report the last load.
+            let wall = at - t0;
+            if (wall as f64) < self.config.window.as_nanos() as f64 * 0.9 {
+                out.push((prev.0, 0));
+                continue;
+            }
+            let now = ((cpu - c0) as f64 / wall as f64, calls - n0);
+            st.last.insert(w.id(), (cpu, calls, at, now));
+            out.push(now);
+        }
+        Ok(out)
+    }
+
+    /// Split worker `i`'s range in halves; the upper half goes to a new worker placed by
+    /// the controller (compute: the node with the most idle cores). Returns whether it
+    /// split (a range of one key cannot).
+    fn split_at(&self, st: &mut ScalerState<C>, i: usize) -> Result<bool, ServiceError> {
+        let lo = st.table.ranges[i].0;
+        let hi = st.table.end(i).map_or(u64::MAX as u128 + 1, |h| h as u128);
+        let mid = (lo as u128 + (hi - lo as u128) / 2) as u64;
+        if mid == lo {
+            return Ok(false);
+        }
+        let w = Proclet::builder(Kind::Compute).create(self.ctx.clone(), |c: C| Worker::new(c))?;
+        let mut t = st.table.clone();
+        t.ranges.insert(i + 1, (mid, w.clone()));
+        t.version += 1;
+        self.publish(st, t)?;
+        let old = st.table.ranges[i].1.id();
+        st.cool.insert(old, self.config.cooldown);
+        st.cool.insert(w.id(), self.config.cooldown);
+        st.low.clear();
+        Ok(true)
+    }
+
+    /// Merge worker `i + 1`'s range into worker `i`'s: the table first, then the right
+    /// worker retires (handlers in flight finish; later calls are turned away and come
+    /// back to the left one) and is destroyed.
+    fn merge_at(&self, st: &mut ScalerState<C>, i: usize) -> Result<bool, ServiceError> {
+        if i + 1 >= st.table.ranges.len() {
+            return Ok(false);
+        }
+        let mut t = st.table.clone();
+        let (_, right) = t.ranges.remove(i + 1);
+        t.version += 1;
+        self.publish(st, t)?;
+        // The left worker learns the version at once (its callers re-read the table).
+        let v = st.table.version;
+        let _ = st.table.ranges[i].1.run_ref(v, |w: &Worker<C>, v: u64| {
+            w.meter.version.store(v, Ordering::Relaxed)
+        });
+        match right.run(v, |w: &mut Worker<C>, v: u64| {
+            w.meter.version.store(v, Ordering::Relaxed);
+            w.meter.retired.store(true, Ordering::Release);
+        }) {
+            Ok(()) | Err(CallError::ProcletGone(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        match right.destroy() {
+            Ok(()) | Err(CallError::ProcletGone(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        st.low.clear();
+        st.last.remove(&right.id());
+        st.cool.remove(&right.id());
+        Ok(true)
+    }
+
+    fn publish(&self, st: &mut ScalerState<C>, t: Table<C>) -> Result<(), ServiceError> {
+        self.pool
+            .table
+            .run(t.clone(), |old: &mut Table<C>, t: Table<C>| *old = t)?;
+        st.table = t;
+        Ok(())
+    }
+
+    /// Split a worker now, whatever its load: the one with the widest range. Returns
+    /// whether it did (a test hook, and for operators).
+    pub(crate) fn split_now(&self) -> Result<bool, ServiceError> {
+        let mut st = self.state.lock();
+        if st.table.ranges.len() >= self.config.max_proclets {
+            return Ok(false);
+        }
+        let widest = (0..st.table.ranges.len()).max_by_key(|&i| {
+            st.table.end(i).map_or(u64::MAX as u128 + 1, |h| h as u128)
+                - st.table.ranges[i].0 as u128
+        });
+        let Some(i) = widest else { return Ok(false) };
+        let did = self.split_at(&mut st, i)?;
+        if did {
+            self.record(true, st.table.ranges.len(), 0.0);
+        }
+        Ok(did)
+    }
+
+    /// Merge two neighbouring workers now, whatever their load (the narrowest pair).
+    /// Returns whether it did.
+    pub(crate) fn merge_now(&self) -> Result<bool, ServiceError> {
+        let mut st = self.state.lock();
+        let n = st.table.ranges.len();
+        if n < 2 {
+            return Ok(false);
+        }
+        let narrowest = (0..n - 1)
+            .min_by_key(|&i| {
+                st.table
+                    .end(i + 1)
+                    .map_or(u64::MAX as u128 + 1, |h| h as u128)
+                    - st.table.ranges[i].0 as u128
+            })
+            .unwrap_or(0);
+        let did = self.merge_at(&mut st, narrowest)?;
+        if did {
+            self.record(false, st.table.ranges.len(), 0.0);
+        }
+        Ok(did)
+    }
+
+    /// The workers now, in key order, with their nodes.
+    pub(crate) fn workers(&self) -> Vec<WorkerInfo> {
+        let ranges = self.state.lock().table.ranges.clone();
+        ranges
+            .into_iter()
+            .map(|(lo, w)| WorkerInfo {
+                lo,
+                id: w.id(),
+                node: w.location().ok(),
+            })
+            .collect()
+    }
+
+    /// Destroy the pool's workers and table (the scaler must be stopped first).
+    pub(crate) fn destroy(&self) -> Result<(), ServiceError> {
+        let _st = self.state.lock();
+        self.pool.destroy()
+    }
+}
