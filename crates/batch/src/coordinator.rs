@@ -49,7 +49,7 @@ impl Default for Settings {
             // Long: each call judges contention over a window of its own, which a new
             // call must fill again (a 50 ms budget made one shrink in three ~10 ms late).
             budget: Duration::from_millis(200),
-            chunk: Duration::from_millis(4),
+            chunk: Duration::from_millis(8),
             window: Duration::from_millis(10),
             min_share: 0.6,
             min_steal: 1,
@@ -142,6 +142,9 @@ struct Run<'p, T: Element, A, O, F, W> {
     growing: HashMap<NodeId, usize>,
     /// Since when the job has had no worker and no node to place one on.
     stranded_since: Option<Instant>,
+    /// Whether policy ticks run; off while the policy says nothing can change before
+    /// the next event (see [`ScalingPolicy::wants_ticks`]), on again at every event.
+    ticking: bool,
 }
 
 /// How long a node where a worker was lost is left out of placement.
@@ -198,6 +201,7 @@ where
         quarantine: HashMap::new(),
         growing: HashMap::new(),
         stranded_since: None,
+        ticking: true,
     };
     let out = r.main().await;
     r.cleanup().await;
@@ -236,13 +240,16 @@ where
         let mut tick = tokio::time::interval(self.cfg.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while self.done < self.len {
+            // Nothing in flight and no ticks would wait forever: tick.
+            let ticking = self.ticking || self.pending.is_empty();
             tokio::select! {
                 ev = self.pending.next(), if !self.pending.is_empty() => {
                     if let Some(ev) = ev {
                         self.handle(ev)?;
                     }
+                    self.ticking = true;
                 }
-                _ = tick.tick() => self.tick()?,
+                _ = tick.tick(), if ticking => self.tick()?,
             }
         }
         Ok(())
@@ -638,6 +645,12 @@ where
             }
             Target::Shrink(k) => self.shrink(k),
         }
+        // Sleep until the next event when nothing can change before it: the policy
+        // says so, no work waits for a worker, and no node comes out of quarantine.
+        self.ticking = self.policy.wants_ticks(&self.view())
+            || !self.pool.is_empty()
+            || self.live_workers() == 0
+            || self.quarantine.values().any(|until| now < *until);
         // Progress guarantee: work handed back with no worker left to take it goes to
         // the node with the most room, whatever the policy says.
         if self.live_workers() == 0 && !self.pool.is_empty() {

@@ -207,7 +207,7 @@ impl Batch {
     }
 
     /// Work a worker fetches at a time, measured in its items' compute time (default
-    /// 4 ms): the next chunk is fetched while this one is computed.
+    /// 8 ms): the next chunk is fetched while this one is computed.
     pub fn chunk(mut self, d: Duration) -> Batch {
         self.settings.chunk = d.max(Duration::from_micros(10));
         self
@@ -251,9 +251,15 @@ impl Batch {
         let settings = self.settings.clone();
         let log = self.log.clone();
         let policy: &mut dyn ScalingPolicy = &mut *self.policy;
+        // The coordinator sleeps between events and policy ticks; spinning before each
+        // sleep (block_on's default, for callers awaiting a reply) would take CPU from
+        // the job's own workers whenever the calling process shares cores with nodes.
+        let spun = granule_runtime::set_spin(false);
         let out = granule_runtime::block_on(coordinator::run(
             input, len, arg, f, kernel, settings, policy, log,
-        ))?;
+        ));
+        granule_runtime::set_spin(spun);
+        let out = out?;
         check_cover(&out, len)?;
         Ok((len, out))
     }

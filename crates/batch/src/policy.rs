@@ -63,6 +63,15 @@ pub trait ScalingPolicy: Send {
     }
     /// The decision for this tick.
     fn decide(&mut self, view: &View) -> Target;
+    /// Whether the coordinator should keep ticking until something happens. A policy
+    /// whose decision cannot change before the next event (a worker's reply, a probe's
+    /// answer, a node list) returns false, and the coordinator sleeps until that event:
+    /// a job that holds all the cores it may use then costs no wake-ups every interval,
+    /// each of which would preempt one of its own workers on a busy machine.
+    fn wants_ticks(&self, view: &View) -> bool {
+        let _ = view;
+        true
+    }
 }
 
 /// Use idle cores anywhere in the cluster: probe every node that has fewer workers than
@@ -93,6 +102,10 @@ impl ScalingPolicy for Greedy {
             .filter(|n| (n.workers as f64) < n.cores.ceil())
             .map(|n| n.id)
             .collect()
+    }
+    fn wants_ticks(&self, view: &View) -> bool {
+        // Only a node with room for a worker can change the decision.
+        !self.probe(view).is_empty()
     }
     fn decide(&mut self, view: &View) -> Target {
         let grow: Vec<NodeId> = view
@@ -153,6 +166,9 @@ impl ScalingPolicy for Fixed {
     }
     fn decide(&mut self, view: &View) -> Target {
         towards(view, self.0.max(1))
+    }
+    fn wants_ticks(&self, view: &View) -> bool {
+        view.workers != self.0.max(1)
     }
 }
 
@@ -257,6 +273,19 @@ mod tests {
         assert_eq!(g.probe(&v), vec![NodeId(2), NodeId(3)]);
         assert_eq!(g.decide(&v), Target::Grow(vec![NodeId(2)]));
         assert_eq!(g.decide(&view(&[1, 1], &[None, None])), Target::Hold);
+    }
+
+    #[test]
+    fn ticks_stop_only_when_nothing_can_change_before_an_event() {
+        let g = Greedy::default();
+        assert!(g.wants_ticks(&view(&[1, 0], &[None, None])));
+        assert!(!g.wants_ticks(&view(&[1, 1], &[None, None])));
+        let f = Fixed(2);
+        assert!(f.wants_ticks(&view(&[1, 0], &[None, None])));
+        assert!(!f.wants_ticks(&view(&[1, 1], &[None, None])));
+        assert!(f.wants_ticks(&view(&[2, 1], &[None, None])));
+        let m = MinimizeQueue::with_len(|| Some(0));
+        assert!(m.wants_ticks(&view(&[1, 1], &[None, None])));
     }
 
     #[test]

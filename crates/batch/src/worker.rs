@@ -2,12 +2,13 @@
 //! kernels (`for_all`, `map`, `filter`, `flat_map`, `reduce`) it runs.
 //!
 //! A worker's state is the input's handle, the job's argument and a *cursor*: the next
-//! index to claim and the end of its range. The worker claims items in chunks (about a
-//! millisecond of work each), keeps the next chunk's fetch in flight while it computes
-//! the current one, and returns to the coordinator after a time budget, when asked to
-//! stop, when its proclet is about to move, or when its core is contended. Every reply
-//! covers a contiguous run `start..end` of items with the kernel's output for exactly
-//! those items, so the coordinator can account for every index.
+//! index to claim and the end of its range. The worker claims items in chunks (a few
+//! milliseconds of work each, `Batch::chunk`), keeps the next chunk's fetch in flight
+//! while it computes the current one, and returns to the coordinator after a time
+//! budget, when asked to stop, when its proclet is about to move, or when its core is
+//! contended. Every reply covers a contiguous run `start..end` of items with the
+//! kernel's output for exactly those items, so the coordinator can account for every
+//! index.
 //!
 //! The cursor sits behind a lock so that the coordinator can *steal* the upper half of
 //! the unclaimed range (a concurrent read-only call: `run_ref`) while the worker runs:

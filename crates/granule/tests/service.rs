@@ -3,8 +3,9 @@
 //! and merge; every request answered exactly once, per-client state exact.
 
 use granule::service::client::HttpClient;
-use granule::service::{ScaleConfig, ServiceBuilder, StatefulService, StatelessService};
-use granule::sharded::Bounds;
+use granule::service::{
+    Clients, ScaleConfig, ServiceBuilder, ServiceState, StatefulService, StatelessService,
+};
 use granule::{Cluster, Kind, NodeId, Proclet};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -232,10 +233,8 @@ fn add(total: &mut u64, n: u64) -> u64 {
 fn stateful_counters_exact_across_splits_and_merges() {
     bounded(Duration::from_secs(120), || {
         let (c, _nodes) = cluster(2);
-        // Small store shards (a few clients each), so the store splits too.
-        let svc: StatefulService<u64, u64, u64, u64> = ServiceBuilder::new("counters")
+        let svc: StatefulService<Clients<u64, u64>, u64, u64> = ServiceBuilder::new("counters")
             .scale(manual())
-            .store_bounds(Bounds::new(200, 400).expect("bounds"))
             .stateful(add)
             .expect("service starts");
         let doors: Vec<SocketAddr> = svc.http_addrs().into_iter().map(|(_, a)| a).collect();
@@ -311,14 +310,143 @@ fn stateful_counters_exact_across_splits_and_merges() {
         }
         assert_eq!(calls, 3 * 600 + 4 * 300);
         let tl = svc.timeline();
-        let shards = svc.store_shards().expect("store shards");
         eprintln!(
-            "rounds {round}, splits {}, merges {}, store shards {shards}",
+            "rounds {round}, splits {}, merges {}",
             tl.splits(),
             tl.merges()
         );
         assert!(round >= 2 && tl.splits() >= 3 && tl.merges() >= 1);
-        assert!(shards >= 2, "the client store split");
+        assert_pairs(&svc);
+        Arc::try_unwrap(svc)
+            .expect("last handle")
+            .destroy()
+            .expect("destroy");
+        c.shutdown();
+    });
+}
+
+/// Every compute proclet has its own memory proclet, on the same node.
+fn assert_pairs<S: ServiceState, Req, Resp>(svc: &StatefulService<S, Req, Resp>)
+where
+    Req: granule::Wire + Clone + Sync,
+    Resp: granule::Wire,
+{
+    let pairs = svc.pairs().expect("pairs");
+    assert!(!pairs.is_empty());
+    let mut ids = std::collections::BTreeSet::new();
+    for (c, m) in &pairs {
+        assert_eq!(c.lo, m.lo);
+        assert_eq!(c.node, m.node, "pair at {} split across nodes", c.lo);
+        assert!(ids.insert(m.id), "memory proclet shared by two pairs");
+    }
+}
+
+/// A user-defined shard state: each client's history of calls, plus how many clients
+/// left or joined the shard through splits and merges (its own split and merge).
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct Ledger {
+    history: BTreeMap<String, Vec<u64>>,
+    moved_in: u64,
+}
+
+impl ServiceState for Ledger {
+    type Id = String;
+    fn split(&mut self, upper: &dyn Fn(&String) -> bool) -> Self {
+        let ids: Vec<String> = self
+            .history
+            .keys()
+            .filter(|id| upper(id))
+            .cloned()
+            .collect();
+        let mut out = Ledger::default();
+        for id in ids {
+            let h = self.history.remove(&id).expect("listed");
+            out.history.insert(id, h);
+            out.moved_in += 1;
+        }
+        out
+    }
+    fn merge(&mut self, other: Self) {
+        self.moved_in += other.history.len() as u64;
+        self.history.extend(other.history);
+    }
+}
+
+// The handler's signature is the service's: `&S::Id` is `&String` here.
+#[allow(clippy::ptr_arg)]
+fn record(l: &mut Ledger, id: &String, k: u64) -> usize {
+    let h = l.history.entry(id.clone()).or_default();
+    h.push(k);
+    h.len()
+}
+
+#[test]
+fn stateful_sharded_user_state_splits_and_merges_with_its_pairs() {
+    bounded(Duration::from_secs(120), || {
+        let (c, _nodes) = cluster(2);
+        let svc: StatefulService<Ledger, u64, usize> = ServiceBuilder::new("ledger")
+            .scale(manual())
+            .http(false)
+            .stateful_sharded(record)
+            .expect("service starts");
+        let svc = Arc::new(svc);
+        const CLIENTS: u64 = 16;
+        // Thread t owns clients t, t + 4, ...: each client's calls come in order.
+        let ctx = granule::thread_context();
+        let callers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let svc = svc.clone();
+                let ctx = ctx.clone();
+                std::thread::spawn(move || {
+                    ctx.enter();
+                    for k in 0..400u64 {
+                        let client = t + 4 * (k % (CLIENTS / 4));
+                        let n = svc.call(format!("c{client}"), k).expect("call");
+                        assert_eq!(n as u64, k / (CLIENTS / 4) + 1, "client c{client}");
+                    }
+                })
+            })
+            .collect();
+        let mut round = 0;
+        while round < 6 || !callers.iter().all(|h| h.is_finished()) {
+            if round % 2 == 0 {
+                for _ in 0..3 {
+                    svc.split_now().expect("split");
+                }
+                assert_pairs(&svc);
+            } else {
+                while svc.merge_now().expect("merge") {}
+            }
+            round += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for h in callers {
+            h.join().expect("caller");
+        }
+        // Every client's history is exactly its calls, in order, wherever it went.
+        let mut moved = 0;
+        for client in 0..CLIENTS {
+            let id = format!("c{client}");
+            let (h, m) = svc
+                .read(&id, |l: &Ledger, id: &String| {
+                    (l.history.get(id).cloned(), l.moved_in)
+                })
+                .expect("read");
+            let want: Vec<u64> = (0..400u64)
+                .filter(|k| client % 4 + 4 * (k % (CLIENTS / 4)) == client)
+                .collect();
+            assert_eq!(h, Some(want), "client {id}");
+            moved += m;
+        }
+        let tl = svc.timeline();
+        eprintln!(
+            "rounds {round}, splits {}, merges {}",
+            tl.splits(),
+            tl.merges()
+        );
+        assert!(tl.splits() >= 3 && tl.merges() >= 1);
+        assert!(moved > 0, "the user's split and merge moved clients");
+        assert_pairs(&svc);
         Arc::try_unwrap(svc)
             .expect("last handle")
             .destroy()
@@ -342,7 +470,7 @@ fn front_door_rejects_bad_input_and_keeps_serving() {
         let (c, _nodes) = cluster(1);
         let svc: StatelessService<(u32, String), String> =
             StatelessService::start("pair", bad_input_handler).expect("stateless");
-        let st: StatefulService<String, u32, (), u32> =
+        let st: StatefulService<Clients<String, u32>, (), u32> =
             StatefulService::start("visits", visits).expect("stateful");
         let doors = svc.http_addrs();
         assert_eq!(doors.len(), 2);
@@ -512,6 +640,82 @@ fn scaler_splits_under_load_and_merges_when_idle() {
         assert!(under_load >= 2, "no split under load");
         assert_eq!(svc.proclets().len(), 1, "merged back when idle");
         assert!(tl.merges() >= 1);
+        Arc::try_unwrap(svc)
+            .expect("last handle")
+            .destroy()
+            .expect("destroy");
+        c.shutdown();
+    });
+}
+
+/// A client's counter that costs ~1 ms of CPU per call.
+fn burn_count(n: &mut u64, x: u64) -> u64 {
+    burn(x);
+    *n += 1;
+    *n
+}
+
+#[test]
+fn stateful_pairs_split_under_load_and_merge_when_idle() {
+    bounded(Duration::from_secs(120), || {
+        let (c, _nodes) = cluster(2);
+        // The default split threshold (one core of load: handler CPU plus the time calls
+        // waited for their pair's state); merging sooner than the default, for time.
+        let svc: StatefulService<Clients<u64, u64>, u64, u64> = ServiceBuilder::new("burn-count")
+            .scale(ScaleConfig {
+                merge_after: 20,
+                ..ScaleConfig::default()
+            })
+            .http(false)
+            .stateful(burn_count)
+            .expect("service starts");
+        let svc = Arc::new(svc);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ctx = granule::thread_context();
+        let callers: Vec<_> = (0..6u64)
+            .map(|t| {
+                let (svc, stop, ctx) = (svc.clone(), stop.clone(), ctx.clone());
+                std::thread::spawn(move || {
+                    ctx.enter();
+                    let mut n = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        n += 1;
+                        assert_eq!(svc.call(t, 0).expect("call"), n, "client {t}");
+                    }
+                    n
+                })
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while svc.proclets().len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let under_load = svc.proclets().len();
+        // Keep calling across the split for a while: every answer is checked.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_pairs(&svc);
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let calls: Vec<u64> = callers
+            .into_iter()
+            .map(|h| h.join().expect("caller"))
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while svc.proclets().len() > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let tl = svc.timeline();
+        eprintln!(
+            "{calls:?} calls; pairs under load {under_load}, idle {}; splits {}, merges {}",
+            svc.proclets().len(),
+            tl.splits(),
+            tl.merges(),
+        );
+        assert!(under_load >= 2, "no split under load");
+        assert_eq!(svc.proclets().len(), 1, "merged back when idle");
+        for (t, n) in calls.iter().enumerate() {
+            assert_eq!(svc.client_state(&(t as u64)).expect("state"), Some(*n));
+        }
+        assert_pairs(&svc);
         Arc::try_unwrap(svc)
             .expect("last handle")
             .destroy()

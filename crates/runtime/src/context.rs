@@ -197,9 +197,10 @@ thread_local! {
 /// Let (`true`, the default) or stop [`block_on`] spinning before it sleeps, on the
 /// calling thread. Spinning buys latency with CPU: right for a caller that waits on its
 /// reply, wrong for a background thread that only keeps work ahead of a consumer (a
-/// prefetcher), whose spinning takes the CPU from the thread it works for.
-pub fn set_spin(on: bool) {
-    SPIN_HERE.with(|s| s.set(on));
+/// prefetcher), whose spinning takes the CPU from the thread it works for. Returns the
+/// previous setting, so a caller can restore it.
+pub fn set_spin(on: bool) -> bool {
+    SPIN_HERE.with(|s| s.replace(on))
 }
 
 struct ThreadWaker {

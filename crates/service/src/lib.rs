@@ -4,9 +4,10 @@
 //!
 //! - [`StatelessService`]: a handler `Fn(Req) -> Resp` registered once; every call is
 //!   routed by a random 64-bit key to the compute proclet serving that key's range.
-//! - [`StatefulService`]: a handler `Fn(&mut State, Req) -> Resp` with per-client state;
-//!   calls are routed by a hash of the client id (sticky), the state lives in a sharded
-//!   store of memory proclets and is checked out for the duration of a call.
+//! - [`StatefulService`]: a handler `Fn(&mut State, Req) -> Resp` with per-client state
+//!   ([`Clients`]), or `Fn(&mut S, &Id, Req) -> Resp` over your own [`ServiceState`]
+//!   with its `split` and `merge`; calls are routed by a hash of the client id (sticky)
+//!   to compute+memory proclet pairs, one per key range, split and merged together.
 //!
 //! What this crate owns:
 //! - `pool`: the compute proclets of a service, the table of their key ranges, routing
@@ -14,17 +15,19 @@
 //!   [`ScaleConfig::window`]) it reads each compute proclet's load (CPU its handlers
 //!   used per wall second, over all threads that ran them at once); a proclet over one
 //!   core is split (its key range halved, the upper half to a new compute proclet the
-//!   controller places), two neighbours whose summed load averaged over 40 windows is
-//!   under 0.6 core are merged. Requests are never dropped or run twice: a call is
-//!   re-sent only when it provably did not run.
-//! - `service`: the two services, their builder, per-client state check-out.
+//!   controller places; a stateful pair splits when its state was busy more than 90 %
+//!   of a window, [`ScaleConfig::split_busy`]), two neighbours whose summed load
+//!   averaged over 40 windows is under 0.6 core are merged. Requests are never dropped
+//!   or run twice: a call is re-sent only when it provably did not run.
+//! - `service`: the two services, their builder, the stateful pairs and how their
+//!   state splits and merges.
 //! - `http`: the front door, an axum server per node process on the node's own worker
 //!   runtime: `POST /v1/services/{name}`, `POST /v1/services/{name}/clients/{id}`,
 //!   `GET /v1/services`.
 //! - `client`: a minimal keep-alive HTTP/1.1 client for tests and benchmarks.
 //!
 //! It does not touch placement, migration or transport: its proclets are ordinary
-//! proclets of `granule-runtime`, its store an `AutoSharder` of `granule-sharded`.
+//! proclets of `granule-runtime`.
 //!
 //! ```no_run
 //! use granule_service::StatelessService;
@@ -49,12 +52,11 @@ mod service;
 pub use http::ServiceListing;
 pub use pool::{Sample, ScaleConfig, ScaleEvent, Timeline, WorkerInfo};
 pub use service::{
-    routing_key, ClientId, ClientShard, Door, FrontDoor, ServiceBuilder, StatefulService,
-    StatelessService,
+    routing_key, ByClient, ByShard, ClientId, Clients, Door, FrontDoor, Handler, Pair, PairState,
+    ServiceBuilder, ServiceState, StatefulService, StatelessService,
 };
 
 use granule_runtime::CallError;
-use granule_sharded::ShardError;
 
 /// What can go wrong with a service.
 #[derive(Debug, thiserror::Error)]
@@ -62,16 +64,13 @@ pub enum ServiceError {
     /// A call to one of the service's proclets failed.
     #[error(transparent)]
     Call(#[from] CallError),
-    /// The client-state store of a stateful service failed.
-    #[error(transparent)]
-    Store(#[from] ShardError),
     /// The routing table has no compute proclet for a key (the service was destroyed).
     #[error("no compute proclet serves this key (was the service destroyed?)")]
     Unmapped,
     /// A call kept being turned away by merged compute proclets.
     #[error("could not route the call to a compute proclet in time")]
     Stuck,
-    /// A stateful call could not get or return its client's state.
+    /// A stateful service's state could not be reached, split or merged.
     #[error("client state: {0}")]
     State(String),
     /// The front door could not be set up.

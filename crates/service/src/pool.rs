@@ -4,12 +4,12 @@
 //! and merges idle neighbours.
 //!
 //! **Compute proclets hold no request state.** A worker proclet holds only the service's
-//! context (nothing for a stateless service; the handle of the client-state store for a
-//! stateful one) and two counters: the CPU its handlers used and the table version it was
-//! last told. So a range can change owner at any moment without moving data, and a
-//! client whose cached table is stale still reaches a live worker that serves the call
-//! correctly: routing is *sticky* (the same key goes to the same worker while the table
-//! stands), never a correctness condition.
+//! context (nothing for a stateless service; the handle of its paired memory proclet for
+//! a stateful one, see [`Context`]) and its counters: the load its handlers caused and
+//! the table version it was last told. A client whose cached table is stale still
+//! reaches a live worker, which serves the call or turns it away unrun: routing is
+//! *sticky* (the same key goes to the same worker while the table stands), never a
+//! correctness condition.
 //!
 //! **The table** lives in a small memory proclet, written only by the scaler of the
 //! process that started the service. Clients cache it; every reply of a worker carries
@@ -20,9 +20,10 @@
 //! **Exactly once.** A call is sent again only when it provably did not run: a worker
 //! merged away answers *retired* without running the handler (retirement takes the
 //! worker's exclusive lock, so handlers in flight finish first and later calls are
-//! turned away), and a destroyed worker refuses calls before running anything
-//! (`CallError::ProcletGone`). Any other failure is returned to the caller, never
-//! retried.
+//! turned away), a worker whose context no longer serves the key (a stateful pair whose
+//! memory half gave those clients away) turns the call away unrun, and a destroyed
+//! worker refuses calls before running anything (`CallError::ProcletGone`). Any other
+//! failure is returned to the caller, never retried.
 //!
 //! **Load** is the thread CPU time (`CLOCK_THREAD_CPUTIME_ID`) spent inside the user's
 //! handler, summed over every thread that ran it, per wall second of the window: a
@@ -45,6 +46,11 @@ pub struct ScaleConfig {
     pub window: Duration,
     /// A worker whose load over one window exceeds this many cores is split: 1.0.
     pub split_above: f64,
+    /// A stateful pair whose state was busy (a handler running on it, or calls waiting
+    /// for it) more than this share of one window is split: 0.9. Handlers of one pair
+    /// take turns on its state, so its load cannot exceed one core: calls beyond that
+    /// queue, and a pair near saturation is the one to split.
+    pub split_busy: f64,
     /// Two neighbouring workers whose summed load, averaged over the last
     /// [`ScaleConfig::merge_after`] windows, is under this many cores are merged: 0.6
     /// (well under the split threshold, so a merged pair is not split again at once).
@@ -69,6 +75,7 @@ impl Default for ScaleConfig {
         ScaleConfig {
             window: Duration::from_millis(5),
             split_above: 1.0,
+            split_busy: 0.9,
             merge_below: 0.6,
             merge_after: 40,
             cooldown: 10,
@@ -129,6 +136,34 @@ const MAX_SAMPLES: usize = 1 << 20;
 
 // ----- the worker proclet --------------------------------------------------------------
 
+/// What a worker of a service carries besides its counters, and how it follows splits
+/// and merges. A stateless service's context is `()`: nothing to split. A stateful
+/// service's is the worker's memory proclet, whose clients are split and merged with
+/// the worker's key range.
+pub(crate) trait Context: ProcletState + Clone + Sync {
+    /// Whether a worker's handlers take turns (a stateful pair's state): its load is
+    /// then the share of time its state was busy, split above
+    /// [`ScaleConfig::split_busy`] rather than [`ScaleConfig::split_above`].
+    const SERIAL: bool = false;
+    /// The context for a new worker on `node` that takes the keys from `mid` up of a
+    /// worker with this context; `None`: the same context serves both.
+    fn split(&self, mid: u64, node: Option<NodeId>) -> Result<Option<Self>, ServiceError> {
+        let _ = (mid, node);
+        Ok(None)
+    }
+    /// Take over `right`'s keys (its worker has retired: no handler of it runs any more).
+    fn merge(&self, right: &Self) -> Result<(), ServiceError> {
+        let _ = right;
+        Ok(())
+    }
+    /// Release what the context owns; its worker is gone.
+    fn release(&self) -> Result<(), ServiceError> {
+        Ok(())
+    }
+}
+
+impl Context for () {}
+
 /// Counters a worker keeps for the scaler (not moved with the worker: a moved worker
 /// starts from zero, which the scaler notices).
 #[derive(Default)]
@@ -154,6 +189,13 @@ impl<C: ProcletState> Worker<C> {
             ctx,
             meter: Meter::default(),
         }
+    }
+
+    /// Charge one call that cost `ns` of load (CPU time, or time a stateful call's
+    /// client state was busy or waited for) to this worker.
+    pub(crate) fn charge(&self, ns: u64) {
+        self.meter.cpu_ns.fetch_add(ns, Ordering::Relaxed);
+        self.meter.calls.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Run `f` and charge the CPU time the calling thread spent in it to this worker.
@@ -198,17 +240,21 @@ enum Reply<R, A> {
     Retired(A, u64),
 }
 
-/// The wrapper every routed call runs in on a worker.
+/// The wrapper every routed call runs in on a worker. `via` runs the call, or hands the
+/// argument back unrun (`Err`) when the worker's context no longer serves its key.
 fn on_worker<C, A, R, F, W>(w: &Worker<C>, a: A, (f, via): &(F, W)) -> Reply<R, A>
 where
     C: ProcletState,
-    W: Fn(&Worker<C>, A, &F) -> R,
+    W: Fn(&Worker<C>, A, &F) -> Result<R, A>,
 {
     let version = w.meter.version.load(Ordering::Relaxed);
     if w.meter.retired.load(Ordering::Acquire) {
         return Reply::Retired(a, version);
     }
-    Reply::Done(via(w, a, f), version)
+    match via(w, a, f) {
+        Ok(r) => Reply::Done(r, version),
+        Err(a) => Reply::Retired(a, version),
+    }
 }
 
 // ----- the table -----------------------------------------------------------------------
@@ -273,9 +319,14 @@ impl<C: ProcletState> Clone for Pool<C> {
 }
 
 impl<C: ProcletState + Clone> Pool<C> {
-    /// A pool of one worker covering every key, with `ctx` as its context.
-    pub(crate) fn create(ctx: C) -> Result<Pool<C>, ServiceError> {
-        let first = Proclet::builder(Kind::Compute).create(ctx, |c: C| Worker::new(c))?;
+    /// A pool of one worker covering every key, with `ctx` as its context, on `node`
+    /// (`None`: where the controller places compute).
+    pub(crate) fn create(ctx: C, node: Option<NodeId>) -> Result<Pool<C>, ServiceError> {
+        let mut b = Proclet::builder(Kind::Compute);
+        if let Some(n) = node {
+            b = b.on(n);
+        }
+        let first = b.create(ctx, |c: C| Worker::new(c))?;
         let table =
             Proclet::builder(Kind::Memory).create(first, |w: Proclet<Worker<C>>| Table {
                 version: 1,
@@ -319,7 +370,8 @@ impl<C: ProcletState> Pool<C> {
             .ok_or(ServiceError::Unmapped)
     }
 
-    /// Run `via(&worker, arg, &f)` on the worker serving `key` (both capture nothing).
+    /// Run `via(&worker, arg, &f)` on the worker serving `key` (both capture nothing);
+    /// `via` hands the argument back (`Err`) to have the call routed again.
     pub(crate) async fn call<A, R, F, W>(
         &self,
         key: u64,
@@ -331,7 +383,7 @@ impl<C: ProcletState> Pool<C> {
         A: Wire + Clone,
         R: Wire,
         F: Copy + Send + Sync + 'static,
-        W: Fn(&Worker<C>, A, &F) -> R + Copy + Send + Sync + 'static,
+        W: Fn(&Worker<C>, A, &F) -> Result<R, A> + Copy + Send + Sync + 'static,
     {
         let started = Instant::now();
         let mut arg = arg;
@@ -376,12 +428,23 @@ impl<C: ProcletState> Pool<C> {
             .unwrap_or_default())
     }
 
-    /// Destroy every worker and the table.
-    pub(crate) fn destroy(&self) -> Result<(), ServiceError> {
+    /// Destroy every worker (and what its context owns) and the table.
+    pub(crate) fn destroy(&self) -> Result<(), ServiceError>
+    where
+        C: Context,
+    {
         for (_, w) in self.workers()? {
+            let ctx = match w.run_ref((), |w: &Worker<C>, ()| w.ctx.clone()) {
+                Ok(c) => Some(c),
+                Err(CallError::ProcletGone(_)) => None,
+                Err(e) => return Err(e.into()),
+            };
             match w.destroy() {
                 Ok(()) | Err(CallError::ProcletGone(_)) => {}
                 Err(e) => return Err(e.into()),
+            }
+            if let Some(c) = ctx {
+                c.release()?;
             }
         }
         self.table.destroy()?;
@@ -417,7 +480,6 @@ struct ScalerState<C: ProcletState> {
 /// Shared between a service's handle and its scaler thread.
 pub(crate) struct Scaler<C: ProcletState> {
     pool: Pool<C>,
-    ctx: C,
     config: ScaleConfig,
     state: Mutex<ScalerState<C>>,
     timeline: Mutex<Timeline>,
@@ -431,11 +493,10 @@ impl<C: ProcletState> Scaler<C> {
     }
 }
 
-impl<C: ProcletState + Clone + Sync> Scaler<C> {
+impl<C: Context> Scaler<C> {
     /// A scaler for `pool` (whose table it takes over) and its thread.
     pub(crate) fn start(
         pool: Pool<C>,
-        ctx: C,
         config: ScaleConfig,
     ) -> Result<(Arc<Scaler<C>>, std::thread::JoinHandle<()>), ServiceError> {
         let table = pool
@@ -444,7 +505,6 @@ impl<C: ProcletState + Clone + Sync> Scaler<C> {
             .map_err(ServiceError::from)?;
         let s = Arc::new(Scaler {
             pool,
-            ctx,
             config,
             state: Mutex::new(ScalerState {
                 table,
@@ -531,7 +591,12 @@ impl<C: ProcletState + Clone + Sync> Scaler<C> {
             })
             .max_by(|a, b| a.1.total_cmp(b.1));
         if let Some((i, &load)) = busiest {
-            if load > self.config.split_above && st.table.ranges.len() < self.config.max_proclets {
+            let bound = if C::SERIAL {
+                self.config.split_busy
+            } else {
+                self.config.split_above
+            };
+            if load > bound && st.table.ranges.len() < self.config.max_proclets {
                 if self.split_at(&mut st, i)? {
                     self.record(true, st.table.ranges.len(), load);
                 }
@@ -637,8 +702,9 @@ impl<C: ProcletState + Clone + Sync> Scaler<C> {
     }
 
     /// Split worker `i`'s range in halves; the upper half goes to a new worker placed by
-    /// the controller (compute: the node with the most idle cores). Returns whether it
-    /// split (a range of one key cannot).
+    /// the controller (compute: the node with the most idle cores), with its share of
+    /// the context (a stateful pair's upper clients, in a memory proclet on the new
+    /// worker's node). Returns whether it split (a range of one key cannot).
     fn split_at(&self, st: &mut ScalerState<C>, i: usize) -> Result<bool, ServiceError> {
         let lo = st.table.ranges[i].0;
         let hi = st.table.end(i).map_or(u64::MAX as u128 + 1, |h| h as u128);
@@ -646,7 +712,27 @@ impl<C: ProcletState + Clone + Sync> Scaler<C> {
         if mid == lo {
             return Ok(false);
         }
-        let w = Proclet::builder(Kind::Compute).create(self.ctx.clone(), |c: C| Worker::new(c))?;
+        let ctx = st.table.ranges[i]
+            .1
+            .run_ref((), |w: &Worker<C>, ()| w.ctx.clone())?;
+        // Not in the table yet: no call reaches it before its context is its own.
+        let w = Proclet::builder(Kind::Compute).create(ctx.clone(), |c: C| Worker::new(c))?;
+        let own = match ctx.split(mid, w.location().ok()) {
+            Ok(own) => own,
+            Err(e) => {
+                let _ = w.destroy();
+                return Err(e);
+            }
+        };
+        if let Some(own) = own {
+            if let Err(e) = w.run(own.clone(), |w: &mut Worker<C>, c: C| w.ctx = c) {
+                // Give the upper keys back to the old worker's context.
+                let _ = w.destroy();
+                ctx.merge(&own)?;
+                own.release()?;
+                return Err(e.into());
+            }
+        }
         let mut t = st.table.clone();
         t.ranges.insert(i + 1, (mid, w.clone()));
         t.version += 1;
@@ -674,16 +760,28 @@ impl<C: ProcletState + Clone + Sync> Scaler<C> {
         let _ = st.table.ranges[i].1.run_ref(v, |w: &Worker<C>, v: u64| {
             w.meter.version.store(v, Ordering::Relaxed)
         });
-        match right.run(v, |w: &mut Worker<C>, v: u64| {
+        let right_ctx = match right.run(v, |w: &mut Worker<C>, v: u64| {
             w.meter.version.store(v, Ordering::Relaxed);
             w.meter.retired.store(true, Ordering::Release);
+            w.ctx.clone()
         }) {
-            Ok(()) | Err(CallError::ProcletGone(_)) => {}
+            Ok(c) => Some(c),
+            Err(CallError::ProcletGone(_)) => None,
             Err(e) => return Err(e.into()),
+        };
+        // No handler of the right worker runs any more: its context's keys move left.
+        if let Some(rc) = &right_ctx {
+            let left_ctx = st.table.ranges[i]
+                .1
+                .run_ref((), |w: &Worker<C>, ()| w.ctx.clone())?;
+            left_ctx.merge(rc)?;
         }
         match right.destroy() {
             Ok(()) | Err(CallError::ProcletGone(_)) => {}
             Err(e) => return Err(e.into()),
+        }
+        if let Some(rc) = right_ctx {
+            rc.release()?;
         }
         st.low.clear();
         st.last.remove(&right.id());
@@ -741,6 +839,11 @@ impl<C: ProcletState + Clone + Sync> Scaler<C> {
         Ok(did)
     }
 
+    /// The worker serving `key` per the scaler's (authoritative) table.
+    pub(crate) fn worker_for(&self, key: u64) -> Option<Proclet<Worker<C>>> {
+        self.state.lock().table.lookup(key).cloned()
+    }
+
     /// The workers now, in key order, with their nodes.
     pub(crate) fn workers(&self) -> Vec<WorkerInfo> {
         let ranges = self.state.lock().table.ranges.clone();
@@ -752,6 +855,23 @@ impl<C: ProcletState + Clone + Sync> Scaler<C> {
                 node: w.location().ok(),
             })
             .collect()
+    }
+
+    /// The workers now with their contexts, in key order, read while no split or merge
+    /// can run.
+    pub(crate) fn contexts(&self) -> Result<Vec<(WorkerInfo, C)>, ServiceError> {
+        let st = self.state.lock();
+        let mut out = Vec::with_capacity(st.table.ranges.len());
+        for (lo, w) in &st.table.ranges {
+            let ctx = w.run_ref((), |w: &Worker<C>, ()| w.ctx.clone())?;
+            let info = WorkerInfo {
+                lo: *lo,
+                id: w.id(),
+                node: w.location().ok(),
+            };
+            out.push((info, ctx));
+        }
+        Ok(out)
     }
 
     /// Destroy the pool's workers and table (the scaler must be stopped first).

@@ -4,24 +4,25 @@
 //! - [`StatelessService`]: the handler is registered once; every call gets a random 64-bit
 //!   routing key and runs on the worker serving it.
 //! - [`StatefulService`]: every call names a client; its routing key is a hash of the
-//!   client id, so a client's calls go to the same worker while the table stands
-//!   (sticky). Per-client state lives in a store of memory proclets ([`ClientShard`]s of
-//!   an `AutoSharder` keyed by client id, split and merged by size); a call *checks out*
-//!   its client's state from the store, runs the handler on the compute proclet and
-//!   checks the state back in. A client checked out is leased: a second call for the
-//!   same client waits until the first checks its state back in, so calls of one client
-//!   run one at a time, in some order, each exactly once, while calls of different
-//!   clients run in parallel. The compute proclets hold no client state, so their splits
-//!   and merges never move or lose any; the store's splits and merges move whole client
-//!   entries (leased ones too: the check-in is routed by client id, to wherever the
-//!   entry went).
+//!   client id, so a client's calls go to the same pair while the table stands (sticky).
+//!   The service is a row of compute+memory *pairs*, one per routing-key range: the
+//!   compute proclet receives the range's calls, its memory proclet (created on the same
+//!   node) holds the range's clients in a [`ServiceState`] and runs the handler on it,
+//!   in line on the compute proclet's thread while the two share a node. Handlers of
+//!   one pair take turns on its state. Splitting a busy pair creates a compute proclet
+//!   where the controller finds idle cores and a memory proclet next to it, and moves
+//!   the upper half of the clients there with the state's own `split` (the old memory
+//!   proclet stops serving their keys in the same step, so a call reaches a client's
+//!   state in exactly one place, and a call turned away is routed again unrun); merging
+//!   moves the right pair's clients into the left one with `merge`. [`Clients`] is the
+//!   ready-made state (one `S` per client); [`ServiceBuilder::stateful_sharded`] takes
+//!   your own.
 
 use crate::http::{self, encode, parse_body, parse_id, Dispatch, HttpError};
 use crate::pool::{Pool, ScaleConfig, Scaler, Timeline, Worker, WorkerInfo};
 use crate::ServiceError;
 use futures::future::BoxFuture;
 use granule_runtime::{CallError, Kind, NodeId, NodeState, Proclet, ProcletState, Wire};
-use granule_sharded::{AutoSharder, Bounds, Hint, Shard};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -42,7 +43,6 @@ pub struct ServiceBuilder {
     http: bool,
     http_port: u16,
     http_ip: Option<IpAddr>,
-    bounds: Bounds,
 }
 
 impl ServiceBuilder {
@@ -54,7 +54,6 @@ impl ServiceBuilder {
             http: true,
             http_port: 0,
             http_ip: None,
-            bounds: Bounds::LOW_LATENCY,
         }
     }
 
@@ -84,13 +83,6 @@ impl ServiceBuilder {
         self
     }
 
-    /// Size bounds of a stateful service's client-state shards (default
-    /// [`Bounds::LOW_LATENCY`]).
-    pub fn store_bounds(mut self, b: Bounds) -> Self {
-        self.bounds = b;
-        self
-    }
-
     fn check_name(&self) -> Result<(), ServiceError> {
         let ok = !self.name.is_empty()
             && self
@@ -116,8 +108,8 @@ impl ServiceBuilder {
         F: Fn(Req) -> Resp + Copy + Send + Sync + 'static,
     {
         self.check_name()?;
-        let pool = Pool::create(())?;
-        let (scaler, thread) = Scaler::start(pool.clone(), (), self.scale.clone())?;
+        let pool = Pool::create((), None)?;
+        let (scaler, thread) = Scaler::start(pool.clone(), self.scale.clone())?;
         let mut common = Common {
             name: self.name.clone(),
             scaler,
@@ -147,30 +139,75 @@ impl ServiceBuilder {
         Ok(StatelessService { common, invoke })
     }
 
-    /// Start a stateful service: `handler(&mut state, req)` runs for a client on the
-    /// compute proclet its id routes to, with that client's state (created with
-    /// `State::default()` on its first call). The handler captures nothing.
-    pub fn stateful<Id, State, Req, Resp, F>(
+    /// Start a stateful service with a state per client: `handler(&mut state, req)`
+    /// runs for a client with that client's state (created with `St::default()` on its
+    /// first call). The handler captures nothing.
+    pub fn stateful<Id, St, Req, Resp, F>(
         self,
         handler: F,
-    ) -> Result<StatefulService<Id, State, Req, Resp>, ServiceError>
+    ) -> Result<StatefulService<Clients<Id, St>, Req, Resp>, ServiceError>
     where
-        Id: ClientId,
-        State: ProcletState + Default + Clone,
+        Id: ClientId + DeserializeOwned,
+        St: ProcletState + Default,
         Req: Wire + Clone + Sync,
         Resp: Wire,
-        F: Fn(&mut State, Req) -> Resp + Copy + Send + Sync + 'static,
+        F: Fn(&mut St, Req) -> Resp + Copy + Send + Sync + 'static,
+    {
+        self.start_stateful(ByClient(handler))
+    }
+
+    /// Start a stateful service over your own shard state `S` (its clients, with the
+    /// split and merge you give it in [`ServiceState`]): `handler(&mut shard, &id, req)`
+    /// runs on the shard holding client `id`. The handler captures nothing.
+    pub fn stateful_sharded<S, Req, Resp, F>(
+        self,
+        handler: F,
+    ) -> Result<StatefulService<S, Req, Resp>, ServiceError>
+    where
+        S: ServiceState,
+        S::Id: DeserializeOwned,
+        Req: Wire + Clone + Sync,
+        Resp: Wire,
+        F: Fn(&mut S, &S::Id, Req) -> Resp + Copy + Send + Sync + 'static,
+    {
+        self.start_stateful(ByShard(handler))
+    }
+
+    fn start_stateful<S, Req, Resp, H>(
+        self,
+        handler: H,
+    ) -> Result<StatefulService<S, Req, Resp>, ServiceError>
+    where
+        S: ServiceState,
+        S::Id: DeserializeOwned,
+        Req: Wire + Clone + Sync,
+        Resp: Wire,
+        H: Handler<S, Req, Resp>,
     {
         self.check_name()?;
-        let store: Store<Id, State> = AutoSharder::new(self.bounds)?;
-        let pool = match Pool::create(store.clone()) {
+        // The first pair: its memory half where the controller puts memory, its compute
+        // half next to it.
+        let mem = Proclet::builder(Kind::Memory).create((), |(): ()| PairState {
+            lo: 0,
+            hi: u64::MAX as u128 + 1,
+            state: S::default(),
+        })?;
+        let node = mem.location().ok();
+        let pair = Pair { mem };
+        let pool = match Pool::create(pair.clone(), node) {
             Ok(p) => p,
             Err(e) => {
-                let _ = store.destroy();
+                let _ = crate::pool::Context::release(&pair);
                 return Err(e);
             }
         };
-        let (scaler, thread) = Scaler::start(pool.clone(), store.clone(), self.scale.clone())?;
+        let (scaler, thread) = match Scaler::start(pool.clone(), self.scale.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = pool.destroy();
+                return Err(e);
+            }
+        };
         let mut common = Common {
             name: self.name.clone(),
             scaler,
@@ -182,24 +219,19 @@ impl ServiceBuilder {
                 door.run_ref_with(
                     (pool.clone(), ip, port),
                     handler,
-                    install_stateful::<Id, State, Req, Resp, F>,
+                    install_stateful::<S, Req, Resp, H>,
                 )
             }) {
                 let _ = common.destroy();
-                let _ = store.destroy();
                 return Err(e);
             }
         }
         let p = pool;
-        let invoke: Invoke<Id, Req, Resp> = Arc::new(move |id: Id, req: Req| {
+        let invoke: Invoke<S::Id, Req, Resp> = Arc::new(move |id: S::Id, req: Req| {
             let p = p.clone();
             Box::pin(async move { call_stateful(&p, id, req, handler).await })
         });
-        Ok(StatefulService {
-            common,
-            invoke,
-            store,
-        })
+        Ok(StatefulService { common, invoke })
     }
 }
 
@@ -243,7 +275,7 @@ fn node_key() -> Result<(String, IpAddr), String> {
     Ok((info.addr, ip))
 }
 
-impl<C: ProcletState + Clone> Common<C> {
+impl<C: crate::pool::Context> Common<C> {
     /// Put a door on every live node that hosts proclets (the driver included), and
     /// install the service there with `install(door, ip, port)`.
     fn install(
@@ -407,8 +439,12 @@ impl<Req: Wire + Clone + Sync, Resp: Wire> StatelessService<Req, Resp> {
     }
 }
 
-fn stateless_via<Req, Resp, F: Fn(Req) -> Resp>(w: &Worker<()>, req: Req, f: &F) -> Resp {
-    w.timed(|| f(req))
+fn stateless_via<Req, Resp, F: Fn(Req) -> Resp>(
+    w: &Worker<()>,
+    req: Req,
+    f: &F,
+) -> Result<Resp, Req> {
+    Ok(w.timed(|| f(req)))
 }
 
 /// Install a stateless service in this node's front door (runs on the node's door).
@@ -447,65 +483,263 @@ where
 
 // ----- the stateful service ---------------------------------------------------------------
 
-/// What a client id must be: ordered (the store keeps clients in id ranges),
-/// serializable (it travels, and is hashed to its routing key from its encoding).
+/// What a client id must be: ordered, comparable, serializable (it travels, and is
+/// hashed to its routing key from its encoding).
 pub trait ClientId: Ord + Clone + Wire + Sync + fmt::Debug {}
 impl<T: Ord + Clone + Wire + Sync + fmt::Debug> ClientId for T {}
 
-/// One shard of a stateful service's client-state store: the clients of one id range.
-/// A client whose state is checked out by a call in progress is present with `None`.
+/// The state of one shard of a stateful service: the clients whose routing keys fall in
+/// one range. The user supplies how it splits and merges; the service calls these when
+/// it splits a busy compute+memory pair or merges two idle ones.
+pub trait ServiceState: ProcletState + Default {
+    /// The client id calls are routed by.
+    type Id: ClientId;
+    /// Move every client for which `upper` is true into a new state and return it (the
+    /// rest stays). `upper` is a pure function of the id.
+    fn split(&mut self, upper: &dyn Fn(&Self::Id) -> bool) -> Self;
+    /// Take in the clients of `other` (a neighbouring range: no id is in both).
+    fn merge(&mut self, other: Self);
+}
+
+/// The ready-made [`ServiceState`]: a state `S` per client, created with `S::default()`
+/// on the client's first call ([`ServiceBuilder::stateful`]).
+#[derive(Serialize, Deserialize)]
+#[serde(bound(
+    serialize = "Id: Serialize, S: Serialize",
+    deserialize = "Id: DeserializeOwned, S: DeserializeOwned"
+))]
+pub struct Clients<Id: Ord, S> {
+    map: BTreeMap<Id, S>,
+}
+
+impl<Id: Ord, S> Default for Clients<Id, S> {
+    fn default() -> Self {
+        Clients {
+            map: BTreeMap::new(),
+        }
+    }
+}
+
+impl<Id: ClientId, S: Default> Clients<Id, S> {
+    /// Client `id`'s state, created if it has none yet.
+    pub fn client(&mut self, id: &Id) -> &mut S {
+        self.map.entry(id.clone()).or_default()
+    }
+}
+
+impl<Id: Ord, S> Clients<Id, S> {
+    /// Client `id`'s state, if it has one.
+    pub fn get(&self, id: &Id) -> Option<&S> {
+        self.map.get(id)
+    }
+    /// Clients in this shard.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    /// Whether the shard has no client.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+impl<Id: ClientId, S: ProcletState + Default> ServiceState for Clients<Id, S> {
+    type Id = Id;
+    fn split(&mut self, upper: &dyn Fn(&Id) -> bool) -> Self {
+        let (up, keep): (BTreeMap<Id, S>, BTreeMap<Id, S>) = std::mem::take(&mut self.map)
+            .into_iter()
+            .partition(|(id, _)| upper(id));
+        self.map = keep;
+        Clients { map: up }
+    }
+    fn merge(&mut self, mut other: Self) {
+        self.map.append(&mut other.map);
+    }
+}
+
+/// A stateful handler: how a call reaches the user's function.
+pub trait Handler<S: ServiceState, Req, Resp>: Copy + Send + Sync + 'static {
+    fn handle(&self, state: &mut S, id: &S::Id, req: Req) -> Resp;
+}
+
+/// A handler of the whole shard state: `f(&mut shard, &id, req)`.
+#[derive(Clone, Copy)]
+pub struct ByShard<F>(F);
+
+impl<S, Req, Resp, F> Handler<S, Req, Resp> for ByShard<F>
+where
+    S: ServiceState,
+    F: Fn(&mut S, &S::Id, Req) -> Resp + Copy + Send + Sync + 'static,
+{
+    fn handle(&self, state: &mut S, id: &S::Id, req: Req) -> Resp {
+        (self.0)(state, id, req)
+    }
+}
+
+/// A handler of one client's state: `f(&mut client_state, req)`.
+#[derive(Clone, Copy)]
+pub struct ByClient<F>(F);
+
+impl<Id, St, Req, Resp, F> Handler<Clients<Id, St>, Req, Resp> for ByClient<F>
+where
+    Id: ClientId,
+    St: ProcletState + Default,
+    F: Fn(&mut St, Req) -> Resp + Copy + Send + Sync + 'static,
+{
+    fn handle(&self, state: &mut Clients<Id, St>, id: &Id, req: Req) -> Resp {
+        (self.0)(state.client(id), req)
+    }
+}
+
+/// The memory half of a compute+memory pair: the state of the clients whose routing
+/// keys are in `lo..hi`. Calls for other keys are turned away unrun (their clients were
+/// handed to another pair, or not yet handed to this one).
+#[derive(Serialize, Deserialize)]
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: DeserializeOwned"))]
+pub struct PairState<S> {
+    lo: u64,
+    /// Exclusive; `u64::MAX + 1` for the last range.
+    hi: u128,
+    state: S,
+}
+
+impl<S> PairState<S> {
+    fn serves(&self, key: u64) -> bool {
+        self.lo <= key && (key as u128) < self.hi
+    }
+}
+
+/// A stateful compute proclet's context: its memory proclet.
 #[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
-pub struct ClientShard<Id: ClientId, State: ProcletState> {
-    clients: BTreeMap<Id, Option<State>>,
+pub struct Pair<S: ServiceState> {
+    mem: Proclet<PairState<S>>,
 }
 
-impl<Id: ClientId, State: ProcletState> Default for ClientShard<Id, State> {
-    fn default() -> Self {
-        ClientShard {
-            clients: BTreeMap::new(),
+impl<S: ServiceState> Clone for Pair<S> {
+    fn clone(&self) -> Self {
+        Pair {
+            mem: self.mem.clone(),
         }
     }
 }
 
-impl<Id: ClientId, State: ProcletState> ClientShard<Id, State> {
-    /// Bytes a client's entry is counted as (for the store's size bounds).
-    const ENTRY: u64 = (std::mem::size_of::<Id>() + std::mem::size_of::<State>() + 64) as u64;
+fn state_error(what: &str, e: impl fmt::Display) -> ServiceError {
+    ServiceError::State(format!("{what}: {e}"))
 }
 
-impl<Id: ClientId, State: ProcletState + Default> Shard for ClientShard<Id, State> {
-    type Key = Id;
+impl<S: ServiceState> Pair<S> {
+    /// Put clients (encoded) and the range end `hi` into this pair's memory proclet.
+    fn absorb(&self, bytes: Vec<u8>, hi: u128) -> Result<(), ServiceError> {
+        self.mem
+            .run(
+                (bytes, hi),
+                |p: &mut PairState<S>, (b, hi): (Vec<u8>, u128)| {
+                    let other: S = postcard::from_bytes(&b).map_err(|e| e.to_string())?;
+                    p.state.merge(other);
+                    p.hi = p.hi.max(hi);
+                    Ok::<(), String>(())
+                },
+            )?
+            .map_err(|e| state_error("decoding clients handed over", e))
+    }
+}
 
-    fn split(&mut self) -> Option<(Id, Self)> {
-        let mid = self.clients.keys().nth(self.clients.len() / 2)?.clone();
-        if Some(&mid) == self.clients.keys().next() {
-            return None;
+impl<S: ServiceState> crate::pool::Context for Pair<S> {
+    const SERIAL: bool = true;
+
+    fn split(&self, mid: u64, node: Option<NodeId>) -> Result<Option<Self>, ServiceError> {
+        // The new memory proclet first, serving nothing yet, on the new worker's node.
+        let mut b = Proclet::builder(Kind::Memory);
+        if let Some(n) = node {
+            b = b.on(n);
         }
-        let right = self.clients.split_off(&mid);
-        Some((mid, ClientShard { clients: right }))
+        let mem = b.create(mid, |mid: u64| PairState {
+            lo: mid,
+            hi: mid as u128,
+            state: S::default(),
+        })?;
+        let new = Pair { mem };
+        // Then the upper clients leave the old one (which stops serving their keys in the
+        // same step), encoded, so a failed hand-over can give them back.
+        let taken = self.mem.run(mid, |p: &mut PairState<S>, mid: u64| {
+            if mid <= p.lo || mid as u128 >= p.hi {
+                return Err(format!("{mid} is not inside {}..{}", p.lo, p.hi));
+            }
+            let up = p.state.split(&|id: &S::Id| routing_key(id) >= mid);
+            let bytes = postcard::to_allocvec(&up).map_err(|e| e.to_string());
+            match bytes {
+                Ok(b) => {
+                    let hi = p.hi;
+                    p.hi = mid as u128;
+                    Ok((b, hi))
+                }
+                Err(e) => {
+                    p.state.merge(up);
+                    Err(e)
+                }
+            }
+        });
+        let (bytes, hi) = match taken {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                let _ = new.mem.destroy();
+                return Err(state_error("splitting the clients", e));
+            }
+            Err(e) => {
+                let _ = new.mem.destroy();
+                return Err(e.into());
+            }
+        };
+        if let Err(e) = new.absorb(bytes.clone(), hi) {
+            // Back where they were.
+            self.absorb(bytes, hi)?;
+            let _ = new.mem.destroy();
+            return Err(e);
+        }
+        Ok(Some(new))
     }
 
-    fn merge(&mut self, mut right: Self) {
-        self.clients.append(&mut right.clients);
+    fn merge(&self, right: &Self) -> Result<(), ServiceError> {
+        let taken = right.mem.run((), |p: &mut PairState<S>, ()| {
+            let all = std::mem::take(&mut p.state);
+            match postcard::to_allocvec(&all) {
+                Ok(b) => {
+                    let hi = p.hi;
+                    p.hi = p.lo as u128;
+                    Ok((b, hi))
+                }
+                Err(e) => {
+                    p.state = all;
+                    Err(e.to_string())
+                }
+            }
+        })?;
+        let (bytes, hi) = taken.map_err(|e| state_error("taking the clients to merge", e))?;
+        if let Err(e) = self.absorb(bytes.clone(), hi) {
+            right.absorb(bytes, hi)?;
+            return Err(e);
+        }
+        Ok(())
     }
 
-    fn footprint(&self) -> u64 {
-        Self::ENTRY * self.clients.len() as u64
+    fn release(&self) -> Result<(), ServiceError> {
+        match self.mem.destroy() {
+            Ok(()) | Err(CallError::ProcletGone(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
-type Store<Id, State> = AutoSharder<ClientShard<Id, State>>;
-
-/// A stateful service (see the [module docs](self)).
-pub struct StatefulService<Id: ClientId, State: ProcletState + Default, Req, Resp> {
-    common: Common<Store<Id, State>>,
-    invoke: Invoke<Id, Req, Resp>,
-    store: Store<Id, State>,
+/// A stateful service (see the [module docs](self)): started with
+/// [`StatefulService::start`] or [`ServiceBuilder::stateful`] (a state per client), or
+/// [`ServiceBuilder::stateful_sharded`] (your own [`ServiceState`] with its split and
+/// merge).
+pub struct StatefulService<S: ServiceState, Req, Resp> {
+    common: Common<Pair<S>>,
+    invoke: Invoke<S::Id, Req, Resp>,
 }
 
-impl<Id: ClientId, State: ProcletState + Default, Req, Resp> fmt::Debug
-    for StatefulService<Id, State, Req, Resp>
-{
+impl<S: ServiceState, Req, Resp> fmt::Debug for StatefulService<S, Req, Resp> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StatefulService")
             .field("name", &self.common.name)
@@ -513,54 +747,124 @@ impl<Id: ClientId, State: ProcletState + Default, Req, Resp> fmt::Debug
     }
 }
 
-impl<Id, State, Req, Resp> StatefulService<Id, State, Req, Resp>
+impl<Id, St, Req, Resp> StatefulService<Clients<Id, St>, Req, Resp>
 where
-    Id: ClientId,
-    State: ProcletState + Default + Clone,
+    Id: ClientId + DeserializeOwned,
+    St: ProcletState + Default + Clone,
     Req: Wire + Clone + Sync,
     Resp: Wire,
 {
-    /// Start a service named `name` with default options (see [`ServiceBuilder`]).
+    /// Start a service named `name` with default options, with a state per client (see
+    /// [`ServiceBuilder::stateful`]).
     pub fn start<F>(name: impl Into<String>, handler: F) -> Result<Self, ServiceError>
     where
-        F: Fn(&mut State, Req) -> Resp + Copy + Send + Sync + 'static,
+        F: Fn(&mut St, Req) -> Resp + Copy + Send + Sync + 'static,
     {
         ServiceBuilder::new(name).stateful(handler)
     }
 
+    /// A copy of client `id`'s state (`None` if it never called).
+    pub fn client_state(&self, id: &Id) -> Result<Option<St>, ServiceError> {
+        self.read(id, |c: &Clients<Id, St>, id: &Id| c.get(id).cloned())
+    }
+}
+
+impl<S, Req, Resp> StatefulService<S, Req, Resp>
+where
+    S: ServiceState,
+    Req: Wire + Clone + Sync,
+    Resp: Wire,
+{
     /// Call the service for client `id`.
-    pub fn call(&self, id: Id, req: Req) -> Result<Resp, ServiceError> {
+    pub fn call(&self, id: S::Id, req: Req) -> Result<Resp, ServiceError> {
         granule_runtime::block_on(self.call_async(id, req))
     }
 
     /// [`StatefulService::call`] as a future (starts when first polled).
-    pub fn call_async(&self, id: Id, req: Req) -> BoxFuture<'static, Result<Resp, ServiceError>> {
+    pub fn call_async(
+        &self,
+        id: S::Id,
+        req: Req,
+    ) -> BoxFuture<'static, Result<Resp, ServiceError>> {
         (self.invoke)(id, req)
     }
 
-    /// A copy of client `id`'s state (`None` if it never called, or a call of it is in
-    /// progress right now).
-    pub fn client_state(&self, id: &Id) -> Result<Option<State>, ServiceError> {
-        Ok(self
-            .store
-            .route_ref(id, id.clone(), |s: &ClientShard<Id, State>, id: Id| {
-                s.clients.get(&id).cloned().flatten()
-            })?)
+    /// Run `f(&shard_state, &id)` on the state of the pair serving client `id`, between
+    /// calls (`f` captures nothing).
+    pub fn read<R, F>(&self, id: &S::Id, f: F) -> Result<R, ServiceError>
+    where
+        R: Wire,
+        F: Fn(&S, &S::Id) -> R + Copy + Send + Sync + 'static,
+    {
+        let key = routing_key(id);
+        let started = Instant::now();
+        loop {
+            // The pair serving the key per the scaler's table, then its memory half.
+            let worker = self
+                .common
+                .scaler
+                .worker_for(key)
+                .ok_or(ServiceError::Unmapped)?;
+            let pair = match worker.run_ref((), |w: &Worker<Pair<S>>, ()| w.ctx.clone()) {
+                Ok(p) => Some(p),
+                Err(CallError::ProcletGone(_)) => None,
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(pair) = pair {
+                let r = pair.mem.run_ref_with(
+                    (key, id.clone()),
+                    f,
+                    |p: &PairState<S>, (key, id): (u64, S::Id), f: &F| {
+                        p.serves(key).then(|| f(&p.state, &id))
+                    },
+                );
+                match r {
+                    Ok(Some(v)) => return Ok(v),
+                    Ok(None) | Err(CallError::ProcletGone(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if started.elapsed() > LEASE_PATIENCE {
+                return Err(ServiceError::Stuck);
+            }
+            pause(Duration::from_micros(200));
+        }
     }
 
-    /// The client-state shards: how many there are now.
-    pub fn store_shards(&self) -> Result<usize, ServiceError> {
-        Ok(self.store.shards()?.len())
+    /// The compute+memory pairs now, in routing-key order: each compute proclet with its
+    /// memory proclet (both with their nodes), from one consistent view.
+    pub fn pairs(&self) -> Result<Vec<(WorkerInfo, WorkerInfo)>, ServiceError> {
+        Ok(self
+            .common
+            .scaler
+            .contexts()?
+            .into_iter()
+            .map(|(c, pair)| {
+                let m = WorkerInfo {
+                    lo: c.lo,
+                    id: pair.mem.id(),
+                    node: pair.mem.location().ok(),
+                };
+                (c, m)
+            })
+            .collect())
     }
 
     common_methods!();
 
     /// Remove the service from every front door and destroy its proclets and state.
     pub fn destroy(self) -> Result<(), ServiceError> {
-        self.common.destroy()?;
-        self.store.destroy()?;
-        Ok(())
+        self.common.destroy()
     }
+}
+
+/// How long [`StatefulService::read`] keeps looking for a client's pair while splits
+/// and merges move it.
+const LEASE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Sleep without holding the node's worker.
+fn pause(d: Duration) {
+    granule_runtime::block_on(async move { tokio::time::sleep(d).await });
 }
 
 /// A client id's routing key: a hash of its encoding (the same in every process of the
@@ -580,117 +884,109 @@ pub fn routing_key<Id: Serialize>(id: &Id) -> u64 {
     h ^ (h >> 31)
 }
 
-async fn call_stateful<Id, State, Req, Resp, F>(
-    pool: &Pool<Store<Id, State>>,
-    id: Id,
+/// What a pair's memory proclet answers.
+#[derive(Serialize, Deserialize)]
+enum PairReply<R, A> {
+    /// The handler ran: its result (or panic message).
+    Ran(Result<R, String>),
+    /// This pair does not serve the key (any more, or yet): nothing ran.
+    NotHere(A),
+}
+
+/// The call on a pair's memory proclet: check the key, run the handler on the shard's
+/// state.
+#[allow(clippy::type_complexity)]
+fn on_pair<S, Req, Resp, H>(
+    p: &mut PairState<S>,
+    (key, id, req): (u64, S::Id, Req),
+    h: &H,
+) -> PairReply<Resp, (u64, S::Id, Req)>
+where
+    S: ServiceState,
+    H: Handler<S, Req, Resp>,
+{
+    if !p.serves(key) {
+        return PairReply::NotHere((key, id, req));
+    }
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        h.handle(&mut p.state, &id, req)
+    }))
+    .map_err(|p| {
+        p.downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "the handler panicked".into())
+    });
+    PairReply::Ran(r)
+}
+
+/// The wrapper a stateful call runs in on a compute proclet: the handler runs on the
+/// state in the worker's memory proclet (next to it, so in line on this thread, unless
+/// memory pressure moved it away). The load charged is the time the call held or waited
+/// for the pair's state (see [`ScaleConfig::split_busy`]).
+#[allow(clippy::type_complexity)]
+fn stateful_via<S, Req, Resp, H>(
+    w: &Worker<Pair<S>>,
+    arg: (u64, S::Id, Req),
+    h: &H,
+) -> Result<Result<Resp, String>, (u64, S::Id, Req)>
+where
+    S: ServiceState,
+    Req: Wire,
+    Resp: Wire,
+    H: Handler<S, Req, Resp>,
+{
+    let t = Instant::now();
+    match w.ctx.mem.run_with(arg, *h, on_pair::<S, Req, Resp, H>) {
+        Ok(PairReply::Ran(r)) => {
+            w.charge(t.elapsed().as_nanos() as u64);
+            Ok(r)
+        }
+        Ok(PairReply::NotHere(a)) => Err(a),
+        Err(e) => Ok(Err(format!("the service's state: {e}"))),
+    }
+}
+
+async fn call_stateful<S, Req, Resp, H>(
+    pool: &Pool<Pair<S>>,
+    id: S::Id,
     req: Req,
-    f: F,
+    h: H,
 ) -> Result<Resp, ServiceError>
 where
-    Id: ClientId,
-    State: ProcletState + Default + Clone,
+    S: ServiceState,
     Req: Wire + Clone + Sync,
     Resp: Wire,
-    F: Fn(&mut State, Req) -> Resp + Copy + Send + Sync + 'static,
+    H: Handler<S, Req, Resp>,
 {
     let key = routing_key(&id);
-    pool.call(key, (id, req), f, stateful_via::<Id, State, Req, Resp, F>)
+    pool.call(key, (key, id, req), h, stateful_via::<S, Req, Resp, H>)
         .await?
         .map_err(ServiceError::State)
 }
 
-/// How long a call waits for its client's state while another call of the same client
-/// holds it.
-const LEASE_PATIENCE: Duration = Duration::from_secs(30);
-
-/// Sleep without holding the node's worker.
-fn pause(d: Duration) {
-    granule_runtime::block_on(async move { tokio::time::sleep(d).await });
-}
-
-/// The wrapper a stateful call runs in on a compute proclet: check the client's state
-/// out of the store, run the handler on it, check it back in.
-fn stateful_via<Id, State, Req, Resp, F>(
-    w: &Worker<Store<Id, State>>,
-    (id, req): (Id, Req),
-    f: &F,
-) -> Result<Resp, String>
-where
-    Id: ClientId,
-    State: ProcletState + Default + Clone,
-    F: Fn(&mut State, Req) -> Resp,
-{
-    let store = &w.ctx;
-    let started = Instant::now();
-    let mut wait = Duration::from_micros(20);
-    let mut state = loop {
-        let got = store.route(
-            &id,
-            Hint::Grow,
-            id.clone(),
-            |s: &mut ClientShard<Id, State>, id: Id| {
-                s.clients
-                    .entry(id)
-                    .or_insert_with(|| Some(State::default()))
-                    .take()
-            },
-        );
-        match got {
-            Ok(Some(s)) => break s,
-            Ok(None) => {
-                if started.elapsed() > LEASE_PATIENCE {
-                    return Err(format!(
-                        "client {id:?}: its state stayed checked out for {LEASE_PATIENCE:?}"
-                    ));
-                }
-                pause(wait);
-                wait = (wait * 2).min(Duration::from_millis(2));
-            }
-            Err(e) => return Err(format!("client {id:?}: checking its state out: {e}")),
-        }
-    };
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        w.timed(|| f(&mut state, req))
-    }));
-    // The state goes back whatever the handler did (a panic leaves what it left).
-    let back = store.route(
-        &id,
-        Hint::Same,
-        (id.clone(), state),
-        |s: &mut ClientShard<Id, State>, (id, st): (Id, State)| {
-            s.clients.insert(id, Some(st));
-        },
-    );
-    match r {
-        Ok(resp) => back
-            .map(|()| resp)
-            .map_err(|e| format!("client {id:?}: checking its state back in: {e}")),
-        Err(p) => std::panic::resume_unwind(p),
-    }
-}
-
 /// Install a stateful service in this node's front door (runs on the node's door).
-fn install_stateful<Id, State, Req, Resp, F>(
+fn install_stateful<S, Req, Resp, H>(
     door: &Door,
-    (pool, ip, port): (Pool<Store<Id, State>>, Option<IpAddr>, u16),
-    f: &F,
+    (pool, ip, port): (Pool<Pair<S>>, Option<IpAddr>, u16),
+    h: &H,
 ) -> Result<SocketAddr, String>
 where
-    Id: ClientId + DeserializeOwned,
-    State: ProcletState + Default + Clone,
+    S: ServiceState,
+    S::Id: DeserializeOwned,
     Req: Wire + Clone + Sync,
     Resp: Wire,
-    F: Fn(&mut State, Req) -> Resp + Copy + Send + Sync + 'static,
+    H: Handler<S, Req, Resp>,
 {
-    let f = *f;
+    let h = *h;
     let (key, node_ip) = node_key()?;
     let dispatch: Dispatch = Arc::new(move |id: Option<String>, body| {
         let pool = pool.clone();
         Box::pin(async move {
             let id = id.ok_or_else(|| HttpError::NotFound("a client id is needed".into()))?;
-            let id: Id = parse_id(&id)?;
+            let id: S::Id = parse_id(&id)?;
             let req: Req = parse_body(&body)?;
-            let resp = call_stateful(&pool, id, req, f)
+            let resp = call_stateful(&pool, id, req, h)
                 .await
                 .map_err(|e| HttpError::Unavailable(e.to_string()))?;
             encode(&resp)
@@ -720,22 +1016,41 @@ mod tests {
     }
 
     #[test]
-    fn client_shards_split_at_the_median_and_merge_back() {
-        let mut s = ClientShard::<u64, u64>::default();
-        assert!(s.split().is_none());
+    fn clients_split_by_the_predicate_and_merge_back() {
+        let mut s = Clients::<u64, u64>::default();
         for i in 0..10 {
-            s.clients.insert(i, Some(i * 10));
+            *s.client(&i) = i * 10;
         }
-        s.clients.insert(10, None); // checked out
-        let fp = s.footprint();
-        let (k, right) = s.split().unwrap();
-        assert_eq!(k, 5);
-        assert_eq!(s.clients.len(), 5);
-        assert_eq!(right.clients.len(), 6);
-        assert_eq!(right.clients.get(&10), Some(&None));
-        s.merge(right);
-        assert_eq!(s.footprint(), fp);
-        assert_eq!(s.clients.get(&9), Some(&Some(90)));
+        let right = ServiceState::split(&mut s, &|id: &u64| *id >= 6);
+        assert_eq!(s.len(), 6);
+        assert_eq!(right.len(), 4);
+        assert_eq!(right.get(&9), Some(&90));
+        assert_eq!(s.get(&9), None);
+        ServiceState::merge(&mut s, right);
+        assert_eq!(s.len(), 10);
+        assert_eq!(s.get(&9), Some(&90));
+        // By routing key, as the service splits: every client lands on exactly one side.
+        let mid = 1u64 << 63;
+        let up = ServiceState::split(&mut s, &|id: &u64| routing_key(id) >= mid);
+        assert_eq!(up.len() + s.len(), 10);
+        assert!(up.map.keys().all(|id| routing_key(id) >= mid));
+        assert!(s.map.keys().all(|id| routing_key(id) < mid));
+    }
+
+    #[test]
+    fn a_pair_serves_exactly_its_range() {
+        let p = PairState {
+            lo: 10,
+            hi: 20,
+            state: (),
+        };
+        assert!(!p.serves(9) && p.serves(10) && p.serves(19) && !p.serves(20));
+        let top = PairState {
+            lo: 0,
+            hi: u64::MAX as u128 + 1,
+            state: (),
+        };
+        assert!(top.serves(0) && top.serves(u64::MAX));
     }
 
     #[test]
