@@ -251,6 +251,7 @@ async fn join(addr: &str, fake_addr: String) -> Result<(ControllerClient, NodeId
             BINARY,
             PROGRAM.to_string(),
             None,
+            None,
         )
         .await
         .context("the controller refused a load client's registration")?;
@@ -320,7 +321,7 @@ async fn lane(
                 let t = Instant::now();
                 client
                     .ctl
-                    .heartbeat(client.node, Usage::default())
+                    .heartbeat(client.node, Usage::default(), Vec::new())
                     .await
                     .context("Heartbeat failed")?;
                 lat.record(t.elapsed());

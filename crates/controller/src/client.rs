@@ -3,7 +3,7 @@
 use crate::ControllerError;
 use granule_transport::{Connection, Handler, Identity, TransportConfig, TransportError};
 use granule_wire::{
-    BinaryHash, CgroupPaths, Kind, Location, MoveStats, Msg, NodeId, NodeInfo, NodeSpec, ProcletId,
+    BinaryHash, CgroupPaths, ClusterEvent, Kind, Location, MoveStats, Msg, NodeId, NodeInfo, NodeSpec, ProcletId,
     RemoteError, Resource, Role, Usage,
 };
 use std::ops::Range;
@@ -121,6 +121,7 @@ impl ControllerClient {
         binary: BinaryHash,
         program: String,
         cgroups: Option<CgroupPaths>,
+        metrics_addr: Option<String>,
     ) -> Result<Registration, ControllerError> {
         let msg = Msg::Register {
             role,
@@ -130,6 +131,7 @@ impl ControllerClient {
             binary: Some(binary),
             program,
             cgroups,
+            metrics_addr,
         };
         match self.call(&msg).await? {
             Msg::Registered {
@@ -145,9 +147,22 @@ impl ControllerClient {
         }
     }
 
-    /// Report resource use; returns the controller's membership version.
-    pub async fn heartbeat(&self, node: NodeId, usage: Usage) -> Result<u64, ControllerError> {
-        match self.call(&Msg::Heartbeat { node, usage }).await? {
+    /// Report resource use and the events since the last heartbeat; returns the
+    /// controller's membership version.
+    pub async fn heartbeat(
+        &self,
+        node: NodeId,
+        usage: Usage,
+        events: Vec<ClusterEvent>,
+    ) -> Result<u64, ControllerError> {
+        match self
+            .call(&Msg::Heartbeat {
+                node,
+                usage,
+                events,
+            })
+            .await?
+        {
             Msg::HeartbeatAck { members_version } => Ok(members_version),
             m => Err(Self::unexpected(m)),
         }
@@ -221,6 +236,14 @@ impl ControllerClient {
     pub async fn list_nodes(&self) -> Result<Vec<NodeInfo>, ControllerError> {
         match self.call(&Msg::ListNodes).await? {
             Msg::Nodes(n) => Ok(n),
+            m => Err(Self::unexpected(m)),
+        }
+    }
+
+    /// The controller's recent events numbered above `after`, oldest first.
+    pub async fn events(&self, after: u64, limit: u32) -> Result<Vec<ClusterEvent>, ControllerError> {
+        match self.call(&Msg::Events { after, limit }).await? {
+            Msg::EventList(e) => Ok(e),
             m => Err(Self::unexpected(m)),
         }
     }

@@ -7,6 +7,11 @@
 //! is not on the path of proclet calls: nodes cache locations and only ask the controller
 //! when a cached location turns out stale.
 //!
+//! Operators see it through HTTP (module `http`): a live dashboard page, the JSON it
+//! polls (`/api/cluster`: nodes, structures, recent events) and Prometheus `/metrics`.
+//! It keeps the most recent cluster events (moves, splits, merges, nodes joining and
+//! dying) that hosts send with their heartbeats.
+//!
 //! It runs embedded in a driver ([`ControllerHandle::start`]) or standalone
 //! (`granule controller --listen ADDR`, [`run_standalone`]). Nodes and tools talk to it
 //! through [`ControllerClient`].
@@ -18,10 +23,12 @@
 #![forbid(unsafe_code)]
 
 mod client;
+mod http;
 mod server;
 mod state;
 
 pub use client::{ControllerClient, Registration};
+pub use http::{structures, ClusterView, StructureView};
 pub use server::{run_standalone, ControllerHandle};
 pub use state::{ControllerConfig, PlaceError, RegisterError, State};
 

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 /// Shared by the request handler, the failure sweeper and the handle.
 pub(crate) struct Inner {
-    state: Mutex<State>,
+    pub(crate) state: Mutex<State>,
     /// Registered hosts' connections, by node.
     hosts: Mutex<HashMap<NodeId, Arc<Connection>>>,
     /// Which node a connection registered as (keyed by the connection's unique id).
@@ -102,6 +102,7 @@ impl Inner {
                 binary,
                 program,
                 cgroups,
+                metrics_addr,
             } => {
                 if host.is_some() {
                     return Err(RemoteError::Protocol("already registered".into()));
@@ -112,6 +113,9 @@ impl Inner {
                     .register(role, spec, addr, pid, binary, &program, now);
                 if let (Ok(node), Some(c)) = (&r, cgroups) {
                     self.state.lock().set_cgroups(*node, c);
+                }
+                if let Ok(node) = &r {
+                    self.state.lock().set_metrics_addr(*node, metrics_addr);
                 }
                 match r {
                     Ok(node) => {
@@ -138,14 +142,18 @@ impl Inner {
                     }
                 }
             }
-            Msg::Heartbeat { node, usage } => {
+            Msg::Heartbeat {
+                node,
+                usage,
+                events,
+            } => {
                 if need_host()? != node {
                     return Err(RemoteError::Unauthorized(
                         "heartbeat for another node".into(),
                     ));
                 }
                 let mut st = self.state.lock();
-                if st.heartbeat(node, usage, now) {
+                if st.heartbeat(node, usage, events, now) {
                     Ok(Msg::HeartbeatAck {
                         members_version: st.members_version(),
                     })
@@ -196,6 +204,11 @@ impl Inner {
                 Ok(Msg::Done)
             }
             Msg::ListNodes => Ok(Msg::Nodes(self.state.lock().list(now))),
+            Msg::Events { after, limit } => Ok(Msg::EventList(
+                self.state
+                    .lock()
+                    .events_after(after, (limit as usize).min(crate::state::EVENT_LOG)),
+            )),
             Msg::Propose {
                 from,
                 resource,
@@ -332,6 +345,7 @@ impl Handler for ControllerHandler {
 /// A running controller. Dropping the handle does not stop it; call [`ControllerHandle::shutdown`].
 pub struct ControllerHandle {
     addr: SocketAddr,
+    dashboard: Option<SocketAddr>,
     inner: Arc<Inner>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -352,14 +366,21 @@ impl ControllerHandle {
             .block_on(Listener::bind(listen))
             .map_err(|e| ControllerError::Io(e.to_string()))?;
         let addr = listener.local_addr();
+        let http = config
+            .dashboard
+            .as_deref()
+            .map(crate::http::bind)
+            .transpose()?;
+        let dashboard = http.as_ref().and_then(|l| l.local_addr().ok());
         let inner = new_inner(config);
         let run = inner.clone();
         let thread = std::thread::Builder::new()
             .name("granule-controller".into())
-            .spawn(move || rt.block_on(run_controller(listener, run)))
+            .spawn(move || rt.block_on(run_controller(listener, http, run)))
             .map_err(|e| ControllerError::Io(format!("cannot start the controller thread: {e}")))?;
         Ok(ControllerHandle {
             addr,
+            dashboard,
             inner,
             thread: Some(thread),
         })
@@ -368,6 +389,17 @@ impl ControllerHandle {
     /// The address nodes and tools connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where the dashboard, `/api/cluster` and the controller's `/metrics` are served
+    /// (`None` when [`ControllerConfig::dashboard`] is off).
+    pub fn dashboard_addr(&self) -> Option<SocketAddr> {
+        self.dashboard
+    }
+
+    /// The dashboard's URL, e.g. `http://127.0.0.1:41234/`.
+    pub fn dashboard_url(&self) -> Option<String> {
+        self.dashboard.map(|a| format!("http://{a}/"))
     }
 
     /// The cluster is being torn down: nodes leaving from now on are expected, not
@@ -420,7 +452,11 @@ fn new_inner(config: ControllerConfig) -> Arc<Inner> {
     })
 }
 
-async fn run_controller(listener: Listener, inner: Arc<Inner>) {
+async fn run_controller(
+    listener: Listener,
+    http: Option<std::net::TcpListener>,
+    inner: Arc<Inner>,
+) {
     let identity = Arc::new(Identity::tool(Role::Controller, "granule-controller"));
     let tconfig = Arc::new(TransportConfig::default());
     let handler: Arc<dyn Handler> = Arc::new(ControllerHandler(inner.clone()));
@@ -443,9 +479,19 @@ async fn run_controller(listener: Listener, inner: Arc<Inner>) {
                 .prune_dead(Instant::now(), DEAD_NODE_RETENTION);
         }
     };
+    let dashboard = {
+        let inner = inner.clone();
+        async move {
+            match http {
+                Some(l) => crate::http::serve(l, inner).await,
+                None => std::future::pending().await,
+            }
+        }
+    };
     tokio::select! {
         _ = serve(listener, identity, tconfig, handler) => {}
         _ = sweeper => {}
+        _ = dashboard => std::future::pending().await,
         _ = inner.stop.notified() => {}
     }
 }
@@ -458,6 +504,14 @@ pub async fn run_standalone(listen: &str, config: ControllerConfig) -> Result<()
         .map_err(|e| ControllerError::Io(e.to_string()))?;
     tracing::info!("controller listening on {}", listener.local_addr());
     println!("granule controller listening on {}", listener.local_addr());
-    run_controller(listener, new_inner(config)).await;
+    let http = config
+        .dashboard
+        .as_deref()
+        .map(crate::http::bind)
+        .transpose()?;
+    if let Some(a) = http.as_ref().and_then(|l| l.local_addr().ok()) {
+        println!("granule dashboard: http://{a}/ (metrics: http://{a}/metrics)");
+    }
+    run_controller(listener, http, new_inner(config)).await;
     Ok(())
 }

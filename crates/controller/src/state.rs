@@ -17,10 +17,10 @@
 //! runs the application's own thread; a proclet can still be put there by naming it).
 
 use granule_wire::{
-    BinaryHash, CgroupPaths, Epoch, Kind, Location, NodeId, NodeInfo, NodeSpec, NodeState,
-    ProcletId, Resource, Role, Usage,
+    BinaryHash, CgroupPaths, ClusterEvent, Epoch, EventKind, Kind, Location, NodeId, NodeInfo,
+    NodeSpec, NodeState, ProcletId, Resource, Role, Usage,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// Cores assumed taken by each compute proclet placed since a node's last heartbeat.
@@ -42,6 +42,10 @@ pub struct ControllerConfig {
     pub failure_timeout: Duration,
     /// Largest id block handed out at once.
     pub max_id_block: u32,
+    /// Where to serve the dashboard, `/api/cluster` and the controller's `/metrics`
+    /// (`IP:PORT`; port 0 picks a free one). `None`: no HTTP side. Default
+    /// `127.0.0.1:0`, or `GRANULE_DASHBOARD` when set (`off` turns it off).
+    pub dashboard: Option<String>,
 }
 
 impl Default for ControllerConfig {
@@ -50,6 +54,11 @@ impl Default for ControllerConfig {
             heartbeat: Duration::from_millis(100),
             failure_timeout: Duration::from_millis(1000),
             max_id_block: 1 << 16,
+            dashboard: match std::env::var("GRANULE_DASHBOARD") {
+                Ok(v) if v == "off" => None,
+                Ok(v) if !v.is_empty() => Some(v),
+                _ => Some("127.0.0.1:0".into()),
+            },
         }
     }
 }
@@ -97,7 +106,13 @@ pub struct State {
     next_proclet: u64,
     locations: HashMap<ProcletId, (NodeId, Epoch, Kind)>,
     members_version: u64,
+    /// The most recent cluster events (at most [`EVENT_LOG`]), oldest first.
+    events: VecDeque<ClusterEvent>,
+    next_event: u64,
 }
+
+/// How many recent events the controller keeps for the dashboard and `granule top`.
+pub const EVENT_LOG: usize = 2000;
 
 impl State {
     pub fn new(config: ControllerConfig) -> Self {
@@ -109,6 +124,8 @@ impl State {
             next_proclet: 1,
             locations: HashMap::new(),
             members_version: 1,
+            events: VecDeque::new(),
+            next_event: 1,
         }
     }
 
@@ -171,6 +188,7 @@ impl State {
                     state: NodeState::Alive,
                     last_seen_ms: 0,
                     cgroups: None,
+                    metrics_addr: None,
                 },
                 last_seen: now,
                 provisional_cores: 0.0,
@@ -179,18 +197,62 @@ impl State {
             },
         );
         self.members_version += 1;
+        let mut e = ClusterEvent::now(EventKind::NodeJoined, id, format!("{role:?} {id}"));
+        e.detail = format!("cpu={} mem={} MiB", spec.cores, spec.mem_bytes >> 20);
+        self.record(e);
         Ok(id)
+    }
+
+    /// Where a node serves its metrics.
+    pub fn set_metrics_addr(&mut self, node: NodeId, addr: Option<String>) {
+        if let Some(e) = self.nodes.get_mut(&node) {
+            e.info.metrics_addr = addr;
+        }
+    }
+
+    /// Keep an event (numbering it); the oldest is dropped past [`EVENT_LOG`].
+    pub fn record(&mut self, mut e: ClusterEvent) {
+        e.seq = self.next_event;
+        self.next_event += 1;
+        if self.events.len() == EVENT_LOG {
+            self.events.pop_front();
+        }
+        self.events.push_back(e);
+    }
+
+    /// Kept events numbered above `after`, oldest first, at most `limit`.
+    pub fn events_after(&self, after: u64, limit: usize) -> Vec<ClusterEvent> {
+        // Sequence numbers are consecutive: skip straight to the first one wanted.
+        let first = self.events.front().map_or(0, |e| e.seq);
+        let skip = after.saturating_add(1).saturating_sub(first) as usize;
+        self.events.iter().skip(skip).take(limit).cloned().collect()
+    }
+
+    /// The number the next event will get.
+    pub fn next_event_seq(&self) -> u64 {
+        self.next_event
     }
 
     /// Record a heartbeat. Returns false if the node is unknown or already declared dead
     /// (it must then leave: its proclets are considered lost).
-    pub fn heartbeat(&mut self, node: NodeId, usage: Usage, now: Instant) -> bool {
+    pub fn heartbeat(
+        &mut self,
+        node: NodeId,
+        usage: Usage,
+        events: Vec<ClusterEvent>,
+        now: Instant,
+    ) -> bool {
         match self.nodes.get_mut(&node) {
             Some(e) if e.info.state == NodeState::Alive => {
                 e.info.usage = usage;
                 e.last_seen = now;
                 e.provisional_cores = 0.0;
                 e.provisional_mem = 0;
+                for mut ev in events {
+                    // A host reports only what happened to it.
+                    ev.node = node;
+                    self.record(ev);
+                }
                 true
             }
             _ => false,
@@ -431,6 +493,8 @@ impl State {
             Some(e) if e.info.state == NodeState::Alive => {
                 e.info.state = NodeState::Dead;
                 self.members_version += 1;
+                let subject = format!("{:?} {node}", e.info.role);
+                self.record(ClusterEvent::now(EventKind::NodeDown, node, subject));
                 true
             }
             _ => false,
@@ -562,13 +626,13 @@ mod tests {
                 cores_busy: 1.9,
                 mem_used: 0,
                 ..Default::default()
-            },
+            }, Vec::new(),
             now,
         );
         assert_eq!(s.place(ProcletId(2), Kind::Compute, 0).unwrap().node, a);
         // Placements since the last heartbeat count provisionally: compute spreads.
-        s.heartbeat(a, Usage::default(), now);
-        s.heartbeat(b, Usage::default(), now);
+        s.heartbeat(a, Usage::default(), Vec::new(), now);
+        s.heartbeat(b, Usage::default(), Vec::new(), now);
         let picks: Vec<NodeId> = (10..16)
             .map(|i| s.place(ProcletId(i), Kind::Compute, 0).unwrap().node)
             .collect();
@@ -587,7 +651,7 @@ mod tests {
         let (_, alive) = s.locate(ProcletId(7)).unwrap();
         assert!(!alive);
         assert!(
-            !s.heartbeat(l.node, Usage::default(), now),
+            !s.heartbeat(l.node, Usage::default(), Vec::new(), now),
             "a dead node is fenced"
         );
     }
@@ -637,5 +701,33 @@ mod tests {
         let a = reg(&mut s, Role::Node, 1.0, GIB, now);
         let later = now + Duration::from_secs(5);
         assert_eq!(s.overdue(later), vec![a]);
+    }
+
+    #[test]
+    fn events_are_numbered_kept_in_order_and_bounded() {
+        let (mut s, now) = st();
+        let a = reg(&mut s, Role::Node, 1.0, GIB, now);
+        // Registration itself is an event.
+        let joined = s.events_after(0, 10);
+        assert_eq!(joined.len(), 1);
+        assert_eq!(joined[0].kind, EventKind::NodeJoined);
+        let mut moved = ClusterEvent::now(EventKind::Migration, NodeId(99), "p7");
+        moved.to = Some(NodeId(3));
+        assert!(s.heartbeat(a, Usage::default(), vec![moved], now));
+        let after = s.events_after(joined[0].seq, 10);
+        assert_eq!(after.len(), 1);
+        assert_eq!(after[0].seq, joined[0].seq + 1);
+        assert_eq!(after[0].node, a, "the reporting host is the event's node");
+        for i in 0..EVENT_LOG + 5 {
+            s.record(ClusterEvent::now(EventKind::Split, a, format!("x{i}")));
+        }
+        let all = s.events_after(0, usize::MAX);
+        assert_eq!(all.len(), EVENT_LOG);
+        assert!(all.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+        assert_eq!(all.last().unwrap().seq + 1, s.next_event_seq());
+        let tail = s.events_after(all.last().unwrap().seq - 2, 100);
+        assert_eq!(tail.len(), 2);
+        assert!(s.mark_dead(a));
+        assert_eq!(s.events_after(0, usize::MAX).last().unwrap().kind, EventKind::NodeDown);
     }
 }

@@ -158,6 +158,7 @@ mod tests {
             state: NodeState::Alive,
             last_seen_ms: 7,
             cgroups: None,
+            metrics_addr: None,
         };
         let t = node_table(std::slice::from_ref(&n));
         assert!(t.contains("900.0 MiB/1.0 GiB (cgroup)"), "{t}");

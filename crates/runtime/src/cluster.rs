@@ -258,6 +258,13 @@ impl Cluster {
         self.node.as_ref().map(|n| n.inner.id).unwrap_or(NodeId(0))
     }
 
+    /// The dashboard's URL (`http://IP:PORT/`; it also serves `/api/cluster` and the
+    /// controller's `/metrics`), when this cluster's controller is embedded here and
+    /// serves one (see `GRANULE_DASHBOARD`).
+    pub fn dashboard_url(&self) -> Option<String> {
+        self.controller.as_ref().and_then(|c| c.dashboard_url())
+    }
+
     /// The controller's address (give it to `granule node --controller` or
     /// `GRANULE_CONTROLLER` to add machines).
     pub fn controller_addr(&self) -> &str {

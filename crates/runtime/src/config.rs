@@ -12,6 +12,7 @@
 //! | `GRANULE_CGROUPS` | `auto`: cgroup v1 limits for embedded nodes when usable; `off`: none | `auto` |
 //! | `GRANULE_CONFIG` | a TOML file with the same settings (environment wins) | unset |
 //! | `GRANULE_LOG` | log filter (`warn`, `granule_runtime=debug`, ...) | `warn` |
+//! | `GRANULE_DASHBOARD` | where an embedded controller serves its dashboard, `/api/cluster` and `/metrics` (`IP:PORT`, port 0 = a free one; `off`) | `127.0.0.1:0` |
 
 use crate::error::ClusterError;
 use granule_wire::NodeSpec;

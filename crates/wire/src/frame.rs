@@ -209,7 +209,28 @@ mod tests {
                     memory: Some("/granule/c1/node0".into()),
                     cpu: None,
                 }),
+                metrics_addr: Some("127.0.0.1:9100".into()),
             }]),
+            Msg::Heartbeat {
+                node: NodeId(2),
+                usage: Usage {
+                    groups: vec![crate::GroupUsage {
+                        group: "ShardedVec p12".into(),
+                        proclets: 3,
+                        bytes: 3 << 20,
+                    }],
+                    ..Usage::default()
+                },
+                events: vec![crate::ClusterEvent::now(
+                    crate::EventKind::Migration,
+                    NodeId(2),
+                    "p7",
+                )],
+            },
+            Msg::Events {
+                after: 4,
+                limit: 100,
+            },
             Msg::Transfer {
                 proclet: ProcletId(9),
                 kind: Kind::Memory,

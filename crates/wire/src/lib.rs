@@ -34,6 +34,7 @@ pub use frame::{
 };
 pub use msg::{Msg, RemoteError};
 pub use types::{
-    BinaryHash, CallMode, CgroupPaths, ChainId, CodeRef, Epoch, Kind, Location, MoveStats, NodeId,
-    NodeInfo, NodeSpec, NodeState, ProcletId, ProcletUsage, Resource, Role, Usage,
+    BinaryHash, CallMode, CgroupPaths, ChainId, ClusterEvent, CodeRef, Epoch, EventKind,
+    GroupUsage, Kind, Location, MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId,
+    ProcletUsage, Resource, Role, Usage,
 };

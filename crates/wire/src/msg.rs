@@ -3,7 +3,7 @@
 //! decided by the receiving side (runtime or controller), not here.
 
 use crate::types::{
-    BinaryHash, CallMode, CgroupPaths, ChainId, CodeRef, Epoch, Kind, Location, MoveStats, NodeId,
+    BinaryHash, CallMode, CgroupPaths, ChainId, ClusterEvent, CodeRef, Epoch, Kind, Location, MoveStats, NodeId,
     NodeInfo, NodeSpec, ProcletId, Resource, Role, Usage,
 };
 use serde::{Deserialize, Serialize};
@@ -108,6 +108,8 @@ pub enum Msg {
         binary: Option<BinaryHash>,
         program: String,
         cgroups: Option<CgroupPaths>,
+        /// Where the host serves `/metrics` over HTTP, if it does.
+        metrics_addr: Option<String>,
     },
     Registered {
         node: NodeId,
@@ -117,6 +119,8 @@ pub enum Msg {
     Heartbeat {
         node: NodeId,
         usage: Usage,
+        /// Events since the last heartbeat (moves, splits, merges), oldest first.
+        events: Vec<ClusterEvent>,
     },
     /// Reply to a heartbeat: the controller's current membership version (a node refreshes
     /// its peer list when it changes).
@@ -155,6 +159,13 @@ pub enum Msg {
     },
     ListNodes,
     Nodes(Vec<NodeInfo>),
+    /// The controller's recent events with a sequence number above `after`, oldest
+    /// first (at most `limit`).
+    Events {
+        after: u64,
+        limit: u32,
+    },
+    EventList(Vec<ClusterEvent>),
     /// Propose a destination for a proclet a node under pressure wants to shed: a live
     /// node other than `from` with room for `amount` of `resource`.
     Propose {
@@ -203,6 +214,8 @@ impl Msg {
             Msg::Register { .. } => "Register",
             Msg::Registered { .. } => "Registered",
             Msg::Heartbeat { .. } => "Heartbeat",
+            Msg::Events { .. } => "Events",
+            Msg::EventList(_) => "EventList",
             Msg::HeartbeatAck { .. } => "HeartbeatAck",
             Msg::AllocIds { .. } => "AllocIds",
             Msg::IdBlock { .. } => "IdBlock",

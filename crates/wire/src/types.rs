@@ -147,6 +147,103 @@ pub struct Usage {
     pub moves_out: u64,
     /// The largest hosted proclets (by memory, then CPU), at most 16.
     pub top: Vec<ProcletUsage>,
+    /// Hosted proclets by the structure or service they belong to (every such proclet,
+    /// not only the largest): the dashboard's per-structure shard counts and sizes.
+    pub groups: Vec<GroupUsage>,
+}
+
+/// The proclets a node hosts for one structure or service (e.g. the shards of one
+/// `ShardedVec`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, Debug, Default)]
+pub struct GroupUsage {
+    /// Which structure: its kind and the id of the proclet that names it, e.g.
+    /// `"ShardedVec p12"`, or `"service visits"`.
+    pub group: String,
+    /// Proclets of the group on this node.
+    pub proclets: u32,
+    /// Their summed footprint, bytes.
+    pub bytes: u64,
+}
+
+/// What kind of thing happened (see [`ClusterEvent`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Debug)]
+pub enum EventKind {
+    /// A proclet moved from `node` to `to`.
+    Migration,
+    /// A move from `node` to `to` failed; the proclet stayed at `node`.
+    MigrationFailed,
+    /// A structure or service split a proclet on `node` (the new one on `to`).
+    Split,
+    /// A structure or service merged two proclets into one on `node`.
+    Merge,
+    /// A node joined the cluster (recorded by the controller).
+    NodeJoined,
+    /// A node was declared dead (recorded by the controller).
+    NodeDown,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Migration => "migration",
+            EventKind::MigrationFailed => "migration_failed",
+            EventKind::Split => "split",
+            EventKind::Merge => "merge",
+            EventKind::NodeJoined => "node_joined",
+            EventKind::NodeDown => "node_down",
+        }
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Something an operator wants to see happen: a move, a split, a merge, a node coming or
+/// going. Nodes send theirs with their heartbeats; the controller numbers them and keeps
+/// the most recent ones for the dashboard and `granule top`.
+#[derive(Clone, PartialEq, Serialize, Deserialize, Debug)]
+pub struct ClusterEvent {
+    /// The controller's sequence number (1, 2, ...; 0 until it has received the event).
+    pub seq: u64,
+    /// When it happened, milliseconds since the UNIX epoch (the reporting host's clock).
+    pub at_ms: u64,
+    pub kind: EventKind,
+    /// Where it happened (a migration's source).
+    pub node: NodeId,
+    /// A migration's destination, a split's new proclet's node.
+    pub to: Option<NodeId>,
+    /// What it concerns: a proclet (`"p12"`), a structure (`"ShardedVec p5"`), a
+    /// service (`"service visits"`).
+    pub subject: String,
+    /// Bytes moved (migrations), 0 otherwise.
+    pub bytes: u64,
+    /// How long it took, microseconds (0 when not measured).
+    pub micros: u64,
+    /// Free text: why it happened, or why it failed.
+    pub detail: String,
+}
+
+impl ClusterEvent {
+    /// An event happening now on `node` (sequence number and the rest left empty).
+    pub fn now(kind: EventKind, node: NodeId, subject: impl Into<String>) -> ClusterEvent {
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        ClusterEvent {
+            seq: 0,
+            at_ms,
+            kind,
+            node,
+            to: None,
+            subject: subject.into(),
+            bytes: 0,
+            micros: 0,
+            detail: String::new(),
+        }
+    }
 }
 
 /// Resource use of one proclet.
@@ -237,6 +334,8 @@ pub struct NodeInfo {
     pub last_seen_ms: u64,
     /// The cgroups the node runs in, when it runs in a cgroup v1 hierarchy.
     pub cgroups: Option<CgroupPaths>,
+    /// Where the node serves its Prometheus metrics (`http://ADDR/metrics`), if it does.
+    pub metrics_addr: Option<String>,
 }
 
 impl NodeInfo {

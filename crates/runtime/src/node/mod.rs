@@ -228,6 +228,7 @@ impl Node {
                         binary,
                         reg_program,
                         granule_cgroups::current_paths(),
+                        None,
                     )
                     .await?;
                 Ok::<_, ControllerError>((client, reg))
@@ -352,8 +353,9 @@ async fn heartbeat_loop(node: Arc<NodeInner>, every: Duration) {
             cpu_pressure: r.cpu_pressure,
             moves_out: node.moves_out.load(Ordering::Relaxed),
             top: node.top_proclets(16),
+            groups: Vec::new(),
         };
-        match node.controller.heartbeat(node.id, usage).await {
+        match node.controller.heartbeat(node.id, usage, Vec::new()).await {
             Ok(version) => {
                 if version != node.members_version.load(Ordering::Relaxed) {
                     if let Ok(list) = node.controller.list_nodes().await {
