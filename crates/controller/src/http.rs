@@ -101,6 +101,8 @@ async fn events(AxState(inner): AxState<Arc<Inner>>, RawQuery(q): RawQuery) -> R
 }
 
 async fn metrics(AxState(inner): AxState<Arc<Inner>>) -> Response {
+    // Before recording: gauges set with no recorder installed would go nowhere.
+    granule_telemetry::install();
     {
         let st = inner.state.lock();
         let nodes = st.list(Instant::now());

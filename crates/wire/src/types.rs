@@ -165,8 +165,10 @@ pub struct GroupUsage {
     pub bytes: u64,
 }
 
-/// What kind of thing happened (see [`ClusterEvent`]).
+/// What kind of thing happened (see [`ClusterEvent`]). In JSON, snake case
+/// (`"migration"`, `"migration_failed"`, ...), as [`EventKind::as_str`] spells it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Debug)]
+#[serde(rename_all = "snake_case")]
 pub enum EventKind {
     /// A proclet moved from `node` to `to`.
     Migration,
