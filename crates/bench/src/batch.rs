@@ -801,11 +801,17 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let per_us = calibrate();
     let iters = iters_for(p.work_us, per_us);
     let mut rows = Vec::new();
+    let progress = crate::Progress::new(4, "batch");
+    progress.step("throughput: for_all and word count vs a loop and rayon");
     let (words, distinct, checksum) = throughput(&p, iters, &mut rows)?;
+    progress.step("reaction: shrinking from and growing back onto a contended vCPU");
     let reaction = reaction(&p, per_us);
     drop(affinity);
     let reaction = reaction?;
+    progress.step("Ray baseline");
     let ray = ray(&p, opts.quick);
+    progress.step("measured; writing the report");
+    progress.finish();
 
     let med = |w: &str, s: &str| {
         median(

@@ -592,6 +592,7 @@ pub fn run(opts: &BenchOpts) -> Result<PathBuf> {
         ..ControllerConfig::default()
     };
     // The controller's thread is the one named like it that appears with it.
+    let progress = crate::Progress::new(3, "controller");
     let before = threads_named(CONTROLLER_THREAD);
     let mut controller =
         ControllerHandle::start("127.0.0.1:0", config).context("cannot start the controller")?;
@@ -613,6 +614,7 @@ pub fn run(opts: &BenchOpts) -> Result<PathBuf> {
     // changes the log level.)
     controller.quiesce();
     let addr = controller.addr().to_string();
+    progress.step("controller started; measuring resolutions and registrations");
     let measured = (|| -> Result<Vec<Measured>> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -630,7 +632,11 @@ pub fn run(opts: &BenchOpts) -> Result<PathBuf> {
     // On every path, errors included: stop the controller thread.
     controller.shutdown();
     let measured = measured?;
-    report(opts, p, meta, &measured, located)
+    progress.step("measured; writing the report");
+    let dir = report(opts, p, meta, &measured, located);
+    progress.step("done");
+    progress.finish();
+    dir
 }
 
 fn report(

@@ -436,7 +436,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     } else {
         Duration::from_millis(400)
     };
+    let progress = crate::Progress::new(reps as u64 + 2, "invoke");
     let mut s = Setup::new()?;
+    progress.step("warming up every call path");
     eprintln!(
         "invoke: {reps} repetition(s) × {} work levels × {} modes, {dur:?} each (calibrated {:.0} spin iterations/µs)",
         WORK_US.len(),
@@ -482,8 +484,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
                 rates.entry((mi, wi)).or_default().push(v);
             }
         }
-        eprintln!("invoke: repetition {}/{reps} done", rep + 1);
+        progress.step(format!("repetition {}/{reps} done", rep + 1));
     }
+    progress.finish();
 
     let med = |mi: usize, wi: usize| -> f64 {
         rates

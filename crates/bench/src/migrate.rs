@@ -453,6 +453,7 @@ fn num(v: f64) -> Cell {
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let reps = if opts.quick { REPS_QUICK } else { REPS_FULL };
     let affinity = crate::affinity::SavedAffinity::unpin();
+    let progress = crate::Progress::new(SIZES.len() as u64 + 2, "migrate");
     let cluster = Cluster::builder()
         .nodes(NODES)?
         .driver(NodeSpec {
@@ -508,8 +509,10 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         displaced: 0,
     };
     let mut all = Vec::new();
+    progress.step("cluster started; measuring moves and raw transfers");
     for (label, _, size) in SIZES {
         all.push(rig.measure(label, size, reps)?);
+        progress.step(format!("{label} done"));
     }
     let displaced = rig.displaced;
     let _ = rig.client.destroy();
@@ -732,6 +735,8 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         rep.note(msg);
     }
     let dir = rep.write(&opts.out)?;
+    progress.step("report written");
+    progress.finish();
     Ok(dir)
 }
 

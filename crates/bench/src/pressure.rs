@@ -1393,19 +1393,23 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     // ratios are medians; the timeline shows the repetition whose Granule ratio is the
     // median, and the counters (node deaths, lost calls) add up every repetition.
     let mut pairs: Vec<[RunResult; 2]> = Vec::with_capacity(p.reps);
+    let progress = crate::Progress::new(2 * p.reps as u64, "pressure");
     for i in 0..p.reps {
         if i > 0 {
             std::thread::sleep(SETTLE);
         }
         eprintln!("pressure: repetition {} of {}", i + 1, p.reps);
         let granule = run_once(&p, "granule", false)?;
+        progress.step(format!("repetition {}: Granule run done", i + 1));
         // The first cluster's memory (and the antagonist's) was just freed. This VM hands
         // freed memory back to its hypervisor about two seconds later (free page
         // reporting), work that stalled the next run's steady phase by up to 80 ms when it
         // overlapped.
         std::thread::sleep(SETTLE);
         pairs.push([granule, run_once(&p, "baseline", true)?]);
+        progress.step(format!("repetition {}: throttled baseline done", i + 1));
     }
+    progress.finish();
     let heads_all: Vec<[Headline; 2]> = pairs
         .iter()
         .map(|pair| [0, 1].map(|k| Headline::of(&pair[k], &p)))

@@ -183,12 +183,15 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let p = Params::new(opts.quick);
     let affinity = SavedAffinity::unpin();
     let vcpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let progress = crate::Progress::new(2, "remote-iter");
     let cluster = Cluster::builder()
         .nodes("cpu=1,mem=1GiB")?
         .shed(false)
         .start()
         .context("starting the cluster")?;
+    progress.step("cluster started; iterating the remote vector");
     let out = measure(&cluster, &p, vcpus >= 2);
+    progress.step("measured; writing the report");
     crate::print_cluster_usage(&cluster);
     cluster.shutdown();
     // Provenance below describes the machine, not the pinning of this run.

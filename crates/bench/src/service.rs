@@ -225,6 +225,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     };
     let sat_secs = if opts.quick { 1.0 } else { 4.0 };
 
+    let progress = crate::Progress::new(6, "service");
     let cluster = Cluster::builder()
         .nodes("cpu=2,mem=1GiB;cpu=2,mem=1GiB")?
         .shed(false)
@@ -235,22 +236,28 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         .context("starting the service")?;
     let doors: Vec<SocketAddr> = svc.http_addrs().into_iter().map(|(_, a)| a).collect();
     println!("front doors: {doors:?}");
+    progress.step("service started; warming up");
     // Warm up (connections, caches), then align the clocks.
     let _ = saturate(&doors, "/v1/services/spin", 0.2, iters / 10)?;
     let off = svc.timeline().samples.last().map_or(0.0, |s| s.t);
     let times = schedule(&phases);
     let offered_total = times.len();
+    progress.step("open-loop load: base, peak ×3, base again");
     let outcomes = open_loop(&doors, times, iters)?;
+    progress.step("saturating the service");
     let tl = svc.timeline();
     let (granule_sat, granule_sat_failed) = saturate(&doors, "/v1/services/spin", sat_secs, iters)?;
     let peak_proclets = svc.proclets();
     crate::print_cluster_usage(&cluster);
     svc.destroy()?;
     cluster.shutdown();
+    progress.step("saturating a plain axum server (baseline)");
     let (plain_rt, plain_addr) = plain_axum()?;
     let (plain_sat, _) = saturate(&[plain_addr], "/v1/services/spin", sat_secs, iters)?;
     plain_rt.shutdown_background();
     drop(affinity);
+    progress.step("measured; writing the report");
+    progress.finish();
 
     // The timeline, per bucket.
     let total_secs: f64 = phases.iter().map(|p| p.1).sum();

@@ -435,13 +435,16 @@ fn measure(c: &Counts, placements: &mut Vec<String>) -> anyhow::Result<Vec<Row>>
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let counts = Counts::new(opts.quick);
     let affinity = crate::affinity::SavedAffinity::unpin();
+    let progress = crate::Progress::new(2, "sharded");
     let cluster = Cluster::builder()
         .nodes("cpu=1,mem=1GiB;cpu=1,mem=1GiB;cpu=1,mem=1GiB")?
         .shed(false)
         .start()
         .context("starting the cluster")?;
+    progress.step("cluster started; measuring every structure in both modes");
     let mut placements = Vec::new();
     let rows = measure(&counts, &mut placements);
+    progress.step("measured; writing the report");
     crate::print_cluster_usage(&cluster);
     cluster.shutdown();
     drop(affinity);

@@ -219,7 +219,12 @@ fn cpu(controller: &str, node: NodeId, threads: usize, duration: Duration) -> an
 
 /// The cgroup hierarchy, or a clear error (antagonists need to write to it).
 fn hierarchy() -> anyhow::Result<Hierarchy> {
-    Hierarchy::detect().map_err(|e| anyhow::anyhow!("cannot use cgroups here: {e}"))
+    Hierarchy::detect().map_err(|e| {
+        anyhow::anyhow!(
+            "cannot use cgroups here: {e} (antagonists run as root on the node's machine, \
+             with the cgroup v1 memory and cpu controllers mounted under /sys/fs/cgroup)"
+        )
+    })
 }
 
 /// The node as the controller lists it, and its cgroups.

@@ -106,6 +106,8 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)?;
     }
     println!("== Granule demo ==");
+    let progress = granule_bench::Progress::new(5, "demo");
+    progress.step("starting the local cluster");
     let started = Instant::now();
     let cluster = Cluster::with_config(config).context("starting the local cluster")?;
     println!(
@@ -115,6 +117,14 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
         cluster.node_id(),
         cluster.spawned_nodes().len()
     );
+    match cluster.dashboard_url() {
+        Some(url) => {
+            println!("Dashboard: {url} (live nodes, proclets and events; /metrics for Prometheus)")
+        }
+        None => {
+            println!("Dashboard: none (GRANULE_DASHBOARD=off, or joined an external controller)")
+        }
+    }
     print!("{}", granule_report::usage::node_table(&cluster.nodes()?));
 
     // 1. Proclets, placed by the controller.
@@ -141,6 +151,7 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
     );
 
     // 2. Chained calls: driver → router → shards.
+    progress.step("chained calls");
     println!("\n-- 2. Chained calls: the driver sends text to the router, which sends words to the shards");
     for (i, sentence) in TEXT.split(". ").enumerate().take(3) {
         let (rnode, parts) = router.run(sentence.to_string(), route)??;
@@ -177,6 +188,7 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
     );
 
     // 3. Call rates.
+    progress.step("measuring call rates");
     println!("\n-- 3. Call rates ({seconds} s each)");
     let local = Proclet::builder(Kind::Memory)
         .on(cluster.node_id())
@@ -232,6 +244,7 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
     );
 
     // 4. Move a shard through the controller; its data and callers follow.
+    progress.step("moving a proclet");
     println!("\n-- 4. Move a proclet (through the controller API)");
     let s0 = &shards[0];
     let from = s0.location()?;
@@ -253,6 +266,7 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
     );
 
     // 5. Typed errors.
+    progress.step("typed errors");
     println!("\n-- 5. Errors are typed values, and nodes survive them");
     let r = shards[1].run((), |_s: &mut Shard, ()| -> u64 {
         panic!("a bug in a shipped closure")
@@ -282,6 +296,7 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_millis(150)); // one heartbeat, so usage is fresh
     print!("{}", granule_report::usage::node_table(&cluster.nodes()?));
     cluster.shutdown();
+    progress.finish();
     println!("\nDone: every node process has been stopped.");
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The `granule` command: the demo, benchmarks, a standalone controller, a node that
-//! joins a cluster, and a status view.
+//! joins a cluster, and two views of a running cluster (`status`, `top`).
 //!
 //! This crate owns argument parsing and presentation only; everything it runs lives in
 //! the library crates. Like every Granule application, this binary can also act as a
@@ -8,6 +8,7 @@
 mod antagonist;
 mod demo;
 mod status;
+mod top;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -55,6 +56,10 @@ enum Cmd {
         /// Heartbeat interval nodes are told to use.
         #[arg(long, default_value = "100ms")]
         heartbeat: String,
+        /// Where to serve the dashboard, /api/cluster, /api/events and /metrics
+        /// (IP:PORT, port 0 = a free one; `off`). Default 127.0.0.1:0.
+        #[arg(long, env = "GRANULE_DASHBOARD")]
+        dashboard: Option<String>,
     },
     /// Join a cluster as a node. Must be the same executable as the cluster's driver.
     Node {
@@ -71,11 +76,24 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1")]
         listen_host: String,
     },
-    /// Show the nodes of a running cluster.
+    /// Show the nodes of a running cluster, their largest proclets and recent events.
     Status {
         /// The controller (host:port).
         #[arg(long, env = "GRANULE_CONTROLLER")]
         controller: String,
+    },
+    /// A live view of a running cluster: nodes with CPU and memory bars, proclets per
+    /// kind, recent events (plain snapshots when stdout is not a terminal).
+    Top {
+        /// The controller (host:port).
+        #[arg(long, env = "GRANULE_CONTROLLER")]
+        controller: String,
+        /// Time between refreshes (e.g. 1s, 500ms).
+        #[arg(long, default_value = "1s")]
+        interval: String,
+        /// Stop after this many refreshes (default: run until interrupted).
+        #[arg(long)]
+        iterations: Option<u64>,
     },
     /// Put memory or CPU load into a node's cgroups (run as root on the node's machine).
     Antagonist(antagonist::Args),
@@ -97,8 +115,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             failure_timeout,
             heartbeat,
+            dashboard,
         } => {
             granule::init_logging();
+            if listen.parse::<std::net::SocketAddr>().is_err() {
+                anyhow::bail!(
+                    "--listen: '{listen}' is not IP:PORT (e.g. 0.0.0.0:7070 for every interface, 127.0.0.1:0 for a free local port)"
+                );
+            }
             let config = granule_controller::ControllerConfig {
                 failure_timeout: granule::config::parse_duration(&failure_timeout)
                     .map_err(anyhow::Error::msg)
@@ -106,6 +130,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 heartbeat: granule::config::parse_duration(&heartbeat)
                     .map_err(anyhow::Error::msg)
                     .context("--heartbeat")?,
+                dashboard: match dashboard.as_deref().map(str::trim) {
+                    Some("off") => None,
+                    Some(a) if !a.is_empty() => Some(a.to_string()),
+                    _ => Some("127.0.0.1:0".into()),
+                },
                 ..Default::default()
             };
             if config.heartbeat.is_zero() || config.heartbeat >= config.failure_timeout {
@@ -114,7 +143,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(granule_controller::run_standalone(&listen, config))?;
+            rt.block_on(granule_controller::run_standalone(&listen, config))
+                .with_context(|| format!("granule controller cannot start on {listen}"))?;
             Ok(())
         }
         Cmd::Node {
@@ -123,8 +153,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             mem,
             listen_host,
         } => {
+            // Check each flag on its own first, so the message names the flag the user
+            // typed rather than a spec string they never wrote.
+            granule::config::parse_size(&mem)
+                .map_err(anyhow::Error::msg)
+                .context("--mem")?;
+            granule::config::check_listen_host(&listen_host)
+                .map_err(anyhow::Error::msg)
+                .context("--listen-host")?;
             let spec = granule::config::parse_spec(&format!("cpu={cpu},mem={mem}"))
-                .map_err(anyhow::Error::msg)?;
+                .map_err(anyhow::Error::msg)
+                .context("--cpu / --mem")?;
             let reason = granule::run_node(granule::NodeArgs {
                 controller,
                 spec,
@@ -134,6 +173,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Status { controller } => status::run(&controller),
+        Cmd::Top {
+            controller,
+            interval,
+            iterations,
+        } => {
+            let interval = granule::config::parse_duration(&interval)
+                .map_err(anyhow::Error::msg)
+                .context("--interval")?;
+            if interval < std::time::Duration::from_millis(50) {
+                anyhow::bail!(
+                    "--interval must be at least 50ms (each refresh asks the controller twice)"
+                );
+            }
+            top::run(top::Options {
+                controller,
+                interval,
+                iterations,
+            })
+        }
         Cmd::Antagonist(args) => antagonist::run(args),
     }
 }

@@ -230,3 +230,68 @@ fn bad_arguments_are_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unreachable"));
 }
+
+/// `granule status` and `granule top` show the cluster's nodes, proclets and events:
+/// here nodes joining and one killed (the controller records both; node-reported events
+/// such as migrations travel the same way, with heartbeats).
+#[test]
+fn status_and_top_show_nodes_proclets_and_recent_events() {
+    let cluster = Cluster::builder()
+        .nodes("cpu=1,mem=128MiB;cpu=1,mem=128MiB")
+        .unwrap()
+        .shed(false)
+        .failure_timeout(Duration::from_millis(500))
+        .start()
+        .unwrap();
+    let workers = cluster.worker_nodes().unwrap();
+    let _p = Proclet::builder(Kind::Memory)
+        .on(workers[0])
+        .create(4096usize, |n: usize| vec![1u8; n])
+        .unwrap();
+    cluster.kill_node(workers[1]).unwrap();
+    let addr = cluster.controller_addr().to_string();
+    let t = Instant::now();
+    let status = loop {
+        let (code, out, err) = run_bounded(
+            Command::new(GRANULE).args(["status", "--controller", &addr]),
+            Duration::from_secs(20),
+        );
+        assert_eq!(code, Some(0), "{err}");
+        if out.contains("node_down") && out.contains("0/1/0") {
+            break out;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "no node_down event: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.contains("recent events"), "{status}");
+    assert_eq!(status.matches("node_joined").count(), 3, "{status}");
+    let line = status.lines().find(|l| l.contains("node_down")).unwrap();
+    assert!(line.contains(&workers[1].to_string()), "{line}");
+    // Not a terminal here: plain snapshots, as many as asked for.
+    let (code, out, err) = run_bounded(
+        Command::new(GRANULE)
+            .args(["top", "--interval", "100ms", "--iterations", "3"])
+            .env("GRANULE_CONTROLLER", &addr),
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.matches("granule top — controller").count(), 3, "{out}");
+    // The controller forgets a dead node; its death stays in the events.
+    assert!(out.contains("2 of 2 nodes alive"), "{out}");
+    assert!(
+        out.contains("proclets: 0 compute, 1 memory, 0 hybrid"),
+        "{out}"
+    );
+    assert!(
+        out.contains("node_down") && out.contains("node_joined"),
+        "{out}"
+    );
+    let row = out
+        .lines()
+        .find(|l| l.starts_with(&workers[0].to_string()))
+        .unwrap();
+    assert!(row.contains("[") && row.contains("MiB/128.0 MiB"), "{row}");
+}

@@ -50,3 +50,23 @@ pub use granule_sharded as sharded;
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 mod readme {}
+
+/// The user guide (`docs/guide/`): every Rust block in it is compiled and run as a doc
+/// test, so the guide stays true. Its shell commands are checked by `tests/guide.rs`.
+#[cfg(doctest)]
+pub mod guide {
+    #[doc = include_str!("../../../docs/guide/README.md")]
+    pub mod index {}
+    #[doc = include_str!("../../../docs/guide/concepts.md")]
+    pub mod concepts {}
+    #[doc = include_str!("../../../docs/guide/tutorial.md")]
+    pub mod tutorial {}
+    #[doc = include_str!("../../../docs/guide/multi-machine.md")]
+    pub mod multi_machine {}
+    #[doc = include_str!("../../../docs/guide/configuration.md")]
+    pub mod configuration {}
+    #[doc = include_str!("../../../docs/guide/operations.md")]
+    pub mod operations {}
+    #[doc = include_str!("../../../docs/guide/troubleshooting.md")]
+    pub mod troubleshooting {}
+}

@@ -151,6 +151,19 @@ pub fn parse_cgroups_mode(s: &str) -> Result<CgroupsMode, String> {
     }
 }
 
+/// Check that this machine can listen on `host` (an address of one of its interfaces, or
+/// `0.0.0.0` for all), so a wrong `GRANULE_LISTEN_HOST` / `--listen-host` is reported as
+/// such before anything starts, not as a failed node later.
+pub fn check_listen_host(host: &str) -> Result<(), String> {
+    match std::net::TcpListener::bind((host.trim(), 0)) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "cannot listen on '{host}' ({e}): use an address of this machine, e.g. 127.0.0.1 \
+             for one machine or 0.0.0.0 (or the machine's own IP) for several"
+        )),
+    }
+}
+
 /// Parse `;`-separated node specs.
 pub fn parse_specs(s: &str) -> Result<Vec<NodeSpec>, String> {
     s.split(';')
@@ -235,7 +248,12 @@ impl ClusterConfig {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let cfg = |k: &str, e: String| ClusterError::Config(format!("{k}: {e}"));
         if let Some(v) = var("GRANULE_NODES") {
-            c.nodes = parse_specs(&v).map_err(|e| cfg("GRANULE_NODES", e))?;
+            c.nodes = parse_specs(&v).map_err(|e| {
+                cfg(
+                    "GRANULE_NODES",
+                    format!("{e}; GRANULE_NODES is a ';'-separated list of specs, e.g. \"cpu=1,mem=512MiB;cpu=2,mem=1GiB\""),
+                )
+            })?;
         }
         if let Some(v) = var("GRANULE_DRIVER") {
             c.driver = parse_spec(&v).map_err(|e| cfg("GRANULE_DRIVER", e))?;
@@ -251,6 +269,7 @@ impl ClusterConfig {
             c.heartbeat = parse_duration(&v).map_err(|e| cfg("GRANULE_HEARTBEAT", e))?;
         }
         if let Some(v) = var("GRANULE_LISTEN_HOST") {
+            check_listen_host(&v).map_err(|e| cfg("GRANULE_LISTEN_HOST", e))?;
             c.listen_host = v;
         }
         if let Some(v) = var("GRANULE_CGROUPS") {
@@ -370,6 +389,14 @@ mod tests {
         assert_eq!(parse_cgroups_mode(" Auto "), Ok(CgroupsMode::Auto));
         let e = parse_cgroups_mode("yes").unwrap_err();
         assert!(e.contains("off or auto"), "{e}");
+    }
+
+    #[test]
+    fn listen_hosts() {
+        assert!(check_listen_host("127.0.0.1").is_ok());
+        // 192.0.2.0/24 is for documentation only: never an address of this machine.
+        let e = check_listen_host("192.0.2.1").unwrap_err();
+        assert!(e.contains("use an address of this machine"), "{e}");
     }
 
     #[test]
