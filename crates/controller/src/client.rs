@@ -3,8 +3,8 @@
 use crate::ControllerError;
 use granule_transport::{Connection, Handler, Identity, TransportConfig, TransportError};
 use granule_wire::{
-    BinaryHash, CgroupPaths, ClusterEvent, Kind, Location, MoveStats, Msg, NodeId, NodeInfo, NodeSpec, ProcletId,
-    RemoteError, Resource, Role, Usage,
+    BinaryHash, CgroupPaths, ClusterEvent, Kind, Location, MoveStats, Msg, NodeId, NodeInfo,
+    NodeSpec, ProcletId, RemoteError, Resource, Role, Usage,
 };
 use std::ops::Range;
 use std::sync::Arc;
@@ -113,6 +113,7 @@ impl ControllerClient {
     }
 
     /// Join the cluster as a proclet host.
+    #[allow(clippy::too_many_arguments)] // one per field of the registration message
     pub async fn register(
         &self,
         role: Role,
@@ -241,7 +242,11 @@ impl ControllerClient {
     }
 
     /// The controller's recent events numbered above `after`, oldest first.
-    pub async fn events(&self, after: u64, limit: u32) -> Result<Vec<ClusterEvent>, ControllerError> {
+    pub async fn events(
+        &self,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<ClusterEvent>, ControllerError> {
         match self.call(&Msg::Events { after, limit }).await? {
             Msg::EventList(e) => Ok(e),
             m => Err(Self::unexpected(m)),

@@ -96,7 +96,9 @@ async fn cluster(AxState(inner): AxState<Arc<Inner>>, RawQuery(q): RawQuery) -> 
 
 async fn events(AxState(inner): AxState<Arc<Inner>>, RawQuery(q): RawQuery) -> Response {
     let after = query_u64(&q, "after").unwrap_or(0);
-    let limit = query_u64(&q, "limit").unwrap_or(500).min(crate::state::EVENT_LOG as u64);
+    let limit = query_u64(&q, "limit")
+        .unwrap_or(500)
+        .min(crate::state::EVENT_LOG as u64);
     Json(inner.state.lock().events_after(after, limit as usize)).into_response()
 }
 
@@ -205,7 +207,11 @@ mod tests {
     #[test]
     fn structures_sum_alive_nodes_reports() {
         let nodes = vec![
-            node(1, vec![g("ShardedVec p5", 2, 100), g("service s", 1, 0)], NodeState::Alive),
+            node(
+                1,
+                vec![g("ShardedVec p5", 2, 100), g("service s", 1, 0)],
+                NodeState::Alive,
+            ),
             node(2, vec![g("ShardedVec p5", 3, 50)], NodeState::Alive),
             node(3, vec![g("ShardedVec p5", 9, 9)], NodeState::Dead),
         ];
@@ -219,7 +225,10 @@ mod tests {
 
     #[test]
     fn query_parsing() {
-        assert_eq!(query_u64(&Some("after=12&limit=3".into()), "after"), Some(12));
+        assert_eq!(
+            query_u64(&Some("after=12&limit=3".into()), "after"),
+            Some(12)
+        );
         assert_eq!(query_u64(&Some("after=x".into()), "after"), None);
         assert_eq!(query_u64(&None, "after"), None);
     }

@@ -626,7 +626,8 @@ mod tests {
                 cores_busy: 1.9,
                 mem_used: 0,
                 ..Default::default()
-            }, Vec::new(),
+            },
+            Vec::new(),
             now,
         );
         assert_eq!(s.place(ProcletId(2), Kind::Compute, 0).unwrap().node, a);
@@ -728,6 +729,9 @@ mod tests {
         let tail = s.events_after(all.last().unwrap().seq - 2, 100);
         assert_eq!(tail.len(), 2);
         assert!(s.mark_dead(a));
-        assert_eq!(s.events_after(0, usize::MAX).last().unwrap().kind, EventKind::NodeDown);
+        assert_eq!(
+            s.events_after(0, usize::MAX).last().unwrap().kind,
+            EventKind::NodeDown
+        );
     }
 }

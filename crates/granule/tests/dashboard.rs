@@ -78,11 +78,16 @@ fn dashboard_shows_nodes_and_a_triggered_migration_in_headless_chromium() {
     );
     bounded(LIMIT, move || {
         let (cluster, nodes) = cluster(2, "cpu=1,mem=512MiB");
-        let url = cluster.dashboard_url().expect("the embedded controller serves a dashboard");
+        let url = cluster
+            .dashboard_url()
+            .expect("the embedded controller serves a dashboard");
 
         // The page lists every node of the cluster (driver included).
         let page = dom(&browser, &url);
-        assert!(page.contains("data-loaded=\"1\""), "the page never loaded its data: {page}");
+        assert!(
+            page.contains("data-loaded=\"1\""),
+            "the page never loaded its data: {page}"
+        );
         for n in cluster.nodes().unwrap() {
             assert!(
                 page.contains(&format!("data-node=\"{}\"", n.id)),
@@ -121,7 +126,10 @@ fn dashboard_shows_nodes_and_a_triggered_migration_in_headless_chromium() {
             "the row does not say where it moved: {row}"
         );
         // And the timeline has a dot for it.
-        assert!(page.contains("<circle class=\"k-migration\""), "no dot on the timeline");
+        assert!(
+            page.contains("<circle class=\"k-migration\""),
+            "no dot on the timeline"
+        );
         p.destroy().unwrap();
         cluster.shutdown();
     });
@@ -133,15 +141,24 @@ fn dashboard_api_and_metrics_answer_and_unknown_paths_get_a_404() {
         let (cluster, _nodes) = cluster(1, "cpu=1,mem=256MiB");
         let url = cluster.dashboard_url().unwrap();
         let api = get(&url, "/api/cluster");
-        assert!(api.starts_with("HTTP/1.0 200") || api.starts_with("HTTP/1.1 200"), "{api}");
-        assert!(api.contains("\"nodes\"") && api.contains("\"node_joined\""), "{api}");
+        assert!(
+            api.starts_with("HTTP/1.0 200") || api.starts_with("HTTP/1.1 200"),
+            "{api}"
+        );
+        assert!(
+            api.contains("\"nodes\"") && api.contains("\"node_joined\""),
+            "{api}"
+        );
         let metrics = get(&url, "/metrics");
         assert!(
             metrics.contains("granule_controller_nodes{state=\"alive\"} 2"),
             "{metrics}"
         );
         let missing = get(&url, "/nope");
-        assert!(missing.contains(" 404 ") && missing.contains("/api/cluster"), "{missing}");
+        assert!(
+            missing.contains(" 404 ") && missing.contains("/api/cluster"),
+            "{missing}"
+        );
         cluster.shutdown();
     });
 }

@@ -47,9 +47,6 @@ mod tests {
         assert!(super::install());
         metrics::counter!("granule_test_total", "node" => "n1").increment(3);
         let text = super::render();
-        assert!(
-            text.contains("granule_test_total{node=\"n1\"} 3"),
-            "{text}"
-        );
+        assert!(text.contains("granule_test_total{node=\"n1\"} 3"), "{text}");
     }
 }

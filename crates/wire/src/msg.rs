@@ -3,8 +3,8 @@
 //! decided by the receiving side (runtime or controller), not here.
 
 use crate::types::{
-    BinaryHash, CallMode, CgroupPaths, ChainId, ClusterEvent, CodeRef, Epoch, Kind, Location, MoveStats, NodeId,
-    NodeInfo, NodeSpec, ProcletId, Resource, Role, Usage,
+    BinaryHash, CallMode, CgroupPaths, ChainId, ClusterEvent, CodeRef, Epoch, Kind, Location,
+    MoveStats, NodeId, NodeInfo, NodeSpec, ProcletId, Resource, Role, Usage,
 };
 use serde::{Deserialize, Serialize};
 use std::fmt;
