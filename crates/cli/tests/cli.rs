@@ -293,5 +293,6 @@ fn status_and_top_show_nodes_proclets_and_recent_events() {
         .lines()
         .find(|l| l.starts_with(&workers[0].to_string()))
         .unwrap();
-    assert!(row.contains("[") && row.contains("MiB/128.0 MiB"), "{row}");
+    // Memory used is 0 until the node's first usage report; the limit is there at once.
+    assert!(row.contains("[") && row.contains("/128.0 MiB"), "{row}");
 }
