@@ -118,10 +118,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             dashboard,
         } => {
             granule::init_logging();
-            if listen.parse::<std::net::SocketAddr>().is_err() {
+            let Ok(addr) = listen.parse::<std::net::SocketAddr>() else {
                 anyhow::bail!(
                     "--listen: '{listen}' is not IP:PORT (e.g. 0.0.0.0:7070 for every interface, 127.0.0.1:0 for a free local port)"
                 );
+            };
+            // Try the address first, so a taken port or a foreign address is reported in
+            // the terms of the flag (the transport would word it as a failed connection).
+            // The probe socket closes at once; nothing connected to it, so the port is
+            // free again for the real listener.
+            if let Err(e) = std::net::TcpListener::bind(addr) {
+                let hint = match e.kind() {
+                    std::io::ErrorKind::AddrInUse => {
+                        "another process (an earlier granule controller?) holds the port: stop it, or pick another port (port 0 = any free one)"
+                    }
+                    std::io::ErrorKind::AddrNotAvailable => {
+                        "that IP is not an address of this machine: use one of its addresses, or 0.0.0.0 for all"
+                    }
+                    _ => "pick another address",
+                };
+                anyhow::bail!("--listen: cannot listen on {listen}: {e}; {hint}");
             }
             let config = granule_controller::ControllerConfig {
                 failure_timeout: granule::config::parse_duration(&failure_timeout)

@@ -80,7 +80,7 @@ fn ports_in_use_and_foreign_addresses_say_what_to_do() {
     fails_with(
         &["controller", "--listen", &addr],
         &[],
-        &["cannot start on", "in use", "pick another port"],
+        &["--listen: cannot listen on", "in use", "pick another port"],
     );
     fails_with(
         &[
