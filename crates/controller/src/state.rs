@@ -248,9 +248,9 @@ impl State {
                 e.last_seen = now;
                 e.provisional_cores = 0.0;
                 e.provisional_mem = 0;
-                for mut ev in events {
-                    // A host reports only what happened to it.
-                    ev.node = node;
+                // Events name their own node: a process hosting several nodes (tests)
+                // sends them all with whichever heartbeat comes first.
+                for ev in events {
                     self.record(ev);
                 }
                 true
@@ -718,7 +718,11 @@ mod tests {
         let after = s.events_after(joined[0].seq, 10);
         assert_eq!(after.len(), 1);
         assert_eq!(after[0].seq, joined[0].seq + 1);
-        assert_eq!(after[0].node, a, "the reporting host is the event's node");
+        assert_eq!(
+            after[0].node,
+            NodeId(99),
+            "an event keeps the node it names"
+        );
         for i in 0..EVENT_LOG + 5 {
             s.record(ClusterEvent::now(EventKind::Split, a, format!("x{i}")));
         }

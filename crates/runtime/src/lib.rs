@@ -29,6 +29,7 @@ mod proclet;
 mod range;
 mod shipping;
 mod slot;
+pub mod telemetry;
 mod usage;
 
 pub use accounting::should_yield;

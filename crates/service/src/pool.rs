@@ -480,6 +480,8 @@ struct ScalerState<C: ProcletState> {
 /// Shared between a service's handle and its scaler thread.
 pub(crate) struct Scaler<C: ProcletState> {
     pool: Pool<C>,
+    /// How operators see the service (`"service NAME"`) in events and metrics.
+    label: String,
     config: ScaleConfig,
     state: Mutex<ScalerState<C>>,
     timeline: Mutex<Timeline>,
@@ -498,12 +500,14 @@ impl<C: Context> Scaler<C> {
     pub(crate) fn start(
         pool: Pool<C>,
         config: ScaleConfig,
+        label: String,
     ) -> Result<(Arc<Scaler<C>>, std::thread::JoinHandle<()>), ServiceError> {
         let table = pool
             .table
             .run_ref((), |t: &Table<C>, ()| t.clone())
             .map_err(ServiceError::from)?;
         let s = Arc::new(Scaler {
+            label,
             pool,
             config,
             state: Mutex::new(ScalerState {
@@ -741,6 +745,11 @@ impl<C: Context> Scaler<C> {
         st.cool.insert(old, self.config.cooldown);
         st.cool.insert(w.id(), self.config.cooldown);
         st.low.clear();
+        granule_runtime::telemetry::record_split(
+            "service",
+            self.label.clone(),
+            format!("{old} split off {}", w.id()),
+        );
         Ok(true)
     }
 
@@ -786,6 +795,11 @@ impl<C: Context> Scaler<C> {
         st.low.clear();
         st.last.remove(&right.id());
         st.cool.remove(&right.id());
+        granule_runtime::telemetry::record_merge(
+            "service",
+            self.label.clone(),
+            format!("{} into {}", right.id(), st.table.ranges[i].1.id()),
+        );
         Ok(true)
     }
 

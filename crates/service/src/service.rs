@@ -109,7 +109,11 @@ impl ServiceBuilder {
     {
         self.check_name()?;
         let pool = Pool::create((), None)?;
-        let (scaler, thread) = Scaler::start(pool.clone(), self.scale.clone())?;
+        let (scaler, thread) = Scaler::start(
+            pool.clone(),
+            self.scale.clone(),
+            format!("service {}", self.name),
+        )?;
         let mut common = Common {
             name: self.name.clone(),
             scaler,
@@ -201,7 +205,11 @@ impl ServiceBuilder {
                 return Err(e);
             }
         };
-        let (scaler, thread) = match Scaler::start(pool.clone(), self.scale.clone()) {
+        let (scaler, thread) = match Scaler::start(
+            pool.clone(),
+            self.scale.clone(),
+            format!("service {}", self.name),
+        ) {
             Ok(s) => s,
             Err(e) => {
                 let _ = pool.destroy();

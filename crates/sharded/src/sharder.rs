@@ -968,9 +968,26 @@ impl<S: Shard> AutoSharder<S> {
     /// returns the new shard.
     fn split_once(&self, shard: &Proclet<Cell<S>>) -> Result<Option<Proclet<Cell<S>>>, ShardError> {
         if self.begin_split(shard)? {
-            return self.finish_split_of(shard);
+            let child = self.finish_split_of(shard)?;
+            if let Some(c) = &child {
+                granule_runtime::telemetry::record_split(
+                    "sharded",
+                    self.label(),
+                    format!("{} split off {}", shard.id(), c.id()),
+                );
+            }
+            return Ok(child);
         }
         Ok(None)
+    }
+
+    /// How operators see this structure: its shard type and its mapping proclet, e.g.
+    /// `"MapShard p12"`.
+    pub fn label(&self) -> String {
+        let full = std::any::type_name::<S>();
+        let base = full.split('<').next().unwrap_or(full);
+        let short = base.rsplit("::").next().unwrap_or(base);
+        format!("{short} {}", self.map.id())
     }
 
     /// Only the first step of a split, as a client that dies right after it would leave
@@ -1094,11 +1111,20 @@ impl<S: Shard> AutoSharder<S> {
             }
         };
         let upper = self.bounds.upper;
-        left.run(
-            (left.clone(), right, self.map.clone(), fp, upper),
-            |c: &mut Cell<S>, a: MergeArgs<S>| merge_right_into(c, a),
-        )?
-        .map_err(ShardError::Step)?;
+        let right_id = right.id();
+        let merged = left
+            .run(
+                (left.clone(), right, self.map.clone(), fp, upper),
+                |c: &mut Cell<S>, a: MergeArgs<S>| merge_right_into(c, a),
+            )?
+            .map_err(ShardError::Step)?;
+        if merged {
+            granule_runtime::telemetry::record_merge(
+                "sharded",
+                self.label(),
+                format!("{right_id} into {}", left.id()),
+            );
+        }
         // A merge past the upper bound is a rebalance: split the result.
         self.split(&left)
     }
@@ -1364,7 +1390,7 @@ type MergeArgs<S> = (
 fn merge_right_into<S: Shard>(
     c: &mut Cell<S>,
     (me, right, map, right_fp, upper): MergeArgs<S>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     // Merging two shards that together exceed the upper bound is still right when one
     // of them is under the lower bound: the client splits the result in halves, each at
     // least upper / 2 ≥ lower (a rebalance). Beyond upper + lower it would not be one.
@@ -1374,10 +1400,10 @@ fn merge_right_into<S: Shard>(
         || c.sealed
         || c.data.footprint() + right_fp > upper + upper / 2
     {
-        return Ok(());
+        return Ok(false);
     }
     let Some(my_hi) = c.hi.clone() else {
-        return Ok(());
+        return Ok(false);
     };
     // Take the right shard's data, if it still starts where this one ends.
     let taken = right
@@ -1398,7 +1424,7 @@ fn merge_right_into<S: Shard>(
         )
         .map_err(|e| format!("taking the right shard's data: {e}"))?;
     let Some((hi, data)) = taken else {
-        return Ok(());
+        return Ok(false);
     };
     let lo = c.hi.clone();
     c.data.merge(data);
@@ -1411,5 +1437,5 @@ fn merge_right_into<S: Shard>(
     })
     .map_err(|e| format!("recording a merge: {e}"))?;
     let _ = right.destroy();
-    Ok(())
+    Ok(true)
 }

@@ -30,7 +30,10 @@ use crate::shipping::{self, Expect, StateOps};
 use crate::slot::{Guard, Slot, SlotStatus};
 use bytes::Bytes;
 use granule_transport::{Connection, Responder, TransportError};
-use granule_wire::{CallMode, Frame, Kind, Location, MoveStats, Msg, ProcletId, RemoteError};
+use granule_wire::{
+    CallMode, ClusterEvent, EventKind, Frame, Kind, Location, MoveStats, Msg, ProcletId,
+    RemoteError,
+};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -293,14 +296,32 @@ impl NodeInner {
             CallMode::Shared
         };
         let t0 = Instant::now();
+        crate::telemetry::record_move_started(self);
+        let failed = |why: String| {
+            let mut e = ClusterEvent::now(EventKind::MigrationFailed, self.id, proclet.to_string());
+            e.to = Some(to.node);
+            e.micros = t0.elapsed().as_micros() as u64;
+            e.detail = why;
+            crate::telemetry::record_move(self, e);
+        };
         crate::accounting::request_yield(slot.serial);
-        let guard = self.lock_slot(&slot, context::new_chain(), mode).await?;
+        let guard = match self.lock_slot(&slot, context::new_chain(), mode).await {
+            Ok(g) => g,
+            Err(e) => {
+                failed(format!("could not take the proclet: {e}"));
+                return Err(e);
+            }
+        };
         crate::accounting::clear_yield(slot.serial);
         let drain = t0.elapsed();
-        let conn = self
-            .conn_to(to.node, &to.addr)
-            .await
-            .map_err(|e| RemoteError::Refused(format!("cannot reach the destination: {e}")))?;
+        let conn = match self.conn_to(to.node, &to.addr).await {
+            Ok(c) => c,
+            Err(e) => {
+                let e = RemoteError::Refused(format!("cannot reach the destination: {e}"));
+                failed(e.to_string());
+                return Err(e);
+            }
+        };
         let epoch = slot.epoch.max(to.epoch.saturating_sub(1)) + 1;
         let streaming = Instant::now();
         let (bytes, sent_state) = match self.stream_state(&conn, &guard, &slot, ops, epoch).await {
@@ -314,6 +335,7 @@ impl NodeInner {
             Err(e) => {
                 let _ = conn.notify(&Msg::TransferAbort { proclet }, &[]);
                 tracing::warn!(%proclet, to = %to.node, "move abandoned, the proclet stays here: {e}");
+                failed(format!("abandoned, the proclet stays at its source: {e}"));
                 return Err(e);
             }
         };
@@ -362,6 +384,11 @@ impl NodeInner {
         });
         self.moves_out.fetch_add(1, Ordering::Relaxed);
         self.monitor.record_move(bytes, took - drain);
+        let mut e = ClusterEvent::now(EventKind::Migration, self.id, proclet.to_string());
+        e.to = Some(to.node);
+        e.bytes = bytes;
+        e.micros = took.as_micros() as u64;
+        crate::telemetry::record_move(self, e);
         Ok(MoveStats {
             bytes,
             micros: took.as_micros() as u64,

@@ -109,7 +109,7 @@ pub(crate) struct NodeInner {
     members_version: AtomicU64,
     ids: Mutex<Range<u64>>,
     pub calls_served: AtomicU64,
-    hosted: [AtomicU32; 3],
+    pub(crate) hosted: [AtomicU32; 3],
     stopped: AtomicBool,
     shutdown: (Mutex<Option<String>>, Condvar),
     handler: Arc<NodeHandler>,
@@ -120,6 +120,8 @@ pub(crate) struct NodeInner {
     migration: migrate::MigrationConfig,
     pub(crate) monitor: monitor::Monitor,
     pub(crate) moves_out: AtomicU64,
+    /// Cores busy at the last heartbeat (`f64` bits), for `/metrics`.
+    pub(crate) cores_busy: AtomicU64,
     /// Bytes of state received by migration since the node started.
     pub(crate) received_bytes: AtomicU64,
     /// Bytes of state moved away and freed since the node started.
@@ -199,6 +201,12 @@ impl Node {
         .map_err(|e| io_err("bind", e))?
         .map_err(|e| io_err("cannot listen for other nodes", e))?;
         let addr = advertised_addr(listener.local_addr(), &opts.controller);
+        let metrics_listener = crate::telemetry::bind(&opts.listen_host)
+            .map_err(|e| io_err("cannot serve /metrics", e))?;
+        let metrics_addr = metrics_listener
+            .local_addr()
+            .ok()
+            .map(|a| advertised_addr(a, &opts.controller));
 
         let program = std::env::current_exe()
             .map(|p| p.display().to_string())
@@ -228,7 +236,7 @@ impl Node {
                         binary,
                         reg_program,
                         granule_cgroups::current_paths(),
-                        None,
+                        metrics_addr,
                     )
                     .await?;
                 Ok::<_, ControllerError>((client, reg))
@@ -275,6 +283,7 @@ impl Node {
                 pc
             }),
             moves_out: AtomicU64::new(0),
+            cores_busy: AtomicU64::new(0),
             received_bytes: AtomicU64::new(0),
             departed_bytes: AtomicU64::new(0),
         });
@@ -287,6 +296,10 @@ impl Node {
         // heartbeat, which so reports real readings (cgroup limit, pressure).
         control.spawn(inner.clone().monitor_loop());
         control.spawn(heartbeat_loop(inner.clone(), reg.heartbeat));
+        control.spawn(crate::telemetry::serve(
+            metrics_listener,
+            Arc::downgrade(&inner),
+        ));
         // With one worker there is no idle worker to wake: no watchdog needed.
         let weak = Arc::downgrade(&inner);
         if workers_n > 1 {
@@ -333,8 +346,11 @@ async fn heartbeat_loop(node: Arc<NodeInner>, every: Duration) {
             return;
         }
         let r = node.monitor.reading();
+        let cores_busy = meter.sample();
+        node.cores_busy
+            .store(cores_busy.to_bits(), Ordering::Relaxed);
         let usage = Usage {
-            cores_busy: meter.sample(),
+            cores_busy,
             // The monitor read these at most one memory interval ago.
             mem_used: r.rss,
             proclets: [
@@ -355,7 +371,11 @@ async fn heartbeat_loop(node: Arc<NodeInner>, every: Duration) {
             top: node.top_proclets(16),
             groups: Vec::new(),
         };
-        match node.controller.heartbeat(node.id, usage, Vec::new()).await {
+        match node
+            .controller
+            .heartbeat(node.id, usage, crate::telemetry::drain())
+            .await
+        {
             Ok(version) => {
                 if version != node.members_version.load(Ordering::Relaxed) {
                     if let Ok(list) = node.controller.list_nodes().await {

@@ -1,0 +1,160 @@
+//! Prometheus metrics against a workload's own counts: scraping the nodes' `/metrics`
+//! while calls and migrations run must show the migrations counted exactly, the calls
+//! served equal to the calls made, and a call rate within 5 % of the rate the workload
+//! measured itself.
+
+mod common;
+
+use common::{bounded, cluster};
+use granule::{Cluster, Kind, NodeId, Proclet};
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to /metrics");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("read the answer");
+    assert!(body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"), "{body}");
+    body
+}
+
+/// Sum of the samples of `name` whose labels contain every `filters` pair.
+fn sum(text: &str, name: &str, filters: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (metric, labels) = match series.split_once('{') {
+                Some((m, rest)) => (m, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            if metric != name {
+                return None;
+            }
+            let ok = filters
+                .iter()
+                .all(|(k, v)| labels.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
+            ok.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
+}
+
+fn metrics_addr(cluster: &Cluster, node: NodeId) -> String {
+    cluster
+        .nodes()
+        .unwrap()
+        .into_iter()
+        .find(|n| n.id == node)
+        .and_then(|n| n.metrics_addr)
+        .expect("every node registers a metrics address")
+}
+
+/// All node processes' metrics, concatenated.
+fn scrape_all(cluster: &Cluster, nodes: &[NodeId]) -> String {
+    nodes
+        .iter()
+        .map(|n| get(&metrics_addr(cluster, *n), "/metrics"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn scraped_counters_equal_the_workloads_own_counts_and_rates() {
+    bounded(LIMIT, || {
+        let (cluster, nodes) = cluster(2, "cpu=1,mem=512MiB");
+        let target = nodes[0];
+        let label = target.to_string();
+        let p = Proclet::builder(Kind::Memory)
+            .on(target)
+            .create((), |()| 0u64)
+            .unwrap();
+        let addr = metrics_addr(&cluster, target);
+        let served = |text: &str| sum(text, "granule_calls_served_total", &[("node", &label)]);
+
+        // Calls: a counted stretch of calls from the driver, with scrapes around it.
+        let before = served(&get(&addr, "/metrics"));
+        let t0 = Instant::now();
+        let mut made = 0u64;
+        while t0.elapsed() < Duration::from_millis(1500) {
+            p.run(1u64, |n: &mut u64, x: u64| *n += x).unwrap();
+            made += 1;
+        }
+        let own_rate = made as f64 / t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let after = served(&get(&addr, "/metrics"));
+        let scrape_secs = t1.duration_since(t0).as_secs_f64();
+        assert_eq!(
+            after - before,
+            made as f64,
+            "calls served by {target} per /metrics ≠ calls made"
+        );
+        let scraped_rate = (after - before) / scrape_secs;
+        assert!(
+            (scraped_rate / own_rate - 1.0).abs() <= 0.05,
+            "scraped rate {scraped_rate:.0}/s vs the workload's {own_rate:.0}/s"
+        );
+        assert_eq!(p.run_ref((), |n: &u64, ()| *n).unwrap(), made);
+
+        // Migrations: K moves back and forth, counted exactly on the source nodes.
+        let text = scrape_all(&cluster, &nodes);
+        let fin0 = sum(&text, "granule_migrations_total", &[("outcome", "finished")]);
+        let bytes0 = sum(&text, "granule_migration_bytes_total", &[]);
+        const K: usize = 6;
+        let mut moved_bytes = 0u64;
+        for k in 0..K {
+            let to = nodes[(k + 1) % 2];
+            moved_bytes += cluster.move_proclet(p.id(), to).unwrap().bytes;
+        }
+        let text = scrape_all(&cluster, &nodes);
+        let fin = sum(&text, "granule_migrations_total", &[("outcome", "finished")]) - fin0;
+        let started = sum(&text, "granule_migrations_total", &[("outcome", "started")]);
+        assert_eq!(fin, K as f64, "finished migrations in /metrics");
+        assert!(started >= fin + fin0, "started {started} < finished {fin}");
+        assert_eq!(
+            sum(&text, "granule_migration_bytes_total", &[]) - bytes0,
+            moved_bytes as f64
+        );
+        assert_eq!(
+            sum(&text, "granule_migration_duration_seconds_count", &[]),
+            fin + fin0
+        );
+        // Gauges: the proclet is on nodes[0] after an even number of moves.
+        assert_eq!(
+            sum(&text, "granule_node_proclets", &[("node", &label), ("kind", "memory")]),
+            1.0
+        );
+
+        // The controller heard of every move (events travel with heartbeats).
+        let url = cluster.dashboard_url().unwrap();
+        let dash = url.trim_start_matches("http://").trim_end_matches('/');
+        let subject = format!("\"subject\":\"{}\"", p.id());
+        let t = Instant::now();
+        loop {
+            let api = get(dash, "/api/events?after=0&limit=2000");
+            let moves = api
+                .split("{\"seq\"")
+                .filter(|e| e.contains("\"kind\":\"migration\"") && e.contains(&subject))
+                .count();
+            if moves == K {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "{moves} of {K} moves in {api}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        p.destroy().unwrap();
+        cluster.shutdown();
+    });
+}
+
+#[test]
+fn prometheus_text_parsing() {
+    let t = "# TYPE x counter\nx{node=\"n1\",kind=\"a\"} 3\nx{node=\"n2\",kind=\"a\"} 4\ny 1\n";
+    assert_eq!(sum(t, "x", &[]), 7.0);
+    assert_eq!(sum(t, "x", &[("node", "n2")]), 4.0);
+    assert_eq!(sum(t, "y", &[]), 1.0);
+    assert_eq!(sum(t, "x", &[("node", "n3")]), 0.0);
+}
