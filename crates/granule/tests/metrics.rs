@@ -18,7 +18,10 @@ fn get(addr: &str, path: &str) -> String {
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut body = String::new();
     s.read_to_string(&mut body).expect("read the answer");
-    assert!(body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(
+        body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
+        "{body}"
+    );
     body
 }
 
@@ -101,7 +104,11 @@ fn scraped_counters_equal_the_workloads_own_counts_and_rates() {
 
         // Migrations: K moves back and forth, counted exactly on the source nodes.
         let text = scrape_all(&cluster, &nodes);
-        let fin0 = sum(&text, "granule_migrations_total", &[("outcome", "finished")]);
+        let fin0 = sum(
+            &text,
+            "granule_migrations_total",
+            &[("outcome", "finished")],
+        );
         let bytes0 = sum(&text, "granule_migration_bytes_total", &[]);
         const K: usize = 6;
         let mut moved_bytes = 0u64;
@@ -110,7 +117,11 @@ fn scraped_counters_equal_the_workloads_own_counts_and_rates() {
             moved_bytes += cluster.move_proclet(p.id(), to).unwrap().bytes;
         }
         let text = scrape_all(&cluster, &nodes);
-        let fin = sum(&text, "granule_migrations_total", &[("outcome", "finished")]) - fin0;
+        let fin = sum(
+            &text,
+            "granule_migrations_total",
+            &[("outcome", "finished")],
+        ) - fin0;
         let started = sum(&text, "granule_migrations_total", &[("outcome", "started")]);
         assert_eq!(fin, K as f64, "finished migrations in /metrics");
         assert!(started >= fin + fin0, "started {started} < finished {fin}");
@@ -124,7 +135,11 @@ fn scraped_counters_equal_the_workloads_own_counts_and_rates() {
         );
         // Gauges: the proclet is on nodes[0] after an even number of moves.
         assert_eq!(
-            sum(&text, "granule_node_proclets", &[("node", &label), ("kind", "memory")]),
+            sum(
+                &text,
+                "granule_node_proclets",
+                &[("node", &label), ("kind", "memory")]
+            ),
             1.0
         );
 
@@ -142,7 +157,10 @@ fn scraped_counters_equal_the_workloads_own_counts_and_rates() {
             if moves == K {
                 break;
             }
-            assert!(t.elapsed() < Duration::from_secs(5), "{moves} of {K} moves in {api}");
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{moves} of {K} moves in {api}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         p.destroy().unwrap();
