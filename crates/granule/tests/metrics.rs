@@ -6,6 +6,7 @@
 mod common;
 
 use common::{bounded, cluster};
+use granule::sharded::{Bounds, ShardedMap};
 use granule::{Cluster, Kind, NodeId, Proclet};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -164,6 +165,65 @@ fn scraped_counters_equal_the_workloads_own_counts_and_rates() {
             std::thread::sleep(Duration::from_millis(50));
         }
         p.destroy().unwrap();
+        cluster.shutdown();
+    });
+}
+
+#[test]
+fn splits_are_counted_and_the_structure_is_summed_per_node_on_the_dashboard_api() {
+    bounded(LIMIT, || {
+        let (cluster, nodes) = cluster(2, "cpu=1,mem=512MiB");
+        let mut all = nodes.clone();
+        all.push(cluster.node_id());
+        let splits = |c: &Cluster| {
+            sum(
+                &scrape_all(c, &all),
+                "granule_splits_total",
+                &[("component", "sharded")],
+            )
+        };
+        let before = splits(&cluster);
+        let b = Bounds::new(2 << 10, 8 << 10).unwrap();
+        let map: ShardedMap<u64, Vec<u8>> = ShardedMap::with_bounds(b).unwrap();
+        for i in 0..600u64 {
+            map.insert(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 8, vec![1u8; 64])
+                .unwrap();
+        }
+        let shards = map.sharder().shards().unwrap().len();
+        assert!(shards >= 4, "the map should have split: {shards} shards");
+        assert_eq!(
+            splits(&cluster) - before,
+            (shards - 1) as f64,
+            "splits in /metrics ≠ shards − 1 (no merges happen while only inserting)"
+        );
+        // The controller sums the nodes' per-structure reports (sent every heartbeat).
+        let label = map.sharder().label();
+        let url = cluster.dashboard_url().unwrap();
+        let dash = url.trim_start_matches("http://").trim_end_matches('/');
+        let t = Instant::now();
+        loop {
+            let api = get(dash, "/api/cluster");
+            let json = &api[api.find("\r\n\r\n").unwrap() + 4..];
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            let row = v["structures"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["group"] == label.as_str())
+                .cloned();
+            if let Some(row) = row {
+                if row["proclets"] == shards as u64 {
+                    assert!(row["bytes"].as_u64().unwrap() > 600 * 64);
+                    break;
+                }
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{label} with {shards} shards not in {json}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        map.destroy().unwrap();
         cluster.shutdown();
     });
 }

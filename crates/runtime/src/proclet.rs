@@ -151,6 +151,7 @@ pub struct ProcletBuilder<S> {
     on: Option<NodeId>,
     mem_hint: u64,
     pinned: bool,
+    group: Option<String>,
     state_desc: &'static shipping::Descriptor,
     _state: PhantomData<fn() -> S>,
 }
@@ -161,6 +162,7 @@ struct CreateOpts {
     on: Option<NodeId>,
     mem_hint: u64,
     pinned: bool,
+    group: Option<String>,
     state_desc: &'static shipping::Descriptor,
 }
 
@@ -227,6 +229,14 @@ impl<S: ProcletState> ProcletBuilder<S> {
         self
     }
 
+    /// Name the structure or service this proclet belongs to (e.g. `"MapShard p12"`):
+    /// operators see proclets summed by it (the dashboard's structures table). It
+    /// follows the proclet when it moves.
+    pub fn group(mut self, label: impl Into<String>) -> Self {
+        self.group = Some(label.into());
+        self
+    }
+
     /// Account the proclet's memory with its state's own [`Footprint`] instead of the
     /// default estimate (the length of its encoding); see [`crate::footprint`].
     pub fn footprint(mut self) -> Self
@@ -243,6 +253,7 @@ impl<S: ProcletState> ProcletBuilder<S> {
             on: self.on,
             mem_hint: self.mem_hint,
             pinned: self.pinned,
+            group: self.group.clone(),
             state_desc: self.state_desc,
         }
     }
@@ -292,6 +303,7 @@ where
         .prepare_create(opts.kind, opts.on, opts.mem_hint)
         .await?;
     new.pinned = opts.pinned;
+    new.group = opts.group;
     let state_desc = opts.state_desc;
     let result = if new.loc.node == node.id {
         let built = {
@@ -467,6 +479,7 @@ impl<S: ProcletState> Proclet<S> {
             on: None,
             mem_hint: 0,
             pinned: false,
+            group: None,
             state_desc: shipping::state_desc::<S>(),
             _state: PhantomData,
         }

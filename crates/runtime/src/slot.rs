@@ -177,6 +177,8 @@ pub(crate) struct Slot {
     pub pinned: AtomicBool,
     /// A move of this proclet is under way.
     pub moving: AtomicBool,
+    /// The structure or service it belongs to (operators see proclets grouped by it).
+    pub group: Option<Arc<str>>,
     pub stats: SlotStats,
     /// When this node started hosting it.
     pub since: std::time::Instant,
@@ -209,6 +211,7 @@ impl Slot {
         state_desc: &'static Descriptor,
         epoch: Epoch,
         state: Box<ErasedState>,
+        group: Option<Arc<str>>,
     ) -> Arc<Slot> {
         Arc::new(Slot {
             id,
@@ -218,6 +221,7 @@ impl Slot {
             epoch,
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             pinned: AtomicBool::new(false),
+            group,
             moving: AtomicBool::new(false),
             stats: SlotStats::default(),
             since: std::time::Instant::now(),
@@ -503,6 +507,7 @@ mod tests {
             state_desc::<u64>(),
             1,
             Box::new(0u64),
+            None,
         )
     }
 

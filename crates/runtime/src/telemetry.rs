@@ -11,11 +11,11 @@
 //! told apart by the `node` label.
 
 use crate::node::NodeInner;
-use granule_wire::{ClusterEvent, EventKind, Kind};
+use granule_wire::{ClusterEvent, EventKind, GroupUsage, Kind};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 /// Events waiting for the next heartbeat; beyond this the oldest are dropped (and
 /// counted): a controller that is away must not make a node hoard memory.
@@ -124,6 +124,24 @@ fn scrape(node: &NodeInner) -> String {
         .absolute(node.received_bytes.load(Ordering::Relaxed));
     metrics::counter!("granule_events_dropped_total").absolute(DROPPED.load(Ordering::Relaxed));
     granule_telemetry::render()
+}
+
+/// The node's proclets summed by the structure or service they belong to (every
+/// grouped proclet, with its last measured footprint), for the heartbeat.
+pub(crate) fn groups(node: &NodeInner) -> Vec<GroupUsage> {
+    let mut by: std::collections::BTreeMap<Arc<str>, GroupUsage> = Default::default();
+    for s in node.table.iter() {
+        if let Some(g) = &s.group {
+            let e = by.entry(g.clone()).or_insert_with(|| GroupUsage {
+                group: g.to_string(),
+                proclets: 0,
+                bytes: 0,
+            });
+            e.proclets += 1;
+            e.bytes += s.stats.footprint.load(Ordering::Relaxed);
+        }
+    }
+    by.into_values().collect()
 }
 
 /// Bind the node's metrics address now (so an error shows at start-up).

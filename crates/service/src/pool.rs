@@ -321,8 +321,12 @@ impl<C: ProcletState> Clone for Pool<C> {
 impl<C: ProcletState + Clone> Pool<C> {
     /// A pool of one worker covering every key, with `ctx` as its context, on `node`
     /// (`None`: where the controller places compute).
-    pub(crate) fn create(ctx: C, node: Option<NodeId>) -> Result<Pool<C>, ServiceError> {
-        let mut b = Proclet::builder(Kind::Compute);
+    pub(crate) fn create(
+        ctx: C,
+        node: Option<NodeId>,
+        group: &str,
+    ) -> Result<Pool<C>, ServiceError> {
+        let mut b = Proclet::builder(Kind::Compute).group(group);
         if let Some(n) = node {
             b = b.on(n);
         }
@@ -720,7 +724,9 @@ impl<C: Context> Scaler<C> {
             .1
             .run_ref((), |w: &Worker<C>, ()| w.ctx.clone())?;
         // Not in the table yet: no call reaches it before its context is its own.
-        let w = Proclet::builder(Kind::Compute).create(ctx.clone(), |c: C| Worker::new(c))?;
+        let w = Proclet::builder(Kind::Compute)
+            .group(self.label.clone())
+            .create(ctx.clone(), |c: C| Worker::new(c))?;
         let own = match ctx.split(mid, w.location().ok()) {
             Ok(own) => own,
             Err(e) => {

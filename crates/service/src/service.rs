@@ -108,7 +108,7 @@ impl ServiceBuilder {
         F: Fn(Req) -> Resp + Copy + Send + Sync + 'static,
     {
         self.check_name()?;
-        let pool = Pool::create((), None)?;
+        let pool = Pool::create((), None, &format!("service {}", self.name))?;
         let (scaler, thread) = Scaler::start(
             pool.clone(),
             self.scale.clone(),
@@ -191,14 +191,20 @@ impl ServiceBuilder {
         self.check_name()?;
         // The first pair: its memory half where the controller puts memory, its compute
         // half next to it.
-        let mem = Proclet::builder(Kind::Memory).create((), |(): ()| PairState {
-            lo: 0,
-            hi: u64::MAX as u128 + 1,
-            state: S::default(),
-        })?;
+        let group = format!("service {}", self.name);
+        let mem = Proclet::builder(Kind::Memory)
+            .group(group.clone())
+            .create((), |(): ()| PairState {
+                lo: 0,
+                hi: u64::MAX as u128 + 1,
+                state: S::default(),
+            })?;
         let node = mem.location().ok();
-        let pair = Pair { mem };
-        let pool = match Pool::create(pair.clone(), node) {
+        let pair = Pair {
+            mem,
+            group: group.clone(),
+        };
+        let pool = match Pool::create(pair.clone(), node, &group) {
             Ok(p) => p,
             Err(e) => {
                 let _ = crate::pool::Context::release(&pair);
@@ -621,12 +627,15 @@ impl<S> PairState<S> {
 #[serde(bound = "")]
 pub struct Pair<S: ServiceState> {
     mem: Proclet<PairState<S>>,
+    /// The service's group label (`"service NAME"`), for the pairs split off later.
+    group: String,
 }
 
 impl<S: ServiceState> Clone for Pair<S> {
     fn clone(&self) -> Self {
         Pair {
             mem: self.mem.clone(),
+            group: self.group.clone(),
         }
     }
 }
@@ -657,7 +666,7 @@ impl<S: ServiceState> crate::pool::Context for Pair<S> {
 
     fn split(&self, mid: u64, node: Option<NodeId>) -> Result<Option<Self>, ServiceError> {
         // The new memory proclet first, serving nothing yet, on the new worker's node.
-        let mut b = Proclet::builder(Kind::Memory);
+        let mut b = Proclet::builder(Kind::Memory).group(self.group.clone());
         if let Some(n) = node {
             b = b.on(n);
         }
@@ -666,7 +675,10 @@ impl<S: ServiceState> crate::pool::Context for Pair<S> {
             hi: mid as u128,
             state: S::default(),
         })?;
-        let new = Pair { mem };
+        let new = Pair {
+            mem,
+            group: self.group.clone(),
+        };
         // Then the upper clients leave the old one (which stops serving their keys in the
         // same step), encoded, so a failed hand-over can give them back.
         let taken = self.mem.run(mid, |p: &mut PairState<S>, mid: u64| {

@@ -347,24 +347,32 @@ impl<S: Shard> fmt::Debug for AutoSharder<S> {
 impl<S: Shard> AutoSharder<S> {
     /// A new structure: its mapping proclet and one empty shard covering every key.
     pub fn new(bounds: Bounds) -> Result<AutoSharder<S>, ShardError> {
-        let first = Proclet::builder(Kind::Memory)
+        // The map first: its id names the structure, which every shard carries as its
+        // group (what operators see shards summed by).
+        let map = Proclet::builder(Kind::Memory)
             .footprint()
-            .create((), |()| Cell::<S>::new(None, None, S::default()))?;
-        let map = Proclet::builder(Kind::Memory).footprint().create(
-            first,
-            |first: Proclet<Cell<S>>| {
-                let mut m = MapLog {
-                    log: Vec::new(),
-                    current: BTreeMap::new(),
-                    sealed: false,
-                };
-                m.apply(Change::Set {
-                    lo: None,
-                    shard: first,
-                });
-                m
-            },
-        )?;
+            .create((), |()| MapLog::<S> {
+                log: Vec::new(),
+                current: BTreeMap::new(),
+                sealed: false,
+            })?;
+        let first = match Proclet::builder(Kind::Memory)
+            .footprint()
+            .group(label_of::<S>(map.id()))
+            .create((), |()| Cell::<S>::new(None, None, S::default()))
+        {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = map.destroy();
+                return Err(e.into());
+            }
+        };
+        map.run(first, |m: &mut MapLog<S>, first: Proclet<Cell<S>>| {
+            m.apply(Change::Set {
+                lo: None,
+                shard: first,
+            })
+        })?;
         Ok(AutoSharder {
             map,
             bounds,
@@ -984,10 +992,7 @@ impl<S: Shard> AutoSharder<S> {
     /// How operators see this structure: its shard type and its mapping proclet, e.g.
     /// `"MapShard p12"`.
     pub fn label(&self) -> String {
-        let full = std::any::type_name::<S>();
-        let base = full.split('<').next().unwrap_or(full);
-        let short = base.rsplit("::").next().unwrap_or(base);
-        format!("{short} {}", self.map.id())
+        label_of::<S>(self.map.id())
     }
 
     /// Only the first step of a split, as a client that dies right after it would leave
@@ -1271,6 +1276,14 @@ fn route_ref<S: Shard, A, R, F: Fn(&S, A) -> R>(
     }
 }
 
+/// How operators see a structure: its shard type and its mapping proclet's id.
+fn label_of<S>(map: granule_runtime::ProcletId) -> String {
+    let full = std::any::type_name::<S>();
+    let base = full.split('<').next().unwrap_or(full);
+    let short = base.rsplit("::").next().unwrap_or(base);
+    format!("{short} {map}")
+}
+
 /// Step 2 of a split, on the parent's node under a shared lock: create the new shard
 /// (frozen) from a copy of pending and record it in the map, unless a client did so
 /// already. Returns the new shard's range start and handle, or `None` if nothing is
@@ -1288,7 +1301,9 @@ fn publish_pending<S: Shard>(
         postcard::to_allocvec(&p.data).map_err(|e| format!("encoding a split-off part: {e}"))?;
     // The part keeps its parent's kind (a hybrid shard's parts are hybrid).
     let kind = granule_runtime::hosted_kind(me.id()).unwrap_or(Kind::Memory);
-    let mut b = Proclet::builder(kind).footprint();
+    let mut b = Proclet::builder(kind)
+        .footprint()
+        .group(label_of::<S>(map.id()));
     if let Some(n) = here() {
         b = b.on(n);
     }

@@ -244,6 +244,7 @@ mod tests {
                 last: false,
                 raw: true,
                 pinned: false,
+                group: Some("MapShard p3".into()),
             },
             Msg::Moved(MoveStats {
                 bytes: 5,

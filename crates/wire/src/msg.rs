@@ -58,6 +58,8 @@ pub enum Msg {
         register: bool,
         /// Never move it.
         pinned: bool,
+        /// The structure or service it belongs to (for operators), if any.
+        group: Option<String>,
     },
     /// Free a proclet.
     Destroy {
@@ -86,6 +88,8 @@ pub enum Msg {
         last: bool,
         raw: bool,
         pinned: bool,
+        /// The structure or service it belongs to (for operators), if any.
+        group: Option<String>,
     },
     /// Source → destination: a transfer was abandoned; drop what arrived.
     TransferAbort {

@@ -101,6 +101,7 @@ impl NodeInner {
             loc,
             placed,
             pinned: false,
+            group: None,
         })
     }
 
@@ -117,6 +118,7 @@ impl NodeInner {
             state,
             epoch: new.loc.epoch,
             pinned: new.pinned,
+            group: new.group.clone(),
         };
         self.install_new(h, s, !new.placed)
             .await
@@ -149,6 +151,7 @@ impl NodeInner {
             chain: context::chain_for_call(),
             register: !new.placed,
             pinned: new.pinned,
+            group: new.group.clone(),
         };
         match conn.request(&msg, arg).await {
             Ok(Frame { msg: Msg::Done, .. }) => {

@@ -130,6 +130,7 @@ pub(crate) struct Incoming {
     epoch: u64,
     raw: bool,
     pinned: bool,
+    group: Option<String>,
 }
 
 type Reply = Pin<Box<dyn Future<Output = Result<Frame, TransportError>> + Send>>;
@@ -417,6 +418,10 @@ impl NodeInner {
             last,
             raw,
             pinned: false,
+            // Only the first chunk needs it (the receiver keeps the first one's).
+            group: (offset == 0)
+                .then(|| slot.group.as_deref().map(String::from))
+                .flatten(),
         };
         let mut window = Window {
             replies: VecDeque::new(),
@@ -560,6 +565,7 @@ impl NodeInner {
             last,
             raw,
             pinned,
+            group,
         } = frame.msg
         else {
             return;
@@ -601,6 +607,7 @@ impl NodeInner {
                     epoch,
                     raw,
                     pinned,
+                    group,
                 },
             );
         }
@@ -649,6 +656,7 @@ impl NodeInner {
                         state: inc.desc,
                         epoch: inc.epoch,
                         pinned: inc.pinned,
+                        group: inc.group,
                     };
                     node.install(h, s);
                     let _ = reply.send(&Msg::Done, &[]);

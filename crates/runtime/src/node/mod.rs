@@ -79,6 +79,8 @@ pub(crate) struct NewProclet {
     pub placed: bool,
     /// Never move it.
     pub pinned: bool,
+    /// The structure or service it belongs to.
+    pub group: Option<String>,
 }
 
 /// The result of trying a call remotely.
@@ -98,7 +100,7 @@ pub(crate) struct NodeInner {
     identity: Arc<Identity>,
     tconfig: Arc<TransportConfig>,
     pub controller: ControllerClient,
-    table: DashMap<ProcletId, Arc<Slot>>,
+    pub(crate) table: DashMap<ProcletId, Arc<Slot>>,
     /// Where proclets that left this node went (answers "not here" with a hint).
     forwarding: DashMap<ProcletId, Location>,
     /// Cached locations of proclets hosted elsewhere.
@@ -369,7 +371,7 @@ async fn heartbeat_loop(node: Arc<NodeInner>, every: Duration) {
             cpu_pressure: r.cpu_pressure,
             moves_out: node.moves_out.load(Ordering::Relaxed),
             top: node.top_proclets(16),
-            groups: Vec::new(),
+            groups: crate::telemetry::groups(&node),
         };
         match node
             .controller

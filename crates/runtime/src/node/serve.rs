@@ -21,6 +21,7 @@ pub(super) struct Hosting {
     pub state: &'static Descriptor,
     pub epoch: Epoch,
     pub pinned: bool,
+    pub group: Option<String>,
 }
 
 impl NodeInner {
@@ -31,8 +32,9 @@ impl NodeInner {
             state,
             epoch,
             pinned,
+            group,
         } = h;
-        let slot = Slot::new(id, kind, state, epoch, s);
+        let slot = Slot::new(id, kind, state, epoch, s, group.map(Arc::from));
         slot.pinned.store(pinned, Ordering::Relaxed);
         self.forwarding.remove(&id);
         self.locations.remove(&id);
@@ -210,6 +212,7 @@ impl NodeInner {
             chain,
             register,
             pinned,
+            group,
         } = frame.msg
         else {
             return Err(RemoteError::Protocol("not a create".into()));
@@ -235,6 +238,7 @@ impl NodeInner {
             state,
             epoch,
             pinned,
+            group,
         };
         self.install_new(h, s, register).await.map_err(|e| {
             RemoteError::Internal(format!(
