@@ -425,7 +425,9 @@ fn cluster_cgroups(mode: crate::config::CgroupsMode) -> Option<granule_cgroups::
     let warn = |why: String| {
         WARNED.call_once(|| {
             tracing::warn!(
-                "node processes run without cgroup limits (budgets are only accounted): {why}"
+                "node processes run without cgroup limits (budgets are only accounted): {why}. \
+                 For real limits run the driver as root with the cgroup v1 memory and cpu \
+                 controllers mounted under /sys/fs/cgroup; GRANULE_CGROUPS=off silences this"
             )
         })
     };
