@@ -102,6 +102,17 @@ fn scraped_counters_equal_the_workloads_own_counts_and_rates() {
             "scraped rate {scraped_rate:.0}/s vs the workload's {own_rate:.0}/s"
         );
         assert_eq!(p.run_ref((), |n: &u64, ()| *n).unwrap(), made);
+        // Every one of those remote calls is in the node's latency histogram.
+        let text = get(&addr, "/metrics");
+        let timed = sum(
+            &text,
+            "granule_call_duration_seconds_count",
+            &[("node", &label)],
+        );
+        assert!(
+            timed >= made as f64,
+            "{timed} timed calls < {made} calls made"
+        );
 
         // Migrations: K moves back and forth, counted exactly on the source nodes.
         let text = scrape_all(&cluster, &nodes);

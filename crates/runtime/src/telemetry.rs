@@ -90,6 +90,17 @@ pub(crate) fn record_move(node: &NodeInner, e: ClusterEvent) {
     report_event(e);
 }
 
+/// A remote call was served in `took` (from its arrival to its answer being sent,
+/// waiting for the proclet included). Local calls are not timed: they must stay cheap.
+pub(crate) fn call_served(node: &NodeInner, took: std::time::Duration) {
+    node.call_latency
+        .get_or_init(|| {
+            granule_telemetry::install();
+            metrics::histogram!("granule_call_duration_seconds", "node" => node.id.to_string())
+        })
+        .record(took.as_secs_f64());
+}
+
 /// A move begins.
 pub(crate) fn record_move_started(node: &NodeInner) {
     granule_telemetry::install();

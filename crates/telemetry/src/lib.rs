@@ -15,7 +15,18 @@ static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 pub fn install() -> bool {
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            // Durations (all of Granule's histograms are in seconds), 10 µs to 10 s:
+            // exported as Prometheus histograms, which aggregate across nodes (the
+            // exporter's default, summaries, do not).
+            let buckets = [
+                1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
+                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ];
+            let recorder = match PrometheusBuilder::new().set_buckets(&buckets) {
+                Ok(b) => b,
+                Err(_) => PrometheusBuilder::new(),
+            }
+            .build_recorder();
             let handle = recorder.handle();
             match metrics::set_global_recorder(recorder) {
                 Ok(()) => Some(handle),

@@ -124,6 +124,9 @@ pub(crate) struct NodeInner {
     pub(crate) moves_out: AtomicU64,
     /// Cores busy at the last heartbeat (`f64` bits), for `/metrics`.
     pub(crate) cores_busy: AtomicU64,
+    /// The histogram of remote calls' service time (made on first use: registering
+    /// it per call would allocate its labels every time).
+    pub(crate) call_latency: OnceLock<metrics::Histogram>,
     /// Bytes of state received by migration since the node started.
     pub(crate) received_bytes: AtomicU64,
     /// Bytes of state moved away and freed since the node started.
@@ -286,6 +289,7 @@ impl Node {
             }),
             moves_out: AtomicU64::new(0),
             cores_busy: AtomicU64::new(0),
+            call_latency: OnceLock::new(),
             received_bytes: AtomicU64::new(0),
             departed_bytes: AtomicU64::new(0),
         });

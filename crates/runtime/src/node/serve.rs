@@ -131,6 +131,7 @@ impl NodeInner {
         else {
             return;
         };
+        let received = std::time::Instant::now();
         let Some(slot) = self.local_slot(proclet) else {
             return reply.error(self.not_here(proclet));
         };
@@ -174,6 +175,7 @@ impl NodeInner {
             }
             Err(e) => reply.error(e),
         }
+        crate::telemetry::call_served(&self, received.elapsed());
     }
 
     /// Host a newly created proclet; with `register`, also record its location at the
