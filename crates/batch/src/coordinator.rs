@@ -422,6 +422,7 @@ where
             return;
         }
         slot.phase = Phase::Retired;
+        granule_runtime::telemetry::count_scaling("batch", false);
         if slot.hi > slot.lo {
             self.pool.push((slot.lo, slot.hi));
             slot.lo = slot.hi;
@@ -446,6 +447,10 @@ where
                 self.slots[wid].proclet = Some(p);
                 self.call(wid, None);
                 self.note(node, Trigger::Grew);
+                // Every worker after the first took part of another's range: a split.
+                if wid > 0 {
+                    granule_runtime::telemetry::count_scaling("batch", true);
+                }
             }
             Ev::Created(wid, Err(e)) => {
                 if fatal(&e) {

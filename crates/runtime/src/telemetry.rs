@@ -64,6 +64,19 @@ fn record(kind: EventKind, component: &'static str, subject: String, detail: Str
     }
 }
 
+/// Count a split or merge without an event (for components whose workers come and go
+/// too often for the event log, such as batch jobs).
+pub fn count_scaling(component: &'static str, split: bool) {
+    granule_telemetry::install();
+    let label = crate::here().map_or_else(|| "none".to_string(), |n| n.to_string());
+    let name = if split {
+        "granule_splits_total"
+    } else {
+        "granule_merges_total"
+    };
+    metrics::counter!(name, "node" => label, "component" => component).increment(1);
+}
+
 /// Everything queued, oldest first.
 pub(crate) fn drain() -> Vec<ClusterEvent> {
     QUEUE.lock().drain(..).collect()
