@@ -8,7 +8,7 @@
 use crate::status::{bytes, format_event};
 use anyhow::Context;
 use granule_controller::ControllerClient;
-use granule_wire::{ClusterEvent, Kind, NodeInfo, NodeState, Role};
+use granule_wire::{ClusterEvent, Kind, NodeInfo, NodeState};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -128,20 +128,11 @@ fn frame(
         for (total, k) in per_kind.iter_mut().zip(u.proclets) {
             *total += u64::from(k);
         }
-        let pressure = match (u.mem_pressure, u.cpu_pressure) {
-            (true, true) => "mem+cpu",
-            (true, false) => "mem",
-            (false, true) => "cpu",
-            (false, false) => "-",
-        };
+        let pressure = granule_report::usage::pressure_label(u);
         lines.push(format!(
             "{:<5} {:<6} {:<5} {} {:>11}  {} {:>19}  {:>14}  {:<8}",
             n.id.to_string(),
-            match n.role {
-                Role::Driver => "driver".to_string(),
-                Role::Node => "node".to_string(),
-                other => format!("{other:?}").to_lowercase(),
-            },
+            granule_report::usage::role_name(n.role),
             match n.state {
                 NodeState::Alive => "alive",
                 NodeState::Dead => "DEAD",

@@ -66,19 +66,10 @@ pub fn node_table(nodes: &[NodeInfo]) -> String {
         } else {
             ""
         };
-        let pressure = match (u.mem_pressure, u.cpu_pressure) {
-            (true, true) => "mem+cpu",
-            (true, false) => "mem",
-            (false, true) => "cpu",
-            (false, false) => "-",
-        };
+        let pressure = pressure_label(u);
         rows.push(vec![
             n.id.to_string(),
-            match n.role {
-                Role::Driver => "driver".into(),
-                Role::Node => "node".into(),
-                other => format!("{other:?}").to_lowercase(),
-            },
+            role_name(n.role),
             match n.state {
                 NodeState::Alive => "alive".into(),
                 NodeState::Dead => "DEAD".into(),
@@ -121,6 +112,25 @@ pub fn proclet_table(nodes: &[NodeInfo]) -> String {
         return "no proclets\n".into();
     }
     render(rows)
+}
+
+/// Which pressure a node reports: `mem`, `cpu`, `mem+cpu` or `-`.
+pub fn pressure_label(u: &granule_wire::Usage) -> &'static str {
+    match (u.mem_pressure, u.cpu_pressure) {
+        (true, true) => "mem+cpu",
+        (true, false) => "mem",
+        (false, true) => "cpu",
+        (false, false) => "-",
+    }
+}
+
+/// A role as the tables print it (`driver`, `node`, ...).
+pub fn role_name(role: Role) -> String {
+    match role {
+        Role::Driver => "driver".into(),
+        Role::Node => "node".into(),
+        other => format!("{other:?}").to_lowercase(),
+    }
 }
 
 #[cfg(test)]
