@@ -281,8 +281,8 @@ impl State {
     }
 
     /// Choose a node for a new proclet (see the module doc) and record its location.
-    /// Memory and hybrid proclets only go to nodes with room for their hint and no memory
-    /// pressure; `NoRoom` when there is none.
+    /// Memory and hybrid proclets only go to nodes with room for their hint, preferring
+    /// those without memory pressure; `NoRoom` when no node has room.
     pub fn place(
         &mut self,
         proclet: ProcletId,
@@ -309,15 +309,31 @@ impl State {
         }
         let candidates: Vec<&NodeEntry> = match kind {
             Kind::Compute => hosts,
-            Kind::Memory | Kind::Hybrid => hosts
-                .into_iter()
-                .filter(|e| !e.info.usage.mem_pressure && mem_room(e) >= mem_hint as f64)
-                .collect(),
+            Kind::Memory | Kind::Hybrid => {
+                let roomy: Vec<&NodeEntry> = hosts
+                    .into_iter()
+                    .filter(|e| mem_room(e) >= mem_hint as f64)
+                    .collect();
+                // A node under memory pressure is shedding: not where new state should go
+                // while another has room. But pressure may be only predicted (memory
+                // growing fast, as it does on every node while a program loads its data),
+                // and refusing a proclet that fits is worse than placing it where it fits.
+                let calm: Vec<&NodeEntry> = roomy
+                    .iter()
+                    .copied()
+                    .filter(|e| !e.info.usage.mem_pressure)
+                    .collect();
+                if calm.is_empty() {
+                    roomy
+                } else {
+                    calm
+                }
+            }
         };
         if candidates.is_empty() {
             return Err(PlaceError::NoRoom(format!(
                 "no node has room for a {kind} proclet of {mem_hint} bytes (every node is \
-                 out of memory budget or under memory pressure)"
+                 out of memory budget)"
             )));
         }
         let top = candidates
@@ -638,6 +654,54 @@ mod tests {
             .map(|i| s.place(ProcletId(i), Kind::Compute, 0).unwrap().node)
             .collect();
         assert!(picks.contains(&a) && picks.contains(&b), "{picks:?}");
+    }
+
+    #[test]
+    fn memory_avoids_pressured_nodes_unless_only_they_have_room() {
+        let (mut s, now) = st();
+        let a = reg(&mut s, Role::Node, 1.0, GIB, now);
+        let b = reg(&mut s, Role::Node, 1.0, GIB, now);
+        let pressured = |used: u64| Usage {
+            mem_used: used,
+            mem_pressure: true,
+            ..Default::default()
+        };
+        // b has more room but sheds: a gets the proclet.
+        s.heartbeat(
+            a,
+            Usage {
+                mem_used: GIB / 2,
+                ..Default::default()
+            },
+            Vec::new(),
+            now,
+        );
+        s.heartbeat(b, pressured(0), Vec::new(), now);
+        assert_eq!(
+            s.place(ProcletId(1), Kind::Memory, 1 << 20).unwrap().node,
+            a
+        );
+        // Every node predicts pressure (all are loading data fast) but b has room:
+        // placed there rather than refused.
+        s.heartbeat(a, pressured(GIB / 2), Vec::new(), now);
+        s.heartbeat(b, pressured(0), Vec::new(), now);
+        assert_eq!(
+            s.place(ProcletId(2), Kind::Memory, 1 << 20).unwrap().node,
+            b
+        );
+        // No room anywhere: refused, pressure or not.
+        s.heartbeat(a, pressured(GIB), Vec::new(), now);
+        s.heartbeat(
+            b,
+            Usage {
+                mem_used: GIB,
+                ..Default::default()
+            },
+            Vec::new(),
+            now,
+        );
+        let e = s.place(ProcletId(3), Kind::Memory, 1 << 20).unwrap_err();
+        assert!(matches!(e, PlaceError::NoRoom(m) if m.contains("no node has room")));
     }
 
     #[test]

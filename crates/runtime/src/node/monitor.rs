@@ -392,7 +392,7 @@ impl Monitor {
         r.mem_limit = limit;
         r.mem_growth = rate;
         let was = r.mem_pressure;
-        let predicted = growth.debounce(Instant::now(), free < predictive as i64);
+        let predicted = growth.predict(Instant::now(), free, predictive);
         r.mem_pressure = free < self.config.free_min_for(limit) as i64 || predicted;
         if was != r.mem_pressure {
             tracing::debug!(
@@ -489,6 +489,12 @@ pub(crate) struct Growth {
 /// 1 GiB/s, 20 MiB later).
 const PREDICTION_DEBOUNCE: Duration = Duration::from_millis(20);
 
+/// Once shedding for predicted exhaustion, carry on until free memory would last this
+/// many horizons. An allocator's speed wavers (on this VM, with the hypervisor's page
+/// faults, 250–600 MB/s within a second): without a margin each dip ended the pressure
+/// for the ~50 ms it took to come back, while the allocator kept eating the node.
+const LEAVE_MARGIN: f64 = 1.5;
+
 /// The window over which memory growth is measured.
 const GROWTH_WINDOW: Duration = Duration::from_millis(50);
 
@@ -516,6 +522,14 @@ impl Growth {
             }
         }
         self.predicted
+    }
+
+    /// The predictive rule at `now`: is `free` memory short of `need` (growth over the
+    /// horizon)? With hysteresis — once it holds, it ends only when free memory covers
+    /// [`LEAVE_MARGIN`] × `need` — and debounced.
+    pub(crate) fn predict(&mut self, now: Instant, free: i64, need: u64) -> bool {
+        let margin = if self.predicted { LEAVE_MARGIN } else { 1.0 };
+        self.debounce(now, (free as f64) < need as f64 * margin)
     }
 
     /// Record a reading; returns the growth in bytes per second (0 when shrinking).
@@ -903,6 +917,25 @@ mod tests {
         // Old samples leave the window.
         let r = g.observe(t0 + Duration::from_millis(200), 50 << 20);
         assert_eq!(r, 0.0);
+    }
+
+    #[test]
+    fn the_predictive_rule_ends_only_with_a_margin() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut g = Growth::default();
+        // 100 free against a need of 120: holds once debounced.
+        assert!(!g.predict(at(0), 100, 120));
+        assert!(g.predict(at(25), 100, 120));
+        // The need dips to 80 (free would last 1.25 horizons): still shedding.
+        assert!(g.predict(at(30), 100, 80));
+        assert!(g.predict(at(60), 100, 80));
+        // Below 2/3 of free (free lasts over 1.5 horizons): ends, once debounced.
+        assert!(g.predict(at(70), 100, 60));
+        assert!(!g.predict(at(95), 100, 60));
+        // And starts again only when the need exceeds free.
+        assert!(!g.predict(at(100), 100, 90));
+        assert!(!g.predict(at(130), 100, 90));
     }
 
     #[test]
