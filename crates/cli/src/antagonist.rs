@@ -241,8 +241,10 @@ fn node_groups(controller: &str, node: NodeId) -> anyhow::Result<(NodeInfo, Cgro
     let Some(info) = nodes.into_iter().find(|n| n.id == node) else {
         bail!("the controller at {controller} knows no node {node} (see `granule status`)");
     };
-    if info.state == NodeState::Dead {
-        bail!("{node} is dead");
+    match info.state {
+        NodeState::Alive => {}
+        NodeState::Dead => bail!("{node} is dead"),
+        NodeState::Left => bail!("{node} has left the cluster"),
     }
     let Some(paths) = info.cgroups.clone() else {
         bail!(

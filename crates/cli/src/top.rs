@@ -136,6 +136,7 @@ fn frame(
             match n.state {
                 NodeState::Alive => "alive",
                 NodeState::Dead => "DEAD",
+                NodeState::Left => "left",
             },
             bar(u.cores_busy / n.spec.cores.max(1e-9)),
             format!("{:.2}/{}", u.cores_busy, n.spec.cores),

@@ -178,6 +178,17 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
         out.contains("memory proclet on n1") || out.contains("memory proclet on n2"),
         "{out}"
     );
+    // The driver ended normally: the controller recorded a departure, not a failure.
+    let out = Command::new(GRANULE)
+        .args(["status", "--controller", &addr])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("node_left"), "{text}");
+    assert!(
+        !text.contains("node_down") && !text.contains("DEAD"),
+        "{text}"
+    );
     drop(nodes);
 }
 

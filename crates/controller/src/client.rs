@@ -234,6 +234,20 @@ impl ControllerClient {
         }
     }
 
+    /// Tell the controller this node leaves on purpose (recorded as a departure, not a
+    /// failure). The node closes its connection afterwards.
+    pub async fn leave(&self, reason: &str) -> Result<(), ControllerError> {
+        match self
+            .call(&Msg::Leave {
+                reason: reason.to_string(),
+            })
+            .await?
+        {
+            Msg::Done => Ok(()),
+            m => Err(Self::unexpected(m)),
+        }
+    }
+
     pub async fn list_nodes(&self) -> Result<Vec<NodeInfo>, ControllerError> {
         match self.call(&Msg::ListNodes).await? {
             Msg::Nodes(n) => Ok(n),

@@ -85,6 +85,23 @@ impl Inner {
         }
     }
 
+    /// A node leaves on purpose: record the departure (not a failure) and tell the other
+    /// hosts, whose calls to its proclets then fail at once as for a dead node.
+    fn depart(&self, node: NodeId, why: &str) {
+        if !self.state.lock().mark_left(node) {
+            return;
+        }
+        tracing::info!(node = %node, "node left the cluster: {why}");
+        let others: Vec<Arc<Connection>> = {
+            let mut h = self.hosts.lock();
+            h.remove(&node);
+            h.values().cloned().collect()
+        };
+        for c in others {
+            let _ = c.notify(&Msg::NodeDown { node }, &[]);
+        }
+    }
+
     fn answer(&self, conn: &Arc<Connection>, msg: Msg) -> Result<Msg, RemoteError> {
         let now = Instant::now();
         let host = self.registered_node(conn);
@@ -160,6 +177,13 @@ impl Inner {
                 } else {
                     Err(RemoteError::NodeDown(node))
                 }
+            }
+            Msg::Leave { reason } => {
+                let node = need_host()?;
+                // Its connection closing next is no failure.
+                self.by_conn.lock().remove(&conn_key(conn));
+                self.depart(node, &reason);
+                Ok(Msg::Done)
             }
             Msg::AllocIds { count } => {
                 need_host()?;

@@ -517,7 +517,21 @@ impl State {
         }
     }
 
-    /// Forget dead nodes: at once if no proclet was located on them, else after
+    /// Record that a node left on purpose. Returns true if it was alive.
+    pub fn mark_left(&mut self, node: NodeId) -> bool {
+        match self.nodes.get_mut(&node) {
+            Some(e) if e.info.state == NodeState::Alive => {
+                e.info.state = NodeState::Left;
+                self.members_version += 1;
+                let subject = format!("{:?} {node}", e.info.role);
+                self.record(ClusterEvent::now(EventKind::NodeLeft, node, subject));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Forget dead (and departed) nodes: at once if no proclet was located on them, else after
     /// `retention` (their proclets are lost; from then on calls to them find them gone
     /// rather than unreachable). Keeps the node list from growing under churn.
     pub fn prune_dead(&mut self, now: Instant, retention: Duration) {
@@ -525,7 +539,7 @@ impl State {
         let doomed: Vec<NodeId> = self
             .nodes
             .values()
-            .filter(|e| e.info.state == NodeState::Dead)
+            .filter(|e| e.info.state != NodeState::Alive)
             .filter(|e| {
                 e.placed == [0; 3] || now.saturating_duration_since(e.last_seen) > retention
             })
@@ -702,6 +716,26 @@ mod tests {
         );
         let e = s.place(ProcletId(3), Kind::Memory, 1 << 20).unwrap_err();
         assert!(matches!(e, PlaceError::NoRoom(m) if m.contains("no node has room")));
+    }
+
+    #[test]
+    fn a_departed_node_is_recorded_as_left_and_pruned() {
+        let (mut s, now) = st();
+        let a = reg(&mut s, Role::Node, 1.0, GIB, now);
+        let b = reg(&mut s, Role::Node, 1.0, GIB, now);
+        assert!(s.mark_left(a));
+        assert!(!s.mark_left(a), "only once");
+        assert!(!s.mark_dead(a), "a departed node does not die afterwards");
+        assert_eq!(s.node(a).unwrap().state, NodeState::Left);
+        let kinds: Vec<EventKind> = s.events_after(0, 100).iter().map(|e| e.kind).collect();
+        assert_eq!(kinds.last(), Some(&EventKind::NodeLeft));
+        assert!(!kinds.contains(&EventKind::NodeDown));
+        // Never a candidate; forgotten like a dead node.
+        for i in 0..4 {
+            assert_eq!(s.place(ProcletId(i), Kind::Memory, 0).unwrap().node, b);
+        }
+        s.prune_dead(now, Duration::from_secs(600));
+        assert!(s.node(a).is_none());
     }
 
     #[test]

@@ -73,6 +73,7 @@ pub fn node_table(nodes: &[NodeInfo]) -> String {
             match n.state {
                 NodeState::Alive => "alive".into(),
                 NodeState::Dead => "DEAD".into(),
+                NodeState::Left => "left".into(),
             },
             n.addr.clone(),
             n.pid.to_string(),

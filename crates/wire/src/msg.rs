@@ -193,6 +193,12 @@ pub enum Msg {
     Shutdown {
         reason: String,
     },
+    /// Node → controller: this node is leaving on purpose (its program ends); its
+    /// proclets go with it. Answered with `Done` before the node closes the connection,
+    /// so the controller records a departure rather than a failure.
+    Leave {
+        reason: String,
+    },
 }
 
 impl Msg {
@@ -233,6 +239,7 @@ impl Msg {
             Msg::MoveProclet { .. } => "MoveProclet",
             Msg::NodeDown { .. } => "NodeDown",
             Msg::Shutdown { .. } => "Shutdown",
+            Msg::Leave { .. } => "Leave",
         }
     }
 }

@@ -182,6 +182,8 @@ pub enum EventKind {
     NodeJoined,
     /// A node was declared dead (recorded by the controller).
     NodeDown,
+    /// A node left the cluster on purpose (recorded by the controller).
+    NodeLeft,
 }
 
 impl EventKind {
@@ -193,6 +195,7 @@ impl EventKind {
             EventKind::Merge => "merge",
             EventKind::NodeJoined => "node_joined",
             EventKind::NodeDown => "node_down",
+            EventKind::NodeLeft => "node_left",
         }
     }
 }
@@ -320,6 +323,8 @@ pub enum NodeState {
     Alive,
     /// Missed heartbeats for longer than the failure timeout, or its connection broke.
     Dead,
+    /// Left the cluster on purpose (its program ended); its proclets are gone with it.
+    Left,
 }
 
 /// A node as the controller reports it.

@@ -58,6 +58,8 @@ fn chase_exhausted(hops: u32, started: Instant) -> bool {
 }
 /// Proclet ids fetched from the controller at once.
 const ID_BLOCK: u32 = 1024;
+/// How long a node stopping on its own waits for the controller to take its goodbye.
+const LEAVE_WAIT: Duration = Duration::from_millis(500);
 
 /// What a node is started with.
 #[derive(Clone, Debug)]
@@ -323,8 +325,14 @@ impl Node {
         })
     }
 
-    /// Stop serving: mark the node stopped and shut its runtimes down.
+    /// Stop serving: mark the node stopped and shut its runtimes down. A node stopping
+    /// on its own (its program ends, rather than the cluster telling it to go) first tells
+    /// the controller it leaves, so that is recorded as a departure, not a failure.
     pub(crate) fn stop(&mut self) {
+        let own_decision = self.inner.shutdown.0.lock().is_none();
+        if own_decision {
+            self.leave();
+        }
         self.inner.stopped.store(true, Ordering::Release);
         self.inner.trigger_shutdown("stopped".into());
         if let Some(rt) = self.workers.take() {
@@ -332,6 +340,25 @@ impl Node {
         }
         if let Some(rt) = self.control.take() {
             rt.shutdown_background();
+        }
+    }
+}
+
+impl Node {
+    /// Say goodbye to the controller, waiting at most [`LEAVE_WAIT`] for its answer (it
+    /// may be gone already). Runs on the control runtime and waits on a channel, so it
+    /// works from any thread, including one inside another tokio runtime.
+    fn leave(&self) {
+        let Some(rt) = &self.control else { return };
+        let inner = self.inner.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        rt.spawn(async move {
+            let _ = tx.send(inner.controller.leave("its program ended").await);
+        });
+        match rx.recv_timeout(LEAVE_WAIT) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!("the controller did not take the goodbye: {e}"),
+            Err(_) => tracing::debug!("no answer from the controller to the goodbye"),
         }
     }
 }
@@ -439,7 +466,7 @@ impl NodeInner {
             let mut m = self.members.lock();
             m.clear();
             for n in list {
-                if n.state == NodeState::Dead {
+                if n.state != NodeState::Alive {
                     dead.push(n.id);
                 }
                 m.insert(n.id, n);
