@@ -9,7 +9,6 @@ mod common;
 
 use common::{bounded, cluster};
 use granule::{Kind, Proclet};
-use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -56,15 +55,7 @@ fn dom(browser: &str, url: &str) -> String {
 }
 
 /// GET a path from the dashboard's server (plain HTTP/1.0, read to the end).
-fn get(url: &str, path: &str) -> String {
-    let addr = url.trim_start_matches("http://").trim_end_matches('/');
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to the dashboard");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("read the answer");
-    body
-}
+use common::http_get as get;
 
 #[test]
 fn dashboard_shows_nodes_and_a_triggered_migration_in_headless_chromium() {

@@ -8,17 +8,13 @@ mod common;
 use common::{bounded, cluster};
 use granule::sharded::{Bounds, ShardedMap};
 use granule::{Cluster, Kind, NodeId, Proclet};
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
+/// GET that must succeed.
 fn get(addr: &str, path: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to /metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("read the answer");
+    let body = common::http_get(addr, path);
     assert!(
         body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
         "{body}"

@@ -74,3 +74,16 @@ pub fn cgroups_usable() -> Option<granule_cgroups::Hierarchy> {
         }
     }
 }
+
+/// A bare HTTP/1.0 GET of `path` from `addr` (`host:port`, or a URL such as
+/// `http://host:port/`): the whole answer, status line and headers included.
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let addr = addr.trim_start_matches("http://").trim_end_matches('/');
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the HTTP server");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read the answer");
+    answer
+}
