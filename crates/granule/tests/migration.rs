@@ -210,6 +210,47 @@ fn large_byte_and_structured_states_move_intact() {
     });
 }
 
+/// A name whose `Deserialize` borrows its text from the input: a state of these decodes
+/// only from one contiguous buffer, whatever chunks it travelled in.
+#[derive(serde::Serialize, PartialEq, Debug, Clone)]
+struct Name(String);
+
+impl<'de> serde::Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s: &'de str = serde::Deserialize::deserialize(d)?;
+        Ok(Name(s.to_string()))
+    }
+}
+
+#[test]
+fn a_state_that_borrows_while_decoding_moves_intact() {
+    bounded(LIMIT, || {
+        let (cluster, nodes) = cluster(2, "cpu=1,mem=1GiB");
+        let names = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .create(100_000u32, |n: u32| {
+                (0..n)
+                    .map(|i| Name(format!("name-{i}")))
+                    .collect::<Vec<Name>>()
+            })
+            .unwrap();
+        for round in 0..2 {
+            let to = nodes[(round + 1) % 2];
+            let s = cluster.move_proclet(names.id(), to).unwrap();
+            assert!(s.bytes > 1 << 20, "several chunks: {} bytes", s.bytes);
+            let ok = names
+                .run_ref((), |v: &Vec<Name>, ()| {
+                    v.len() == 100_000
+                        && v.iter()
+                            .enumerate()
+                            .all(|(i, n)| n.0 == format!("name-{i}"))
+                })
+                .unwrap();
+            assert!(ok, "intact after move {round}");
+        }
+    });
+}
+
 #[test]
 fn pinned_proclets_do_not_move() {
     bounded(LIMIT, || {

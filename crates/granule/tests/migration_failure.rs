@@ -100,6 +100,68 @@ fn destination_dying_mid_transfer_leaves_the_proclet_at_its_source() {
     });
 }
 
+/// The source dying while a structured state streams to the destination: the
+/// destination drops what arrived, keeps serving, and takes later moves.
+#[test]
+fn source_dying_mid_transfer_leaves_the_destination_serving() {
+    bounded(Duration::from_secs(90), || {
+        let (cluster, src, dst) = throttled_pair();
+        // ~4 MiB encoded: about 130 ms at 32 MB/s.
+        let doomed = Proclet::builder(Kind::Memory)
+            .on(src)
+            .create(4000u64, |n: u64| {
+                (0..n)
+                    .map(|i| (i, vec![(i % 251) as u8; 1000]))
+                    .collect::<std::collections::HashMap<u64, Vec<u8>>>()
+            })
+            .unwrap();
+        let survivor = Proclet::builder(Kind::Memory)
+            .on(dst)
+            .create(5u64, |n: u64| n)
+            .unwrap();
+        let id = doomed.id();
+        let c = &cluster;
+        let outcome = std::thread::scope(|s| {
+            let h = s.spawn(move || c.move_proclet(id, dst));
+            std::thread::sleep(Duration::from_millis(50));
+            c.kill_node(src).unwrap();
+            h.join().unwrap()
+        });
+        assert!(outcome.is_err(), "the move cannot finish: {outcome:?}");
+        // The destination serves on, and never installed the half-arrived proclet.
+        for k in 1..=20u64 {
+            let n = survivor
+                .run((), |n: &mut u64, ()| {
+                    *n += 1;
+                    *n
+                })
+                .unwrap();
+            assert_eq!(n, 5 + k);
+        }
+        let r = doomed.run_ref((), |m: &std::collections::HashMap<u64, Vec<u8>>, ()| {
+            m.len()
+        });
+        assert!(r.is_err(), "the proclet died with its source: {r:?}");
+        // And the destination still takes a whole move of a structured state.
+        let again = Proclet::builder(Kind::Memory)
+            .on(cluster.node_id())
+            .create(2000u64, |n: u64| {
+                (0..n)
+                    .map(|i| (i, vec![1u8; 1000]))
+                    .collect::<std::collections::HashMap<u64, Vec<u8>>>()
+            })
+            .unwrap();
+        cluster.move_proclet(again.id(), dst).unwrap();
+        assert_eq!(
+            again
+                .run_ref((), |m: &std::collections::HashMap<u64, Vec<u8>>, ()| m
+                    .len())
+                .unwrap(),
+            2000
+        );
+    });
+}
+
 /// While an encoded state streams (slowly here), read-only calls keep being answered at
 /// the source; a write waits and lands at the new home, once.
 #[test]
