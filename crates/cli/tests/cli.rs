@@ -189,7 +189,31 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
         !text.contains("node_down") && !text.contains("DEAD"),
         "{text}"
     );
-    drop(nodes);
+    // Ctrl-C on a hand-started node: it leaves cleanly too.
+    let mut nodes = nodes;
+    let pid = nodes[0].0.id().to_string();
+    let sent = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(sent.success());
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = nodes[0].0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the node ignored SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let out = Command::new(GRANULE)
+        .args(["status", "--controller", &addr])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(text.matches("node_left").count(), 2, "{text}");
+    assert!(!text.contains("node_down"), "{text}");
+    nodes.clear();
 }
 
 /// The demo as the README runs it, on the embedded cluster.

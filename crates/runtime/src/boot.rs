@@ -62,6 +62,16 @@ pub fn init_logging() {
 /// registration such as a binary mismatch) come back before the node serves anything.
 pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
     init_logging();
+    // Ctrl-C / SIGTERM: leave the cluster cleanly (the controller records a departure,
+    // not a failure). Blocked here, before any thread starts, so every thread inherits
+    // the mask and only the watcher below receives them; a second signal exits at once.
+    let signals = {
+        let mut s = nix::sys::signal::SigSet::empty();
+        s.add(nix::sys::signal::Signal::SIGINT);
+        s.add(nix::sys::signal::Signal::SIGTERM);
+        s
+    };
+    let watched = signals.thread_block().is_ok();
     let node = Node::start(NodeOptions {
         role: Role::Node,
         spec: args.spec,
@@ -77,6 +87,25 @@ pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
         args.spec.cores,
         args.spec.mem_bytes >> 20
     );
+    if watched {
+        let inner = node.inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("granule-signals".into())
+            .spawn(move || {
+                if let Ok(sig) = signals.wait() {
+                    inner
+                        .leaving
+                        .store(true, std::sync::atomic::Ordering::Release);
+                    inner.trigger_shutdown(format!("stopped by {sig}"));
+                }
+                if signals.wait().is_ok() {
+                    std::process::exit(130);
+                }
+            });
+        if spawned.is_err() {
+            let _ = signals.thread_unblock();
+        }
+    }
     let reason = node.inner.wait_shutdown();
     Ok(reason)
 }

@@ -115,6 +115,9 @@ pub(crate) struct NodeInner {
     pub calls_served: AtomicU64,
     pub(crate) hosted: [AtomicU32; 3],
     stopped: AtomicBool,
+    /// The node was asked to stop from its own side (a signal to `granule node`), not by
+    /// the cluster: it says goodbye to the controller as it stops.
+    pub(crate) leaving: AtomicBool,
     shutdown: (Mutex<Option<String>>, Condvar),
     handler: Arc<NodeHandler>,
     /// Which workers are inside closures (for the I/O watchdog).
@@ -279,6 +282,7 @@ impl Node {
             calls_served: AtomicU64::new(0),
             hosted: Default::default(),
             stopped: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             shutdown: (Mutex::new(None), Condvar::new()),
             handler: handler.clone(),
             busy,
@@ -329,7 +333,8 @@ impl Node {
     /// on its own (its program ends, rather than the cluster telling it to go) first tells
     /// the controller it leaves, so that is recorded as a departure, not a failure.
     pub(crate) fn stop(&mut self) {
-        let own_decision = self.inner.shutdown.0.lock().is_none();
+        let own_decision =
+            self.inner.shutdown.0.lock().is_none() || self.inner.leaving.load(Ordering::Acquire);
         if own_decision {
             self.leave();
         }
@@ -440,7 +445,10 @@ impl NodeInner {
         if r.is_none() {
             if self.role == Role::Node && reason != "stopped" {
                 // Normal at the end of a run (the driver went away); a warning otherwise.
-                if reason.contains("shutting down") || reason.contains("lost the controller") {
+                if reason.contains("shutting down")
+                    || reason.contains("lost the controller")
+                    || self.leaving.load(Ordering::Acquire)
+                {
                     tracing::info!(node = %self.id, "leaving the cluster: {reason}");
                 } else {
                     tracing::warn!(node = %self.id, "leaving the cluster: {reason}");
