@@ -45,7 +45,7 @@
 //!   start, max(antagonist exit, last move out of the victim) + 1 s]; their ratio (target
 //!   ≤ 3); node processes that died (`node_oom_kills`, target 0); lost calls (target 0).
 //!   Tail latency on this machine is noisy from run to run, so the pair of runs is repeated
-//!   (3 times; quick: once): the ratios in the summary are medians (with min and max), the
+//!   (5 times; quick: once): the ratios in the summary are medians (with min and max), the
 //!   counters add up all repetitions, and the timeline shows the median repetition. The
 //!   notes split the disruption's slow requests (over 3× the steady p99) into those to
 //!   shards that started on the victim and the others.
@@ -145,7 +145,7 @@ impl Params {
                 antagonist_extra: 256 << 20,
                 hold: Duration::from_secs(3),
                 drain: Duration::from_secs(3),
-                reps: 3,
+                reps: 5,
             }
         }
     }
