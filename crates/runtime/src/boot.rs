@@ -72,13 +72,22 @@ pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
         s
     };
     let watched = signals.thread_block().is_ok();
-    let node = Node::start(NodeOptions {
+    let started = Node::start(NodeOptions {
         role: Role::Node,
         spec: args.spec,
         controller: args.controller,
         listen_host: args.listen_host,
         shed: true,
-    })?;
+    });
+    let node = match started {
+        Ok(n) => n,
+        Err(e) => {
+            if watched {
+                let _ = signals.thread_unblock();
+            }
+            return Err(e);
+        }
+    };
     context::offer_default_node(&node.inner);
     eprintln!(
         "granule node {} serving on {} (cpu={}, mem={} MiB)",

@@ -323,7 +323,8 @@ pub enum NodeState {
     Alive,
     /// Missed heartbeats for longer than the failure timeout, or its connection broke.
     Dead,
-    /// Left the cluster on purpose (its program ended); its proclets are gone with it.
+    /// Left the cluster on purpose (its program ended, or it was stopped with a signal);
+    /// its proclets are gone with it.
     Left,
 }
 
