@@ -343,7 +343,6 @@ struct GenStats {
     lag: Latency,
 }
 
-/// Issue requests at `rate` from `t0` until the intended start reaches `stop_ns`.
 /// Set when the load generator could not enter SCHED_FIFO (the report says so).
 static FIFO_REFUSED: AtomicBool = AtomicBool::new(false);
 
@@ -376,6 +375,7 @@ fn raise_priority(what: &str) {
     }
 }
 
+/// Issue requests at `rate` from `t0` until the intended start reaches `stop_ns`.
 fn generate(
     shared: &Arc<Shared>,
     rt: &tokio::runtime::Handle,
@@ -1423,7 +1423,7 @@ fn opt(v: f64) -> Cell {
 }
 
 /// For investigating a run's tail: with `GRANULE_PRESSURE_DUMP=DIR`, every request of
-/// every run goes to `DIR/<label>-<pid>.csv` with its intended start in seconds of
+/// every run goes to `DIR/<label>-<pid>-<run>.csv` with its intended start in seconds of
 /// `CLOCK_MONOTONIC` (the clock `perf record -k CLOCK_MONOTONIC` stamps events with), so
 /// slow requests can be lined up with a scheduler trace.
 fn dump_requests(label: &str, t0: Instant, recs: &[Rec], shard_home: &[NodeId], victim: NodeId) {
@@ -1451,7 +1451,9 @@ fn dump_requests(label: &str, t0: Instant, recs: &[Rec], shard_home: &[NodeId], 
             (r.outcome != Outcome::Error) as u8
         );
     }
-    let path = std::path::Path::new(&dir).join(format!("{label}-{}.csv", std::process::id()));
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed) + 1;
+    let path = std::path::Path::new(&dir).join(format!("{label}-{}-{run}.csv", std::process::id()));
     match std::fs::write(&path, out) {
         Ok(()) => eprintln!("pressure: requests dumped to {}", path.display()),
         Err(e) => eprintln!("pressure: cannot dump requests to {}: {e}", path.display()),
