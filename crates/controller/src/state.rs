@@ -105,11 +105,19 @@ pub struct State {
     next_node: u32,
     next_proclet: u64,
     locations: HashMap<ProcletId, (NodeId, Epoch, Kind)>,
+    /// Proclets forgotten (destroyed) recently, oldest first, so that a location update
+    /// overtaken by the destroy does not bring them back (see [`State::set_location`]).
+    tombstones: VecDeque<(ProcletId, Instant)>,
+    tombstoned: std::collections::HashSet<ProcletId>,
     members_version: u64,
     /// The most recent cluster events (at most [`EVENT_LOG`]), oldest first.
     events: VecDeque<ClusterEvent>,
     next_event: u64,
 }
+
+/// How long a destroyed proclet's id is remembered (far longer than any location update
+/// can be in flight).
+pub const TOMBSTONE_TTL: Duration = Duration::from_secs(60);
 
 /// How many recent events the controller keeps for the dashboard and `granule top`.
 pub const EVENT_LOG: usize = 2000;
@@ -123,6 +131,8 @@ impl State {
             next_node: 1,
             next_proclet: 1,
             locations: HashMap::new(),
+            tombstones: VecDeque::new(),
+            tombstoned: std::collections::HashSet::new(),
             members_version: 1,
             events: VecDeque::new(),
             next_event: 1,
@@ -443,7 +453,7 @@ impl State {
         epoch: Epoch,
         kind: Kind,
     ) -> bool {
-        if !self.nodes.contains_key(&node) {
+        if !self.nodes.contains_key(&node) || self.tombstoned.contains(&proclet) {
             return false;
         }
         match self.locations.get(&proclet) {
@@ -481,9 +491,26 @@ impl State {
         }
     }
 
+    /// A destroyed proclet: forget where it was, for good. Its id is never handed out
+    /// again, and the last node that moved it may report its new home after the destroy
+    /// (the move's source tells the controller after the destination took it, and the
+    /// destination may destroy it first): such late updates are ignored for
+    /// [`TOMBSTONE_TTL`], or the proclet would be "located" on a node that no longer has
+    /// it and every call to it would bounce there until it gave up.
     pub fn forget(&mut self, proclet: ProcletId) {
         if let Some((node, _, kind)) = self.locations.remove(&proclet) {
             self.unplace(node, kind);
+        }
+        let now = Instant::now();
+        while let Some(&(old, at)) = self.tombstones.front() {
+            if now.saturating_duration_since(at) < TOMBSTONE_TTL {
+                break;
+            }
+            self.tombstones.pop_front();
+            self.tombstoned.remove(&old);
+        }
+        if self.tombstoned.insert(proclet) {
+            self.tombstones.push_back((proclet, now));
         }
     }
 
@@ -736,6 +763,26 @@ mod tests {
         }
         s.prune_dead(now, Duration::from_secs(600));
         assert!(s.node(a).is_none());
+    }
+
+    #[test]
+    fn a_move_reported_after_the_destroy_does_not_revive_the_proclet() {
+        let (mut s, now) = st();
+        let a = reg(&mut s, Role::Node, 1.0, GIB, now);
+        let b = reg(&mut s, Role::Node, 1.0, GIB, now);
+        let p = ProcletId(7);
+        assert!(s.set_location(p, a, 1, Kind::Memory));
+        // p moved a -> b, and b destroyed it before a's report of the move arrived.
+        s.forget(p);
+        assert!(
+            !s.set_location(p, b, 2, Kind::Memory),
+            "late update ignored"
+        );
+        assert!(s.locate(p).is_none(), "a destroyed proclet stays gone");
+        assert_eq!(s.nodes[&b].placed, [0; 3]);
+        // Other proclets are not affected.
+        assert!(s.set_location(ProcletId(8), b, 1, Kind::Memory));
+        assert!(s.locate(ProcletId(8)).is_some());
     }
 
     #[test]
