@@ -1203,6 +1203,7 @@ fn run_once(p: &Params, label: &'static str, baseline: bool) -> anyhow::Result<R
     let error_count = shared.error_count.load(Ordering::Relaxed);
     drop(shared);
     dump_requests(label, t0, &recs, &shard_home, victim);
+    dump_moves(label, cluster.controller_addr());
     crate::print_cluster_usage(&cluster);
     cluster.shutdown();
     Ok(RunResult {
@@ -1457,6 +1458,67 @@ fn dump_requests(label: &str, t0: Instant, recs: &[Rec], shard_home: &[NodeId], 
     match std::fs::write(&path, out) {
         Ok(()) => eprintln!("pressure: requests dumped to {}", path.display()),
         Err(e) => eprintln!("pressure: cannot dump requests to {}: {e}", path.display()),
+    }
+}
+
+/// With `GRANULE_PRESSURE_DUMP=DIR`, the run's cluster events (moves with their bytes and
+/// how long the proclet was unavailable) go to `DIR/<label>-<pid>-<run>-moves.csv`, in
+/// `CLOCK_REALTIME` milliseconds as nodes stamp them (the request dump's monotonic times
+/// are lined up through `mono_minus_real_s`, the two clocks' offset when written).
+fn dump_moves(label: &str, controller: &str) {
+    let Some(dir) = std::env::var_os("GRANULE_PRESSURE_DUMP") else {
+        return;
+    };
+    let fetched = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| {
+            rt.block_on(async {
+                let ctl =
+                    granule_controller::ControllerClient::connect_tool(controller, "bench").await?;
+                Ok::<_, anyhow::Error>(ctl.events(0, 10_000).await?)
+            })
+        });
+    let events = match fetched {
+        Ok(e) => e,
+        Err(e) => return eprintln!("pressure: cannot fetch the cluster's events: {e:#}"),
+    };
+    let mono = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC);
+    let real = nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME);
+    let offset = match (mono, real) {
+        (Ok(m), Ok(r)) => {
+            (m.tv_sec() - r.tv_sec()) as f64 + (m.tv_nsec() - r.tv_nsec()) as f64 * 1e-9
+        }
+        _ => f64::NAN,
+    };
+    use std::fmt::Write as _;
+    let mut out =
+        String::from("at_real_ms,mono_minus_real_s,kind,node,to,subject,bytes,micros,detail\n");
+    for e in events {
+        let _ = writeln!(
+            out,
+            "{},{offset:.6},{:?},{},{},{},{},{},\"{}\"",
+            e.at_ms,
+            e.kind,
+            e.node,
+            e.to.map(|n| n.to_string()).unwrap_or_default(),
+            e.subject,
+            e.bytes,
+            e.micros,
+            e.detail.replace('"', "'")
+        );
+    }
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed) + 1;
+    let path =
+        std::path::Path::new(&dir).join(format!("{label}-{}-{run}-moves.csv", std::process::id()));
+    match std::fs::write(&path, out) {
+        Ok(()) => eprintln!("pressure: cluster events dumped to {}", path.display()),
+        Err(e) => eprintln!(
+            "pressure: cannot dump the cluster's events to {}: {e}",
+            path.display()
+        ),
     }
 }
 

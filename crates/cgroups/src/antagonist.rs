@@ -139,21 +139,19 @@ pub fn allocate_paced(size: u64, rate: u64, mut progress: impl FnMut(u64)) -> st
     let mut total = 0u64;
     while total < size {
         let n = STEP.min((size - total) as usize);
-        // A fresh anonymous map, asked for transparent huge pages where the kernel offers
-        // them (`madvise` mode, as on this machine): a fault then brings in 2 MiB at once
-        // instead of 4 KiB, so the guest spends far less CPU per byte. Without THP the
-        // advice fails harmlessly and pages come 4 KiB at a time. Touching one byte per
-        // page faults each page in, which is what charges the cgroup.
+        // A fresh anonymous map, faulted in 4 KiB at a time by touching one byte per page
+        // (which is what charges the cgroup), as any program's heap grows.
         //
-        // On a VM whose balloon reports free pages to the host (this one: see
-        // /sys/module/page_reporting), memory freed more than ~2 s ago is no longer
-        // backed, and its first touch exits to the host: measured here 0.4–0.9 GiB/s
-        // with a whole vCPU, against 7–10 GiB/s for memory freed within the last second.
-        // That is the machine's ceiling for any allocator, so a faster `rate` is not
-        // reached; the antagonist reports what it achieved.
+        // No transparent-huge-page advice: it looks cheaper (one fault per 2 MiB) but on
+        // this VM it is the slow path. Measured here, alternating, 64 MiB steps, one
+        // thread: 0.42–0.46 GiB/s advised against 0.67–1.85 GiB/s not. Our reading (not
+        // proven): a huge page needs a free 2 MiB block, and those are the blocks the
+        // balloon has handed back to the host (/sys/module/page_reporting reports free
+        // blocks of 2 MiB and up ~2 s after they are freed), so every such first touch
+        // exits to the hypervisor, while 4 KiB faults are often served from smaller free
+        // pieces that are still backed. A `rate` the machine cannot give is not reached; the
+        // antagonist reports what it achieved.
         let mut chunk = memmap2::MmapMut::map_anon(n)?;
-        #[cfg(target_os = "linux")]
-        let _ = chunk.advise(memmap2::Advice::HugePage);
         for i in (0..n).step_by(PAGE) {
             chunk[i] = 0xa5;
         }

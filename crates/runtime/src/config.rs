@@ -70,6 +70,44 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 }
 
 /// Parse a duration such as `1s`, `250ms`, `2.5s`, `100us`.
+/// Default scheduler slice of a node's threads (`GRANULE_WORKER_SLICE`).
+pub const DEFAULT_WORKER_SLICE: Duration = Duration::from_micros(100);
+
+/// The scheduler slice a node's threads ask for (`GRANULE_WORKER_SLICE`: a duration,
+/// `off` or `0` for the kernel's default), read once per process.
+///
+/// Why: a node's worker sleeps until a call arrives. On a core it shares with a CPU-bound
+/// process (a co-located tenant, a memory antagonist faulting in pages), Linux's EEVDF
+/// scheduler lets that process finish its slice first, ~3 ms here, with a 4 ms tick
+/// (HZ=250) and no kernel preemption: calls waited that long. A thread that asks for a
+/// shorter slice gets an earlier deadline and preempts on wake-up (Linux 6.12+; older
+/// kernels accept and ignore the request). Its CPU share is unchanged: it is only cut
+/// into shorter pieces. Long computations (`cpu_bound`) go back to the default slice
+/// while they run. Measured in `granule bench pressure`: see the README.
+pub fn worker_slice() -> Option<Duration> {
+    static SLICE: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *SLICE.get_or_init(|| match std::env::var("GRANULE_WORKER_SLICE") {
+        Err(_) => Some(DEFAULT_WORKER_SLICE),
+        Ok(v) if v.trim() == "off" || v.trim() == "0" => None,
+        Ok(v) => match parse_duration(&v) {
+            // The kernel clamps a requested slice to 0.1..=100 ms.
+            Ok(d) if d >= Duration::from_micros(100) && d <= Duration::from_millis(100) => {
+                Some(d)
+            }
+            Ok(_) => {
+                tracing::warn!(
+                    "ignoring GRANULE_WORKER_SLICE={v}: the kernel takes 100us..=100ms; using {DEFAULT_WORKER_SLICE:?}"
+                );
+                Some(DEFAULT_WORKER_SLICE)
+            }
+            Err(e) => {
+                tracing::warn!("ignoring GRANULE_WORKER_SLICE: {e}; using {DEFAULT_WORKER_SLICE:?}");
+                Some(DEFAULT_WORKER_SLICE)
+            }
+        },
+    })
+}
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = split_number(s);
     let n: f64 = num

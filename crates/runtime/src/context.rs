@@ -347,7 +347,24 @@ pub fn hosted_kind(id: granule_wire::ProcletId) -> Option<granule_wire::Kind> {
 /// runs instead of waiting behind it: with `cpu=1` the node has one worker thread.
 pub fn cpu_bound<R>(f: impl FnOnce() -> R) -> R {
     if ON_WORKER.with(|w| w.get()) {
-        tokio::task::block_in_place(f)
+        tokio::task::block_in_place(|| {
+            // A long computation takes the kernel's default slice while it runs (fewer
+            // context switches on a shared core); the thread serves calls again after.
+            // The guard restores the short slice even if `f` panics.
+            struct Restore(Option<std::time::Duration>);
+            impl Drop for Restore {
+                fn drop(&mut self) {
+                    if self.0.is_some() {
+                        let _ = crate::shipping::set_thread_slice(self.0);
+                    }
+                }
+            }
+            let restore = Restore(crate::config::worker_slice());
+            if restore.0.is_some() {
+                let _ = crate::shipping::set_thread_slice(None);
+            }
+            f()
+        })
     } else {
         f()
     }

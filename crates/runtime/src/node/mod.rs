@@ -185,6 +185,9 @@ impl Node {
             .thread_name("granule-worker")
             .enable_all()
             .on_thread_start(move || {
+                // Workers (and the runtime's blocking threads, which start here too)
+                // wake to serve calls: see `config::worker_slice`.
+                crate::shipping::apply_worker_slice();
                 context::mark_worker();
                 context::set_thread_node(&wcell);
                 wbusy.register_thread();
@@ -196,7 +199,11 @@ impl Node {
             .worker_threads(1)
             .thread_name("granule-control")
             .enable_all()
-            .on_thread_start(move || context::set_thread_node(&ccell))
+            .on_thread_start(move || {
+                // Heartbeats and the pressure monitor must not wait out a neighbour's slice.
+                crate::shipping::apply_worker_slice();
+                context::set_thread_node(&ccell)
+            })
             .build()
             .map_err(|e| io_err("cannot start the control runtime", e))?;
 

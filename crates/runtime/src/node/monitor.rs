@@ -261,6 +261,9 @@ pub(crate) struct Monitor {
     overhead_us: AtomicU64,
     bandwidth: AtomicU64,
     shedding: AtomicBool,
+    /// Woken when a memory move finishes, so the next sample (and the next move, if the
+    /// pressure is still there) follows at once rather than at the next tick.
+    moved: tokio::sync::Notify,
     policy: Box<dyn PressurePolicy>,
 }
 
@@ -278,6 +281,7 @@ impl Monitor {
             overhead_us: AtomicU64::new(300),
             bandwidth: AtomicU64::new(1 << 30),
             shedding: AtomicBool::new(false),
+            moved: tokio::sync::Notify::new(),
             policy: Box::new(ArgmaxPolicy::default()),
         }
     }
@@ -714,7 +718,10 @@ impl NodeInner {
         let mut next_cpu = Instant::now();
         let mut next_refresh = Instant::now();
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.monitor.moved.notified() => {}
+            }
             if self.is_stopped() {
                 return;
             }
@@ -734,19 +741,26 @@ impl NodeInner {
                 // On the control runtime, like this loop: a worker may be busy in the
                 // very closure the move must ask to yield. One move at a time.
                 tokio::spawn(async move {
-                    node.shed_one().await;
+                    let moved_memory = node.shed_one().await;
                     node.monitor.shedding.store(false, Ordering::Release);
+                    if moved_memory {
+                        // Memory readings show a move at once: sample again now, up to a
+                        // tick (5 ms) sooner, and move the next proclet if the pressure is
+                        // still there (moves of a few MiB take about as long as a tick).
+                        node.monitor.moved.notify_one();
+                    }
                 });
             }
         }
     }
 
-    /// Make one move the policy asks for, if any.
-    async fn shed_one(self: &Arc<Self>) {
+    /// Make one move the policy asks for, if any; true when it moved a proclet away for
+    /// memory.
+    async fn shed_one(self: &Arc<Self>) -> bool {
         let view = LiveView { node: self };
         let t0 = Instant::now();
         let Some(d) = self.monitor.policy.decide(&view) else {
-            return;
+            return false;
         };
         let dest = match self.controller.propose(self.id, d.resource, d.amount).await {
             Ok(Some(dest)) => dest,
@@ -755,12 +769,12 @@ impl NodeInner {
                     "under pressure, but no node has room for proclet {}", d.proclet);
                 // Do not spin asking: wait a little before the next attempt.
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                return;
+                return false;
             }
             Err(e) => {
                 tracing::warn!(node = %self.id, "cannot ask the controller for a destination: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                return;
+                return false;
             }
         };
         let proposed = t0.elapsed();
@@ -778,6 +792,8 @@ impl NodeInner {
                     // CPU readings are averages over a window: give them time to show the
                     // move before deciding the next one.
                     tokio::time::sleep(CPU_SETTLE).await;
+                } else {
+                    return true;
                 }
             }
             Err(e) => {
@@ -785,6 +801,7 @@ impl NodeInner {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+        false
     }
 }
 
