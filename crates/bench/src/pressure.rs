@@ -38,9 +38,10 @@
 //!   allocates at 1 GiB/s up to the node's limit + 256 MiB (quick: + 64 MiB): more than the
 //!   cgroup holds on its own, so the kernel OOM-kills it in the end (it makes itself the
 //!   preferred victim). The node must shed its shards before that without dying. The rate
-//!   it reaches is reported from its own progress lines: on this VM first touches of
-//!   memory exit to the hypervisor (free page reporting hands freed memory back), which
-//!   holds any allocator to ~0.35–0.9 GiB/s and freezes the vCPU it runs on meanwhile.
+//!   it reaches is reported from its own progress lines (1.03 GiB/s in the runs here,
+//!   faulting 4 KiB pages; see `granule_cgroups::antagonist::allocate_paced` for why not
+//!   huge pages). On this VM first touches of memory the balloon handed back exit to the
+//!   hypervisor, which freezes the vCPU the antagonist runs on meanwhile.
 //! - **Figures**: steady p99 over the steady phase; disruption p99 over [antagonist
 //!   start, max(antagonist exit, last move out of the victim) + 1 s]; their ratio (target
 //!   ≤ 3); node processes that died (`node_oom_kills`, target 0); lost calls (target 0).
@@ -51,8 +52,10 @@
 //!   shards that started on the victim and the others.
 //! - **Investigating a tail**: `GRANULE_PRESSURE_REPS=N` changes the number of repetitions
 //!   and `GRANULE_PRESSURE_DUMP=DIR` writes every request (intended start in
-//!   `CLOCK_MONOTONIC` seconds, latency, generator lag, shard) to a CSV per run, to line
-//!   up with `perf record -k CLOCK_MONOTONIC -e sched:sched_switch -a`. That is how the
+//!   `CLOCK_MONOTONIC` seconds, latency, generator lag, shard) to a CSV per run, and the
+//!   cluster's move events (end time, bytes, how long each proclet was unavailable) to a
+//!   second CSV, to line up with each other and with
+//!   `perf record -k CLOCK_MONOTONIC -e sched:sched_switch -a`. That is how the
 //!   remaining slow requests were attributed: the victim's shards while the antagonist
 //!   shares their vCPU, and stalls of the idle vCPU 0 of several ms (no guest event there
 //!   at all, then every due timer firing at once) while vCPU 1 runs the antagonist, whose
