@@ -4,7 +4,9 @@
 //! A memory antagonist joins a node's *memory* group only, so its pages are charged to
 //! the node, and volunteers as the OOM killer's victim ([`set_oom_score_adj`]). For CPU it
 //! sits in a group of its own ([`OwnCpuGroup`]) so that its page faulting is not billed to
-//! the node's CPU quota. A CPU antagonist joins the node's cpu group and [`spin`]s.
+//! the node's CPU quota: next to the node's own cpu group when the node has one, so the
+//! two compete as a node and a co-tenant on one machine would. A CPU antagonist joins the
+//! node's cpu group and [`spin`]s.
 
 use crate::group::{join_pid, remove_tree, sweep};
 use crate::hierarchy::{Controller, Hierarchy};
@@ -25,10 +27,20 @@ pub fn set_oom_score_adj(score: i32) -> Result<(), CgroupError> {
     crate::group::write_value(std::path::Path::new("/proc/self/oom_score_adj"), score)
 }
 
-/// A cpu group of this process's own, `granule-antagonists/a<pid>-<start>`, with no
-/// quota. Entering it moves the process; removing it (or dropping it) moves the process
+/// A cpu group of this process's own, `a<pid>-<start>`, with no quota and the default
+/// weight. Entering it moves the process; removing it (or dropping it) moves the process
 /// back to the cpu group it came from and deletes the directory. If the process dies
-/// first (an OOM kill), [`crate::cleanup_stale`] or the next antagonist removes it.
+/// first (an OOM kill), the next antagonist, [`crate::cleanup_stale`] or the cluster's
+/// own clean-up removes it.
+///
+/// Where: beside the node's cpu group (in its parent, the cluster's group) when the node
+/// runs in a group Granule made for it, else under `granule-antagonists/`. Beside is what
+/// a co-tenant on the node's machine would be: the kernel splits a group's weight over the
+/// CPUs by where its load runs, so under `granule-antagonists/` at the top, an antagonist
+/// on one vCPU of a single-machine test cluster competed with the *whole cluster's* group
+/// there, whose weight had mostly gone to the other vCPU's busy nodes. Measured in
+/// `granule bench pressure`: the antagonist took ~62 % of the vCPU it shared with the
+/// victim node, not half.
 #[derive(Debug)]
 pub struct OwnCpuGroup {
     h: Hierarchy,
@@ -38,9 +50,38 @@ pub struct OwnCpuGroup {
 }
 
 impl OwnCpuGroup {
-    /// Create the group and move this process into it.
+    /// Create the group under `granule-antagonists/` and move this process into it.
     pub fn enter(h: &Hierarchy) -> Result<OwnCpuGroup, CgroupError> {
-        let parent = h.controller_dir(Controller::Cpu).join(ANTAGONIST_DIR);
+        Self::enter_in(h, format!("/{ANTAGONIST_DIR}"))
+    }
+
+    /// Create the group beside the node cpu group `node_cpu` (a path as the node reports
+    /// it, e.g. `/granule/c1-2-0/node0`) when that is a group Granule made for a node —
+    /// under `granule/` and with a CPU quota — else as [`OwnCpuGroup::enter`] does; then
+    /// move this process into it.
+    pub fn enter_beside(h: &Hierarchy, node_cpu: Option<&str>) -> Result<OwnCpuGroup, CgroupError> {
+        match node_cpu.and_then(|p| Self::cluster_group_of(h, p)) {
+            Some(parent) => Self::enter_in(h, parent),
+            None => Self::enter(h),
+        }
+    }
+
+    /// The parent (relative path) of a node's own cpu group, if `node_cpu` is one.
+    fn cluster_group_of(h: &Hierarchy, node_cpu: &str) -> Option<String> {
+        let under_granule = node_cpu.starts_with(&format!("/{}/", crate::GRANULE_DIR));
+        let dir = h.group_dir(Controller::Cpu, node_cpu).ok()?;
+        let quota: i64 = std::fs::read_to_string(dir.join("cpu.cfs_quota_us"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let parent = node_cpu.rsplit_once('/')?.0;
+        (under_granule && quota > 0 && !parent.is_empty()).then(|| parent.to_string())
+    }
+
+    /// Create `a<pid>-<start>` in the group `parent_rel` and move this process into it.
+    fn enter_in(h: &Hierarchy, parent_rel: String) -> Result<OwnCpuGroup, CgroupError> {
+        let parent = h.group_dir(Controller::Cpu, &parent_rel)?;
         // Groups left by earlier antagonists that were killed.
         let mut removed = Vec::new();
         sweep(&parent, 'a', &mut removed);
@@ -63,7 +104,7 @@ impl OwnCpuGroup {
             removed: false,
             dir,
         };
-        let rel = format!("/{ANTAGONIST_DIR}/a{pid}-{start}");
+        let rel = format!("{parent_rel}/a{pid}-{start}");
         join_pid(
             &g.h,
             pid,
@@ -73,6 +114,11 @@ impl OwnCpuGroup {
             },
         )?;
         Ok(g)
+    }
+
+    /// The group's directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// Limit the group to `cores` of CPU (a CFS quota): the antagonist is a tenant with
@@ -243,6 +289,40 @@ mod tests {
         );
         g.remove().unwrap();
         assert!(!dir.exists());
+        assert_eq!(paths_of(me).and_then(|p| p.cpu), before);
+
+        // Beside a node's own group (under granule/, with a quota): in the same parent.
+        // (In this test, not another: both move this whole process between groups.)
+        let cluster = format!("/{}/t{me}-antagonist-test", crate::GRANULE_DIR);
+        let cluster_dir = h.group_dir(Controller::Cpu, &cluster).unwrap();
+        let node_dir = cluster_dir.join("node0");
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let node = format!("{cluster}/node0");
+        std::fs::write(node_dir.join("cpu.cfs_quota_us"), "20000").unwrap();
+        let g = OwnCpuGroup::enter_beside(&h, Some(&node)).unwrap();
+        let inside = paths_of(me).and_then(|p| p.cpu).unwrap_or_default();
+        assert!(inside.starts_with(&format!("{cluster}/a{me}-")), "{inside}");
+        g.remove().unwrap();
+        // A group without a quota is not a node's own: the shared place instead.
+        std::fs::write(node_dir.join("cpu.cfs_quota_us"), "-1").unwrap();
+        let g = OwnCpuGroup::enter_beside(&h, Some(&node)).unwrap();
+        let inside = paths_of(me).and_then(|p| p.cpu).unwrap_or_default();
+        assert!(
+            inside.starts_with(&format!("/{ANTAGONIST_DIR}/a{me}-")),
+            "{inside}"
+        );
+        g.remove().unwrap();
+        // Nor is a group outside granule/, or none at all.
+        for other in [Some("/"), Some("/user.slice"), None] {
+            let g = OwnCpuGroup::enter_beside(&h, other).unwrap();
+            let inside = paths_of(me).and_then(|p| p.cpu).unwrap_or_default();
+            assert!(
+                inside.starts_with(&format!("/{ANTAGONIST_DIR}/a{me}-")),
+                "{other:?}: {inside}"
+            );
+            g.remove().unwrap();
+        }
+        crate::group::remove_tree(&cluster_dir).unwrap();
         assert_eq!(paths_of(me).and_then(|p| p.cpu), before);
     }
 }

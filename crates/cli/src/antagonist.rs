@@ -142,7 +142,8 @@ fn memory(
     set_oom_score_adj(1000).context("volunteering for the OOM killer")?;
     // Our own cpu group first, so that the page faulting below does not eat the quota
     // of whatever cpu group we were started in.
-    let own = OwnCpuGroup::enter(&h).context("creating the antagonist's own cpu cgroup")?;
+    let own = OwnCpuGroup::enter_beside(&h, paths.cpu.as_deref())
+        .context("creating the antagonist's own cpu cgroup")?;
     if let Some(c) = cpu {
         own.limit_cores(c)
             .context("setting the antagonist's CPU quota")?;
@@ -157,8 +158,9 @@ fn memory(
     )
     .with_context(|| format!("joining the memory cgroup {mem} of {node}"))?;
     println!(
-        "antagonist: in the memory cgroup {mem} of {node} (pid {}); allocating {} MiB at {} MiB/s",
+        "antagonist: in the memory cgroup {mem} of {node} (pid {}) and the cpu cgroup {}; allocating {} MiB at {} MiB/s",
         info.pid,
+        own.dir().display(),
         size >> 20,
         rate >> 20
     );
