@@ -35,12 +35,12 @@ pub fn set_oom_score_adj(score: i32) -> Result<(), CgroupError> {
 ///
 /// Where: beside the node's cpu group (in its parent, the cluster's group) when the node
 /// runs in a group Granule made for it, else under `granule-antagonists/`. Beside is what
-/// a co-tenant on the node's machine would be: the kernel splits a group's weight over the
-/// CPUs by where its load runs, so under `granule-antagonists/` at the top, an antagonist
-/// on one vCPU of a single-machine test cluster competed with the *whole cluster's* group
-/// there, whose weight had mostly gone to the other vCPU's busy nodes. Measured in
-/// `granule bench pressure`: the antagonist took ~62 % of the vCPU it shared with the
-/// victim node, not half.
+/// a co-tenant on the node's machine would be. At the top, on one vCPU of a one-machine
+/// test cluster, it would compete with the *whole cluster's* group, whose weight the
+/// kernel splits over the CPUs by where the cluster's load runs, so the node's standing
+/// would depend on what the other nodes do on other vCPUs. (Measured in `granule bench
+/// pressure`, the move made no clear difference there: the victim uses less than half of
+/// its vCPU either way.)
 #[derive(Debug)]
 pub struct OwnCpuGroup {
     h: Hierarchy,
