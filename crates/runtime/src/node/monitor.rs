@@ -783,7 +783,10 @@ impl NodeInner {
             addr: dest.1,
             epoch: 0,
         };
-        match self.move_out_on_workers(d.proclet, to).await {
+        match self
+            .move_out_on_workers(d.proclet, to, Some(self.migration.shed_duty))
+            .await
+        {
             Ok(stats) => {
                 tracing::info!(node = %self.id, proclet = %d.proclet, to = %dest.0,
                     resource = %d.resource, bytes = stats.bytes, micros = stats.micros,

@@ -266,7 +266,7 @@ impl NodeInner {
             }
             Msg::MoveOut { proclet, to } => {
                 let (p, t) = (*proclet, to.clone());
-                self.move_out_on_workers(p, t).await.map(Msg::Moved)
+                self.move_out_on_workers(p, t, None).await.map(Msg::Moved)
             }
             other => Err(RemoteError::Protocol(format!(
                 "a node does not handle {}",
