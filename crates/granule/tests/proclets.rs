@@ -6,6 +6,7 @@ mod common;
 use common::{bounded, cluster};
 use granule::{here, CallError, Kind, NodeId, Proclet};
 use serde::{Deserialize, Serialize};
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -573,5 +574,50 @@ fn two_clusters_in_one_process() {
         assert_eq!(add(&p1, 0).unwrap(), 1);
         // The other cluster is gone now; its handle fails with a typed error, not a hang.
         assert!(add(&p2, 0).is_err());
+    });
+}
+
+/// A local call's future that is waiting for the proclet's lock, and is granted it while
+/// nobody polls the future, must not hold the lock until it is polled again: a thread
+/// that keeps such a future pending and makes a synchronous call to the same proclet
+/// would wait forever for a lock its own future holds.
+#[test]
+fn an_unpolled_local_call_does_not_keep_the_lock() {
+    bounded(LIMIT, || {
+        let (cluster, _nodes) = cluster(1, "cpu=1,mem=256MiB");
+        let p = Proclet::builder(Kind::Memory)
+            .on(cluster.node_id())
+            .create(0u64, |s: u64| Counter { n: s })
+            .unwrap();
+        // Hold the lock for a while on another thread.
+        let holder = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                p.run(200u64, |c: &mut Counter, ms: u64| {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    c.n += 1;
+                })
+                .unwrap()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        // Queue an async call behind it, polled once and then left alone.
+        let mut pending = Box::pin(p.run_async(10u64, |c: &mut Counter, x: u64| {
+            c.n += x;
+            c.n
+        }));
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(pending.as_mut().poll(&mut cx).is_pending());
+        // A synchronous call from this same thread, while the future stays pending.
+        let t = Instant::now();
+        let n = p.run_ref((), |c: &Counter, ()| c.n).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        holder.join().unwrap();
+        // The queued call ran (in its turn, before the synchronous one) and its result
+        // waits for the future.
+        assert_eq!(n, 11);
+        let out = futures::executor::block_on(pending).unwrap();
+        assert_eq!(out, 11);
     });
 }

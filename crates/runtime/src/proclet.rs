@@ -554,13 +554,14 @@ impl<S: ProcletState> Proclet<S> {
     }
 
     /// [`Proclet::run`] as a future (runs on whatever executor polls it; a local proclet
-    /// is called inline, a remote one through the node's connections).
+    /// is called inline when it is free, a remote one through the node's connections).
     ///
     /// Nothing happens until the future is first polled. A call to a proclet on the
-    /// caller's own node holds the proclet's lock from the moment its turn comes until
-    /// the future is polled again and runs the closure: a thread must not block on a
-    /// synchronous call while futures of its own are pending, or it may wait for a lock
-    /// one of them holds (keep polling them, or make the synchronous calls elsewhere).
+    /// caller's own node that must wait for its turn waits, and runs, in a task of the
+    /// node's own: once granted the lock it runs at once, whether or not the caller polls
+    /// the future again, so a thread may keep such futures pending and make synchronous
+    /// calls meanwhile. Like a remote call once sent, it then runs even if the future is
+    /// dropped.
     pub fn run_async<A, R, F>(
         &self,
         arg: A,
@@ -765,10 +766,11 @@ impl<S: ProcletState> Proclet<S> {
     where
         A: Wire,
         R: Wire,
-        L: Fn(&Guard, A) -> Result<R, CallError> + Send + 'static,
+        L: Fn(&Guard, A) -> Result<R, CallError> + Send + Sync + 'static,
     {
         let node = node_or_current(&self.node);
         let chain = context::chain_for_call();
+        let local = Arc::new(local);
         let id = self.id;
         let hint = self.hint.clone();
         let timeout = self.timeout;
@@ -784,21 +786,59 @@ impl<S: ProcletState> Proclet<S> {
             let mut arg = ArgState::Value(arg);
             loop {
                 if let Some(slot) = node.local_slot(id) {
-                    let guard = match slot.acquire(chain, mode).await {
-                        Ok(g) => Some(g),
-                        Err(e) => match lock_error(id, e) {
-                            Some(err) => return Err(err),
-                            None => None,
-                        },
-                    };
-                    if let Some(g) = guard {
+                    let run = |g: Guard, arg: ArgState<A>, local: &L| {
                         let r = {
                             let _scope = context::ChainScope::enter(chain);
                             local(&g, arg.into_value()?)
                         };
                         drop(g);
                         node.calls_served.fetch_add(1, Ordering::Relaxed);
-                        return r;
+                        r
+                    };
+                    match slot.lock(chain, mode) {
+                        Ok(TryLock::Granted(g)) => return run(g, arg, &local),
+                        Ok(TryLock::Wait(waiting)) => {
+                            // Wait for the lock, and run, in a task of the node's own:
+                            // once granted, the lock is held until the closure has run,
+                            // and that must not depend on the caller polling this future
+                            // again (a caller that kept it pending while making a
+                            // synchronous call to the same proclet would wait forever
+                            // for a lock its own future held). Like a remote call, the
+                            // call then runs even if this future is dropped.
+                            let (node2, local2) = (node.clone(), local.clone());
+                            let task = node.handle.spawn(async move {
+                                match waiting.await {
+                                    Ok(g) => {
+                                        let r = {
+                                            let _scope = context::ChainScope::enter(chain);
+                                            arg.into_value().and_then(|a| local2(&g, a))
+                                        };
+                                        drop(g);
+                                        node2.calls_served.fetch_add(1, Ordering::Relaxed);
+                                        Ok(r)
+                                    }
+                                    Err(e) => Err((e, arg)),
+                                }
+                            });
+                            match task.await {
+                                Ok(Ok(r)) => return r,
+                                Ok(Err((e, back))) => match lock_error(id, e) {
+                                    Some(err) => return Err(err),
+                                    // Moved meanwhile: on to the remote path.
+                                    None => arg = back,
+                                },
+                                Err(e) => {
+                                    return Err(CallError::Internal(format!(
+                                        "the local call's task failed: {e}"
+                                    )))
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            if let Some(err) = lock_error(id, e) {
+                                return Err(err);
+                            }
+                        }
                     }
                 }
                 let bytes = arg.bytes()?;

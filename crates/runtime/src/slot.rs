@@ -283,18 +283,6 @@ impl Slot {
         }))
     }
 
-    /// Take the lock, waiting asynchronously if needed.
-    pub async fn acquire(
-        self: &Arc<Self>,
-        chain: ChainId,
-        mode: CallMode,
-    ) -> Result<Guard, LockError> {
-        match self.lock(chain, mode)? {
-            TryLock::Granted(g) => Ok(g),
-            TryLock::Wait(w) => w.await,
-        }
-    }
-
     fn release(&self, chain: ChainId, mode: CallMode) {
         let woken = {
             let mut st = self.lock.lock();

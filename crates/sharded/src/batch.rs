@@ -3,12 +3,11 @@
 //! shards in large messages, several batches in flight at once
 //! ([`AutoSharder::route_many_async`]); a third thread splits the shards they grew.
 //!
-//! Why splits run on a thread of their own: a call to a proclet on the caller's own node
-//! holds the proclet's lock from the moment it is granted until its future is polled
-//! again. A thread that made a synchronous call (a split) while its own batch calls were
-//! pending could wait for a lock that one of those unpolled calls holds: a deadlock. So
-//! the flushing thread only ever waits on its futures, and the synchronous work is done
-//! elsewhere.
+//! Why splits run on a thread of their own: the flushing thread only ever waits on its
+//! futures, so a split (synchronous calls, and waits of a split's length) never delays
+//! the batches in flight. (It was first done to avoid a deadlock: a local call's future
+//! used to hold the proclet's lock from its grant until it was polled again; the runtime
+//! now runs a granted local call without waiting for its owner to poll.)
 
 use crate::sharder::{AutoSharder, Hint, Shard};
 use crate::ShardError;
