@@ -447,6 +447,23 @@ impl<A: Wire> ArgState<A> {
     }
 }
 
+/// Run a local call under its granted lock, in its call chain, and count it.
+fn run_local<A: Wire, R>(
+    node: &NodeInner,
+    chain: ChainId,
+    g: Guard,
+    arg: ArgState<A>,
+    local: &dyn Fn(&Guard, A) -> Result<R, CallError>,
+) -> Result<R, CallError> {
+    let r = {
+        let _scope = context::ChainScope::enter(chain);
+        arg.into_value().and_then(|a| local(&g, a))
+    };
+    drop(g);
+    node.calls_served.fetch_add(1, Ordering::Relaxed);
+    r
+}
+
 fn lock_error(id: ProcletId, e: LockError) -> Option<CallError> {
     match e {
         LockError::Reentrant => Some(CallError::Reentrant(id)),
@@ -786,17 +803,10 @@ impl<S: ProcletState> Proclet<S> {
             let mut arg = ArgState::Value(arg);
             loop {
                 if let Some(slot) = node.local_slot(id) {
-                    let run = |g: Guard, arg: ArgState<A>, local: &L| {
-                        let r = {
-                            let _scope = context::ChainScope::enter(chain);
-                            local(&g, arg.into_value()?)
-                        };
-                        drop(g);
-                        node.calls_served.fetch_add(1, Ordering::Relaxed);
-                        r
-                    };
                     match slot.lock(chain, mode) {
-                        Ok(TryLock::Granted(g)) => return run(g, arg, &local),
+                        Ok(TryLock::Granted(g)) => {
+                            return run_local(&node, chain, g, arg, &*local);
+                        }
                         Ok(TryLock::Wait(waiting)) => {
                             // Wait for the lock, and run, in a task of the node's own:
                             // once granted, the lock is held until the closure has run,
@@ -808,15 +818,7 @@ impl<S: ProcletState> Proclet<S> {
                             let (node2, local2) = (node.clone(), local.clone());
                             let task = node.handle.spawn(async move {
                                 match waiting.await {
-                                    Ok(g) => {
-                                        let r = {
-                                            let _scope = context::ChainScope::enter(chain);
-                                            arg.into_value().and_then(|a| local2(&g, a))
-                                        };
-                                        drop(g);
-                                        node2.calls_served.fetch_add(1, Ordering::Relaxed);
-                                        Ok(r)
-                                    }
+                                    Ok(g) => Ok(run_local(&node2, chain, g, arg, &*local2)),
                                     Err(e) => Err((e, arg)),
                                 }
                             });
