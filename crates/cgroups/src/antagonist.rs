@@ -191,11 +191,11 @@ pub fn allocate_paced(size: u64, rate: u64, mut progress: impl FnMut(u64)) -> st
         // No transparent-huge-page advice: it looks cheaper (one fault per 2 MiB) but on
         // this VM it is the slow path. Measured here, alternating, 64 MiB steps, one
         // thread: 0.42–0.46 GiB/s advised against 0.67–1.85 GiB/s not. Our reading (not
-        // proven): a huge page needs a free 2 MiB block, and those are the blocks the
-        // balloon has handed back to the host (/sys/module/page_reporting reports free
-        // blocks of 2 MiB and up ~2 s after they are freed), so every such first touch
-        // exits to the hypervisor, while 4 KiB faults are often served from smaller free
-        // pieces that are still backed. A `rate` the machine cannot give is not reached; the
+        // proven): a huge page needs a free 2 MiB block, and large free blocks are the
+        // ones the balloon hands back to the host (free page reporting: this VM boots with
+        // page_reporting.page_reporting_order=11, blocks of 8 MiB and up, reported ~2 s
+        // after they are freed), so such first touches exit to the hypervisor, while
+        // 4 KiB faults are often served from smaller free pieces that are still backed. A `rate` the machine cannot give is not reached; the
         // antagonist reports what it achieved.
         let mut chunk = memmap2::MmapMut::map_anon(n)?;
         for i in (0..n).step_by(PAGE) {

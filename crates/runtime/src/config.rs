@@ -69,7 +69,6 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
     }
 }
 
-/// Parse a duration such as `1s`, `250ms`, `2.5s`, `100us`.
 /// Default scheduler slice of a node's threads (`GRANULE_WORKER_SLICE`).
 pub const DEFAULT_WORKER_SLICE: Duration = Duration::from_micros(100);
 
@@ -78,8 +77,8 @@ pub const DEFAULT_WORKER_SLICE: Duration = Duration::from_micros(100);
 ///
 /// Why: a node's worker sleeps until a call arrives. On a core it shares with a CPU-bound
 /// process (a co-located tenant, a memory antagonist faulting in pages), Linux's EEVDF
-/// scheduler lets that process finish its slice first, ~3 ms here, with a 4 ms tick
-/// (HZ=250) and no kernel preemption: calls waited that long. A thread that asks for a
+/// scheduler may let that process finish its slice first (1.4 ms here, ended at a 4 ms
+/// tick, HZ=250, in a kernel without preemption): calls waited up to ~4 ms. A thread that asks for a
 /// shorter slice gets an earlier deadline and preempts on wake-up (Linux 6.12+; older
 /// kernels accept and ignore the request). Its CPU share is unchanged: it is only cut
 /// into shorter pieces. Long computations (`cpu_bound`) go back to the default slice
@@ -108,6 +107,7 @@ pub fn worker_slice() -> Option<Duration> {
     })
 }
 
+/// Parse a duration such as `1s`, `250ms`, `2.5s`, `100us`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = split_number(s);
     let n: f64 = num

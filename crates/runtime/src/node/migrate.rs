@@ -554,8 +554,9 @@ impl NodeInner {
             let mut since = Instant::now();
             (ops.encode)(&**d, CHUNK, &mut |c| {
                 if let Some(rest) = rest {
-                    // Rest in proportion to the work since the last rest (the encoding,
-                    // and the worker's sending meanwhile), at microsecond resolution.
+                    // Rest in proportion to the time since the last rest: encoding, and
+                    // waiting for the worker to take the last chunk (it sends meanwhile),
+                    // so the rests cover the sending too. Microsecond resolution.
                     std::thread::sleep(since.elapsed().mul_f64(rest));
                     since = Instant::now();
                 }
