@@ -189,6 +189,24 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
         !text.contains("node_down") && !text.contains("DEAD"),
         "{text}"
     );
+    // With cgroup v1 usable (root), a hand-started node runs in cgroups of its own,
+    // `granule/c<its pid>-<start>-<n>/node0`, with its spec's limits.
+    let own_groups = cgroups_usable().then(|| {
+        let pid = nodes[0].0.id();
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let line = |c: &str| {
+            text.lines()
+                .find_map(|l| l.split_once(&format!(":{c}:")).map(|(_, p)| p.to_string()))
+                .unwrap_or_default()
+        };
+        let (mem, cpu) = (line("memory"), line("cpu"));
+        assert!(mem.starts_with(&format!("/granule/c{pid}-")), "{text}");
+        assert!(mem.ends_with("/node0") && cpu == mem, "{text}");
+        let dir = format!("/sys/fs/cgroup/memory{mem}");
+        let limit = std::fs::read_to_string(format!("{dir}/memory.limit_in_bytes")).unwrap();
+        assert_eq!(limit.trim(), (256u64 << 20).to_string());
+        dir
+    });
     // Ctrl-C on a hand-started node: it leaves cleanly too.
     let mut nodes = nodes;
     let pid = nodes[0].0.id().to_string();
@@ -206,6 +224,11 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status:?}");
+    // ...and removed its cgroups on the way out.
+    if let Some(dir) = own_groups {
+        let cluster = std::path::Path::new(&dir).parent().unwrap().to_path_buf();
+        assert!(!cluster.exists(), "{} is left behind", cluster.display());
+    }
     let out = Command::new(GRANULE)
         .args(["status", "--controller", &addr])
         .output()
@@ -214,6 +237,16 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
     assert_eq!(text.matches("node_left").count(), 2, "{text}");
     assert!(!text.contains("node_down"), "{text}");
     nodes.clear();
+}
+
+/// Root, with the cgroup v1 memory and cpu controllers mounted: nodes get real groups.
+fn cgroups_usable() -> bool {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    root && std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists()
+        && std::path::Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists()
 }
 
 /// The demo as the README runs it, on the embedded cluster.

@@ -72,6 +72,7 @@ pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
         s
     };
     let watched = signals.thread_block().is_ok();
+    let groups = own_cgroups(&args.spec)?;
     let started = Node::start(NodeOptions {
         role: Role::Node,
         spec: args.spec,
@@ -85,10 +86,21 @@ pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
             if watched {
                 let _ = signals.thread_unblock();
             }
+            if let Some(g) = groups {
+                g.leave_and_remove();
+            }
             return Err(e);
         }
     };
     context::offer_default_node(&node.inner);
+    if let Some(g) = &groups {
+        eprintln!(
+            "granule node: in its own cgroups {} (memory limit {} MiB, a CPU quota of {} cores)",
+            g.node_paths.memory.as_deref().unwrap_or("?"),
+            args.spec.mem_bytes >> 20,
+            args.spec.cores
+        );
+    }
     eprintln!(
         "granule node {} serving on {} (cpu={}, mem={} MiB)",
         node.inner.id,
@@ -116,7 +128,88 @@ pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
         }
     }
     let reason = node.inner.wait_shutdown();
+    drop(node);
+    if let Some(g) = groups {
+        g.leave_and_remove();
+    }
     Ok(reason)
+}
+
+/// A hand-started node's own cgroups: `granule/c<pid>-<start>-<n>/node0` with its spec's
+/// memory limit and CPU quota, as an embedded node gets from its driver, so its limits
+/// are real and antagonists (`granule antagonist --node`) can target it.
+struct OwnGroups {
+    cluster: granule_cgroups::ClusterGroups,
+    node_paths: CgroupPaths,
+    /// Where the process ran before, to return there: a group with a task in it cannot
+    /// be removed.
+    previous: CgroupPaths,
+}
+
+impl OwnGroups {
+    fn leave_and_remove(self) {
+        if let Err(e) = granule_cgroups::join_self(&self.previous) {
+            tracing::warn!("cannot leave the node's cgroups: {e}");
+        }
+        if let Err(e) = self.cluster.remove() {
+            tracing::warn!("cannot remove the node's cgroups: {e}");
+        }
+    }
+}
+
+/// Create and join the node's own cgroups when `GRANULE_CGROUPS` allows (default `auto`)
+/// and cgroup v1 is usable here (root, memory and cpu controllers mounted); otherwise say
+/// why once and run with budget accounting only, as embedded nodes do. Groups left by
+/// processes that are gone (a node killed with SIGKILL) are removed first.
+fn own_cgroups(spec: &NodeSpec) -> Result<Option<OwnGroups>, ClusterError> {
+    let mode = match std::env::var("GRANULE_CGROUPS") {
+        Ok(v) => crate::config::parse_cgroups_mode(&v)
+            .map_err(|e| ClusterError::Config(format!("GRANULE_CGROUPS: {e}")))?,
+        Err(_) => crate::config::CgroupsMode::Auto,
+    };
+    if mode == crate::config::CgroupsMode::Off {
+        return Ok(None);
+    }
+    let unlimited = |why: String| {
+        eprintln!(
+            "granule node: running without cgroup limits (its budget is only accounted): \
+             {why}. For real limits run it as root with the cgroup v1 memory and cpu \
+             controllers mounted under /sys/fs/cgroup; GRANULE_CGROUPS=off silences this"
+        );
+        Ok(None)
+    };
+    let h = match granule_cgroups::Hierarchy::detect() {
+        Ok(h) => h,
+        Err(e) => return unlimited(e.to_string()),
+    };
+    for dir in granule_cgroups::cleanup_stale(&h) {
+        tracing::info!("removed the cgroup of a process that is gone: {dir}");
+    }
+    let cluster = match granule_cgroups::ClusterGroups::new(&h) {
+        Ok(c) => c,
+        Err(e) => return unlimited(e.to_string()),
+    };
+    // `current_paths` leaves out a controller's root group: that is where to return then.
+    let previous = granule_cgroups::current_paths().unwrap_or_default();
+    let previous = CgroupPaths {
+        memory: Some(previous.memory.unwrap_or_else(|| "/".into())),
+        cpu: Some(previous.cpu.unwrap_or_else(|| "/".into())),
+    };
+    let joined = cluster
+        .node("node0", spec.cores, spec.mem_bytes)
+        .and_then(|g| granule_cgroups::join_self(&g.paths()).map(|()| g.paths()));
+    match joined {
+        Ok(node_paths) => Ok(Some(OwnGroups {
+            cluster,
+            node_paths,
+            previous,
+        })),
+        Err(e) => {
+            let _ = granule_cgroups::join_self(&previous);
+            let _ = cluster.remove();
+            unlimited(e.to_string())
+        }
+    }
 }
 
 /// Entry from the pre-`main` hook: parse the boot config, run, exit. Never returns.

@@ -9,7 +9,7 @@
 //! | `GRANULE_FAILURE_TIMEOUT` | silence after which a node is declared dead | `1s` |
 //! | `GRANULE_HEARTBEAT` | heartbeat interval | `100ms` |
 //! | `GRANULE_LISTEN_HOST` | address nodes listen on | `127.0.0.1` |
-//! | `GRANULE_CGROUPS` | `auto`: cgroup v1 limits for embedded nodes when usable; `off`: none | `auto` |
+//! | `GRANULE_CGROUPS` | `auto`: cgroup v1 limits for embedded and hand-started nodes when usable; `off`: none | `auto` |
 //! | `GRANULE_CONFIG` | a TOML file with the same settings (environment wins) | unset |
 //! | `GRANULE_LOG` | log filter (`warn`, `granule_runtime=debug`, ...) | `warn` |
 //! | `GRANULE_DASHBOARD` | where an embedded controller serves its dashboard, `/api/cluster` and `/metrics` (`IP:PORT`, port 0 = a free one; `off`) | `127.0.0.1:0` |
