@@ -4,8 +4,15 @@
 Runs the same two workloads as Granule's batch benchmark on a local Ray instance
 (`num_cpus=2` by default) and prints ONE JSON object on stdout:
 
-  (a) for_all:    N items, each a wall-clock spin of --work-us microseconds,
-                  split into --batches contiguous Ray tasks;
+  (a) for_all:    N integer items (put into the object store in --batches chunks
+                  beforehand, as Granule's input is a sealed sharded vector), each
+                  given --work-us microseconds of calibrated integer work, one Ray
+                  task per chunk; the XOR of the results is checked against the
+                  plain loop's. For comparison with earlier runs the old definition
+                  is timed too: a wall-clock spin per item over bare index ranges;
+                  and the same work in --coarse-batches tasks, a task granularity
+                  at which Ray's per-task cost matters less;
+
   (b) word count: D generated documents of W words, a map task per chunk and a
                   reduce (on the driver, or as a tree of tasks, whichever is faster).
 
@@ -33,12 +40,54 @@ MASK64 = (1 << 64) - 1
 def spin(us):
     """Busy-wait until `us` microseconds of wall-clock time have passed since the call.
 
-    Same definition as the Rust side (wall clock, not CPU time), so a descheduled
-    worker still counts the time it lost.
+    The benchmark's earlier definition of an item's work, still timed for comparison.
+    It is not the same work as the Rust side's: time a worker spends descheduled (by
+    Ray's own raylet, say) counts as work done, which calibrated work does not allow.
     """
     end = time.perf_counter_ns() + us * 1000
     while time.perf_counter_ns() < end:
         pass
+
+
+def work(iters, x):
+    """`iters` rounds of integer mixing on item `x`: CPU work whose amount does not
+    depend on the clock, like the Rust side's calibrated `spin` (see `calibrate`)."""
+    for i in range(iters):
+        x = (x * 0x2545F4914F6CDD1D + i) & MASK64
+    return x
+
+
+def calibrate(us):
+    """Rounds of `work` per item so that one item, call included, takes `us` µs here.
+
+    Times calls with few and with many rounds (median of 5 timings each) and solves the
+    straight line per-call time = fixed + rounds × per-round for the rounds; run before
+    Ray starts, on an otherwise idle machine, as the Rust side calibrates its own.
+    """
+    def per_call_ns(rounds, calls=20000):
+        timings = []
+        for _ in range(5):
+            t0 = time.perf_counter_ns()
+            for x in range(calls):
+                work(rounds, x)
+            timings.append((time.perf_counter_ns() - t0) / calls)
+        return statistics.median(timings)
+
+    lo, hi = 4, 64
+    t_lo, t_hi = per_call_ns(lo), per_call_ns(hi)
+    per_round = (t_hi - t_lo) / (hi - lo)
+    fixed = t_lo - lo * per_round
+    if per_round <= 0:
+        fail("calibration failed: %.1f ns per call with %d rounds, %.1f with %d" % (t_lo, lo, t_hi, hi))
+    return max(1, round((us * 1000.0 - fixed) / per_round))
+
+
+def work_chunk(chunk, iters):
+    """XOR of `work` over a chunk of items: what a for_all task (or the plain loop) does."""
+    acc = 0
+    for x in chunk:
+        acc ^= work(iters, x)
+    return acc
 
 
 def splitmix64(x):
@@ -106,6 +155,8 @@ def parse_args():
     p.add_argument("--words-per-doc", type=int, required=True)
     p.add_argument("--vocab", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--coarse-batches", type=int, default=100,
+                   help="also time for_all in this many (larger) tasks")
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--num-cpus", type=int, default=2)
     p.add_argument("--wordcount-method", choices=("auto", "driver", "tree"), default="auto",
@@ -113,7 +164,7 @@ def parse_args():
     p.add_argument("--timeout", type=float, default=900.0,
                    help="hard limit in seconds for the whole run (never hang the caller)")
     a = p.parse_args()
-    for name in ("items", "work_us", "batches", "docs", "words_per_doc", "vocab", "reps", "num_cpus"):
+    for name in ("items", "work_us", "batches", "coarse_batches", "docs", "words_per_doc", "vocab", "reps", "num_cpus"):
         if getattr(a, name) < (0 if name in ("items", "work_us", "docs", "words_per_doc") else 1):
             p.error("--%s out of range: %d" % (name.replace("_", "-"), getattr(a, name)))
     if not 0 <= a.seed <= MASK64:
@@ -159,13 +210,20 @@ def main():
     docs = generate_docs(args.docs, args.words_per_doc, args.vocab, args.seed)
     total_words = args.docs * args.words_per_doc
 
+    items = list(range(n))
+    iters = calibrate(args.work_us)
+
     # ---- Plain single-threaded Python baselines (timed once) ---------------------
+    t0 = time.perf_counter()
+    python_xor = work_chunk(items, iters)
+    python_loop_s = time.perf_counter() - t0
+
     t0 = time.perf_counter()
     done = 0
     for _i in range(n):
         spin(args.work_us)
         done += 1
-    python_loop_s = time.perf_counter() - t0
+    python_spin_loop_s = time.perf_counter() - t0
     if done != n:
         fail("python loop processed %d items, expected %d" % (done, n))
 
@@ -182,6 +240,10 @@ def main():
              logging_level=logging.ERROR, log_to_driver=False,
              _node_ip_address="127.0.0.1")
     try:
+        @ray.remote
+        def work_batch(chunk, rounds):
+            return work_chunk(chunk, rounds)
+
         @ray.remote
         def spin_batch(lo, hi, us):
             count = 0
@@ -220,8 +282,15 @@ def main():
         # of them import every remote function, so start-up cost stays out of the runs.
         warm = 4 * args.num_cpus
         ray.get([spin_batch.remote(0, 1, 20000) for _ in range(warm)])
+        ray.get([work_batch.remote(list(range(2000)), iters) for _ in range(warm)])
         warm_counts = ray.get([count_chunk.remote(["w1 w2", "w2"]) for _ in range(warm)])
         ray.get([merge_pair.remote(c, c) for c in warm_counts])
+
+        # The items in the object store, one object per task, as Granule's are sealed
+        # in a sharded vector before its job starts.
+        item_refs = [ray.put(items[lo:hi]) for lo, hi in item_ranges if hi > lo]
+        coarse_refs = [ray.put(items[lo:hi]) for lo, hi in split_ranges(n, args.coarse_batches)
+                       if hi > lo]
 
         chunk_ranges = split_ranges(args.docs, args.batches)
         # Input already in the object store, as Granule's input is already sharded.
@@ -229,16 +298,29 @@ def main():
 
         methods = ["driver", "tree"] if args.wordcount_method == "auto" else [args.wordcount_method]
         reducers = {"driver": reduce_on_driver, "tree": reduce_as_tree}
-        for_all_times = []
+        for_all_times, spin_times, coarse_times = [], [], []
         wc_times = {m: [] for m in methods}
 
+        def for_all(refs):
+            t0 = time.perf_counter()
+            xor = 0
+            for part in ray.get([work_batch.remote(r, iters) for r in refs]):
+                xor ^= part
+            took = time.perf_counter() - t0
+            if xor != python_xor:
+                fail("ray for_all's result %#x differs from the plain loop's %#x" % (xor, python_xor))
+            return took
+
         for rep in range(args.reps):
+            for_all_times.append(for_all(item_refs))
+            coarse_times.append(for_all(coarse_refs))
+
             t0 = time.perf_counter()
             total = sum(ray.get([spin_batch.remote(lo, hi, args.work_us)
                                  for lo, hi in item_ranges if hi > lo]))
-            for_all_times.append(time.perf_counter() - t0)
+            spin_times.append(time.perf_counter() - t0)
             if total != n:
-                fail("ray for_all processed %d items, expected %d" % (total, n))
+                fail("ray for_all (spin) processed %d items, expected %d" % (total, n))
 
             for m in methods:
                 t0 = time.perf_counter()
@@ -249,8 +331,8 @@ def main():
                     fail("ray word count (%s) total %d != %d" % (m, got, total_words))
                 if (checksum(counts), len(counts)) != (py_checksum, py_distinct):
                     fail("ray word count (%s) differs from the plain Python count" % m)
-            print("rep %d: for_all %.3f s, wordcount %s" % (
-                rep + 1, for_all_times[-1],
+            print("rep %d: for_all %.3f s (in %d tasks %.3f s, wall-clock spin %.3f s), wordcount %s" % (
+                rep + 1, for_all_times[-1], len(coarse_refs), coarse_times[-1], spin_times[-1],
                 ", ".join("%s %.3f s" % (m, wc_times[m][-1]) for m in methods)),
                 file=sys.stderr, flush=True)
     finally:
@@ -258,6 +340,8 @@ def main():
     watchdog.cancel()
 
     for_all_s = statistics.median(for_all_times)
+    spin_s = statistics.median(spin_times)
+    coarse_s = statistics.median(coarse_times)
     wc_method = min(methods, key=lambda m: statistics.median(wc_times[m]))
     wc_s = statistics.median(wc_times[wc_method])
 
@@ -273,8 +357,16 @@ def main():
         "batches": args.batches,
         "for_all_seconds": for_all_s,
         "for_all_items_per_s": rate(n, for_all_s),
+        "work_iterations": iters,
         "python_loop_seconds": python_loop_s,
         "python_loop_items_per_s": rate(n, python_loop_s),
+        "python_loop_us_per_item": python_loop_s * 1e6 / n if n else None,
+        "coarse_batches": args.coarse_batches,
+        "for_all_coarse_seconds": coarse_s,
+        "for_all_coarse_items_per_s": rate(n, coarse_s),
+        "for_all_spin_seconds": spin_s,
+        "for_all_spin_items_per_s": rate(n, spin_s),
+        "python_spin_loop_seconds": python_spin_loop_s,
         "docs": args.docs,
         "words_per_doc": args.words_per_doc,
         "vocab": args.vocab,
