@@ -12,7 +12,6 @@ Runs the same two workloads as Granule's batch benchmark on a local Ray instance
                   is timed too: a wall-clock spin per item over bare index ranges;
                   and the same work in --coarse-batches tasks, a task granularity
                   at which Ray's per-task cost matters less;
-
   (b) word count: D generated documents of W words, a map task per chunk and a
                   reduce (on the driver, or as a tree of tasks, whichever is faster).
 
