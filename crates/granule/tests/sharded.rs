@@ -96,6 +96,13 @@ fn map_grows_to_1000_shards_and_shrinks_back_within_bounds() {
         let (cluster, _nodes) = cluster(2);
         let b = Bounds::new(2 << 10, 8 << 10).expect("bounds");
         let map: ShardedMap<u64, Vec<u8>> = ShardedMap::with_bounds(b).expect("map");
+        // A handle with a cache of its own (as one decoded on another node has), brought
+        // up to date now and left alone until the map's log has been compacted past it.
+        let stale: ShardedMap<u64, Vec<u8>> =
+            serde_json::from_str(&serde_json::to_string(&map).expect("encode")).expect("decode");
+        assert_eq!(stale.get(&1).expect("get"), None);
+        let stale_version = stale.sharder().cached_version();
+        assert!(stale_version >= 1);
         // Entry: 8 B key + a 64 B vector (24 + 64) + 16 B of tree: 112 B.
         let elem = 112;
         let n: u64 = std::env::var("GRANULE_TEST_SHARD_ENTRIES")
@@ -171,6 +178,37 @@ fn map_grows_to_1000_shards_and_shrinks_back_within_bounds() {
             "{} shards left for an empty map",
             sizes.len()
         );
+        // Every split and merge was a change of the map, but its log kept only the last
+        // ones (about one per shard plus 64, at most twice that).
+        let (version, kept) = map.sharder().log_extent().expect("log");
+        eprintln!("map version {version}, log holds the last {kept} changes");
+        assert!(version > 1000, "only {version} changes of the map");
+        assert!(
+            kept <= 2 * (sizes.len() + 64),
+            "the log holds {kept} changes for {} shards",
+            sizes.len()
+        );
+        assert!(
+            version - kept > stale_version,
+            "the log was not compacted past the stale handle"
+        );
+        // The stale handle catches up from a snapshot: the same shards as the map's own
+        // handle, and it routes right both ways.
+        stale.sharder().refresh().expect("refresh");
+        assert_eq!(stale.sharder().cached_version(), version);
+        let ids = |m: &ShardedMap<u64, Vec<u8>>| -> Vec<_> {
+            m.sharder()
+                .shards()
+                .expect("shards")
+                .into_iter()
+                .map(|(lo, s)| (lo, s.id()))
+                .collect()
+        };
+        assert_eq!(ids(&stale), ids(&map));
+        assert_eq!(stale.insert(7, value(7, 64)).expect("insert"), None);
+        assert_eq!(map.get(&7).expect("get"), Some(value(7, 64)));
+        assert_eq!(map.remove(&7).expect("remove"), Some(value(7, 64)));
+        assert_eq!(stale.get(&7).expect("get"), None);
         map.destroy().expect("destroy");
         cluster.shutdown();
     });

@@ -3,8 +3,8 @@
 //! bound by splitting and merging on their own, while clients keep a cached map of the
 //! ranges. Developers never size shards.
 //!
-//! - [`AutoSharder`] owns the machinery: the range map (in a mapping proclet, as an
-//!   append-only log), routing with stale-cache catch-up, split and merge.
+//! - [`AutoSharder`] owns the machinery: the range map (in a mapping proclet, as a
+//!   compacted log of changes), routing with stale-cache catch-up, split and merge.
 //! - Built on it: [`ShardedVec`] (index ranges; a prefetching iterator once sealed),
 //!   [`ShardedMap`] (ordered key ranges; range scans), [`ShardedQueue`] (FIFO; only the
 //!   tail grows, drained head shards are dropped) and [`ShardedPartitions`] (unordered

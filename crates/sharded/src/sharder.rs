@@ -218,13 +218,37 @@ impl<S: Shard> Clone for Change<S> {
     }
 }
 
-/// The mapping proclet: the log and the map it adds up to.
+/// The mapping proclet: the recent end of the log of changes and the map they add up to.
+///
+/// Version `v` of the map is the state after its first `v` changes. Clients cache the map
+/// and catch up by asking for the changes since their version; the log keeps only the
+/// last ones (about as many as the map has shards, see [`MapLog::compact`]), so a
+/// structure that splits and merges for ever keeps a bounded log. A client further behind
+/// gets the whole current map instead, which is no bigger than the changes it missed.
 #[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
 pub struct MapLog<S: Shard> {
+    /// Changes dropped from the front: `log[i]` is change number `base + i + 1`.
+    base: usize,
     log: Vec<Change<S>>,
     current: BTreeMap<Option<S::Key>, Proclet<Cell<S>>>,
     sealed: bool,
+}
+
+/// Changes kept beyond one per shard, so that clients a little behind catch up by delta.
+const LOG_SLACK: usize = 64;
+
+/// What a client needs to bring its copy of the map from some version to the latest.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+enum CatchUp<S: Shard> {
+    /// The changes after the client's version, in order.
+    Changes(Vec<Change<S>>),
+    /// The client's version is older than the log: the whole map as of `version`.
+    Snapshot {
+        version: usize,
+        ranges: Vec<Range<S>>,
+    },
 }
 
 impl<S: Shard> Footprint for MapLog<S> {
@@ -235,6 +259,15 @@ impl<S: Shard> Footprint for MapLog<S> {
 }
 
 impl<S: Shard> MapLog<S> {
+    fn new() -> MapLog<S> {
+        MapLog {
+            base: 0,
+            log: Vec::new(),
+            current: BTreeMap::new(),
+            sealed: false,
+        }
+    }
+
     fn apply(&mut self, c: Change<S>) {
         match &c {
             Change::Set { lo, shard } => {
@@ -245,6 +278,45 @@ impl<S: Shard> MapLog<S> {
             }
         }
         self.log.push(c);
+        self.compact();
+    }
+
+    /// The latest version.
+    fn version(&self) -> usize {
+        self.base + self.log.len()
+    }
+
+    /// Drop the oldest changes once the log is more than twice what it keeps (one change
+    /// per shard plus [`LOG_SLACK`]): amortized O(1) per change, and the log stays
+    /// proportional to the map.
+    fn compact(&mut self) {
+        let keep = self.current.len() + LOG_SLACK;
+        if self.log.len() > 2 * keep {
+            let drop = self.log.len() - keep;
+            self.log.drain(..drop);
+            self.base += drop;
+        }
+    }
+
+    /// What a client at version `from` needs to catch up.
+    fn since(&self, from: usize) -> CatchUp<S> {
+        if from >= self.base {
+            CatchUp::Changes(
+                self.log
+                    .get(from - self.base..)
+                    .map(|c| c.to_vec())
+                    .unwrap_or_default(),
+            )
+        } else {
+            CatchUp::Snapshot {
+                version: self.version(),
+                ranges: self
+                    .current
+                    .iter()
+                    .map(|(lo, s)| (lo.clone(), s.clone()))
+                    .collect(),
+            }
+        }
     }
 }
 
@@ -288,12 +360,22 @@ impl<S: Shard> Cache<S> {
         }
     }
 
-    /// Apply the log's changes from version `from` on. Another thread may have caught up
-    /// meanwhile: only what is new to this cache is applied.
-    fn catch_up(&mut self, from: usize, changes: Vec<Change<S>>) {
-        let skip = self.version.saturating_sub(from);
-        if skip < changes.len() {
-            self.apply(changes.into_iter().skip(skip).collect());
+    /// Apply what the map sent for a client at version `from`. Another thread may have
+    /// caught up meanwhile: only what is new to this cache is applied.
+    fn catch_up(&mut self, from: usize, update: CatchUp<S>) {
+        match update {
+            CatchUp::Changes(changes) => {
+                let skip = self.version.saturating_sub(from);
+                if skip < changes.len() {
+                    self.apply(changes.into_iter().skip(skip).collect());
+                }
+            }
+            CatchUp::Snapshot { version, ranges } => {
+                if version > self.version {
+                    self.ranges = ranges.into_iter().collect();
+                    self.version = version;
+                }
+            }
         }
     }
 
@@ -351,11 +433,7 @@ impl<S: Shard> AutoSharder<S> {
         // group (what operators see shards summed by).
         let map = Proclet::builder(Kind::Memory)
             .footprint()
-            .create((), |()| MapLog::<S> {
-                log: Vec::new(),
-                current: BTreeMap::new(),
-                sealed: false,
-            })?;
+            .create((), |()| MapLog::<S>::new())?;
         let first = match Proclet::builder(Kind::Memory)
             .footprint()
             .group(label_of::<S>(map.id()))
@@ -393,11 +471,19 @@ impl<S: Shard> AutoSharder<S> {
     /// Bring the cached map up to date.
     pub fn refresh(&self) -> Result<(), ShardError> {
         let from = self.cache.lock().version;
-        let changes = self.map.run_ref(from, |m: &MapLog<S>, from: usize| {
-            m.log.get(from..).map(|c| c.to_vec()).unwrap_or_default()
-        })?;
-        self.cache.lock().catch_up(from, changes);
+        let update = self
+            .map
+            .run_ref(from, |m: &MapLog<S>, from: usize| m.since(from))?;
+        self.cache.lock().catch_up(from, update);
         Ok(())
+    }
+
+    /// The map's latest version (changes made since it was created) and how many of the
+    /// latest changes its log still holds (the rest were compacted away).
+    pub fn log_extent(&self) -> Result<(usize, usize), ShardError> {
+        Ok(self
+            .map
+            .run_ref((), |m: &MapLog<S>, ()| (m.version(), m.log.len()))?)
     }
 
     /// The map's version in this client's cache.
@@ -790,13 +876,11 @@ impl<S: Shard> AutoSharder<S> {
 
     async fn refresh_async(&self) -> Result<(), ShardError> {
         let from = self.cache.lock().version;
-        let changes = self
+        let update = self
             .map
-            .run_ref_async(from, |m: &MapLog<S>, from: usize| {
-                m.log.get(from..).map(|c| c.to_vec()).unwrap_or_default()
-            })
+            .run_ref_async(from, |m: &MapLog<S>, from: usize| m.since(from))
             .await?;
-        self.cache.lock().catch_up(from, changes);
+        self.cache.lock().catch_up(from, update);
         Ok(())
     }
 
@@ -1446,8 +1530,8 @@ fn merge_right_into<S: Shard>(
     c.hi = hi;
     // The map next; the right shard forwards callers until then, and is freed after.
     map.run(lo, |m: &mut MapLog<S>, lo: Option<S::Key>| {
-        if m.current.remove(&lo).is_some() {
-            m.log.push(Change::Remove { lo });
+        if m.current.contains_key(&lo) {
+            m.apply(Change::Remove { lo });
         }
     })
     .map_err(|e| format!("recording a merge: {e}"))?;
