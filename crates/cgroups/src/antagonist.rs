@@ -195,8 +195,9 @@ pub fn allocate_paced(size: u64, rate: u64, mut progress: impl FnMut(u64)) -> st
         // ones the balloon hands back to the host (free page reporting: this VM boots with
         // page_reporting.page_reporting_order=11, blocks of 8 MiB and up, reported ~2 s
         // after they are freed), so such first touches exit to the hypervisor, while
-        // 4 KiB faults are often served from smaller free pieces that are still backed. A `rate` the machine cannot give is not reached; the
-        // antagonist reports what it achieved.
+        // 4 KiB faults are often served from smaller free pieces that are still backed.
+        // A `rate` the machine cannot give is not reached; the antagonist reports what it
+        // achieved.
         let mut chunk = memmap2::MmapMut::map_anon(n)?;
         for i in (0..n).step_by(PAGE) {
             chunk[i] = 0xa5;

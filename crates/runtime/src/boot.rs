@@ -160,7 +160,7 @@ impl OwnGroups {
 /// Create and join the node's own cgroups when `GRANULE_CGROUPS` allows (default `auto`)
 /// and cgroup v1 is usable here (root, memory and cpu controllers mounted); otherwise say
 /// why once and run with budget accounting only, as embedded nodes do. Groups left by
-/// processes that are gone (a node killed with SIGKILL) are removed first.
+/// processes that are gone are removed first ([`crate::cluster::new_cluster_groups`]).
 fn own_cgroups(spec: &NodeSpec) -> Result<Option<OwnGroups>, ClusterError> {
     let mode = match std::env::var("GRANULE_CGROUPS") {
         Ok(v) => crate::config::parse_cgroups_mode(&v)
@@ -178,16 +178,9 @@ fn own_cgroups(spec: &NodeSpec) -> Result<Option<OwnGroups>, ClusterError> {
         );
         Ok(None)
     };
-    let h = match granule_cgroups::Hierarchy::detect() {
-        Ok(h) => h,
-        Err(e) => return unlimited(e.to_string()),
-    };
-    for dir in granule_cgroups::cleanup_stale(&h) {
-        tracing::info!("removed the cgroup of a process that is gone: {dir}");
-    }
-    let cluster = match granule_cgroups::ClusterGroups::new(&h) {
+    let cluster = match crate::cluster::new_cluster_groups() {
         Ok(c) => c,
-        Err(e) => return unlimited(e.to_string()),
+        Err(why) => return unlimited(why),
     };
     // `current_paths` leaves out a controller's root group: that is where to return then.
     let previous = granule_cgroups::current_paths().unwrap_or_default();

@@ -431,23 +431,24 @@ fn cluster_cgroups(mode: crate::config::CgroupsMode) -> Option<granule_cgroups::
             )
         })
     };
-    let h = match granule_cgroups::Hierarchy::detect() {
-        Ok(h) => h,
-        Err(e) => {
-            warn(e.to_string());
-            return None;
-        }
-    };
-    for dir in granule_cgroups::cleanup_stale(&h) {
-        tracing::info!("removed the cgroup of a driver that is gone: {dir}");
-    }
-    match granule_cgroups::ClusterGroups::new(&h) {
+    match new_cluster_groups() {
         Ok(g) => Some(g),
-        Err(e) => {
-            warn(e.to_string());
+        Err(why) => {
+            warn(why);
             None
         }
     }
+}
+
+/// A new cluster group (`granule/c<pid>-<start>-<n>`), if cgroup v1 is usable here, after
+/// removing the groups of processes that are gone (a driver or a hand-started node killed
+/// with SIGKILL); else why not. Shared by drivers and hand-started nodes.
+pub(crate) fn new_cluster_groups() -> Result<granule_cgroups::ClusterGroups, String> {
+    let h = granule_cgroups::Hierarchy::detect().map_err(|e| e.to_string())?;
+    for dir in granule_cgroups::cleanup_stale(&h) {
+        tracing::info!("removed the cgroup of a process that is gone: {dir}");
+    }
+    granule_cgroups::ClusterGroups::new(&h).map_err(|e| e.to_string())
 }
 
 /// Create the group of spawned node `index`, if the cluster has groups; without one the

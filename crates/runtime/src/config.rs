@@ -78,9 +78,9 @@ pub const DEFAULT_WORKER_SLICE: Duration = Duration::from_micros(100);
 /// Why: a node's worker sleeps until a call arrives. On a core it shares with a CPU-bound
 /// process (a co-located tenant, a memory antagonist faulting in pages), Linux's EEVDF
 /// scheduler may let that process finish its slice first (1.4 ms here, ended at a 4 ms
-/// tick, HZ=250, in a kernel without preemption): calls waited up to ~4 ms. A thread that asks for a
-/// shorter slice gets an earlier deadline and preempts on wake-up (Linux 6.12+; older
-/// kernels accept and ignore the request). Its CPU share is unchanged: it is only cut
+/// tick, HZ=250, in a kernel without preemption): calls waited up to ~4 ms. A thread that
+/// asks for a shorter slice gets an earlier deadline and preempts on wake-up (Linux 6.12+;
+/// older kernels accept and ignore the request). Its CPU share is unchanged: it is only cut
 /// into shorter pieces. Long computations (`cpu_bound`) go back to the default slice
 /// while they run. Measured in `granule bench pressure`: see the README.
 pub fn worker_slice() -> Option<Duration> {

@@ -709,18 +709,25 @@ pub(crate) fn release_free_memory() {
     }
 }
 
+/// The calling thread's nice value (on Linux the nice value is per thread).
+fn thread_nice() -> std::io::Result<i32> {
+    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
+    nix::errno::Errno::clear();
+    // SAFETY: getpriority reads a scheduling attribute of the given thread id; it takes no
+    // pointers. -1 is a valid answer, so errno (cleared above) tells failure apart.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+    if nice == -1 && nix::errno::Errno::last_raw() != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(nice)
+}
+
 /// The calling thread's nice value, then set it to `nice`; `None` if either step failed
 /// (raising a thread's priority back needs CAP_SYS_NICE, so a restore may fail unprivileged).
 /// On Linux the nice value is per thread: this leaves the process's other threads alone.
 pub(crate) fn swap_thread_nice(nice: i32) -> Option<i32> {
     let tid = nix::unistd::gettid().as_raw() as libc::id_t;
-    nix::errno::Errno::clear();
-    // SAFETY: getpriority reads a scheduling attribute of the given thread id; it takes no
-    // pointers. -1 is a valid answer, so errno (cleared above) tells failure apart.
-    let old = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
-    if old == -1 && nix::errno::Errno::last_raw() != 0 {
-        return None;
-    }
+    let old = thread_nice().ok()?;
     // SAFETY: setpriority changes a scheduling attribute of the calling thread only (the
     // id is our own tid); it takes no pointers.
     let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
@@ -749,14 +756,8 @@ pub(crate) fn set_thread_slice(slice: Option<std::time::Duration>) -> std::io::R
         sched_util_min: u32,
         sched_util_max: u32,
     }
-    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
-    nix::errno::Errno::clear();
-    // SAFETY: getpriority reads a scheduling attribute of the given thread id; it takes no
-    // pointers. -1 is a valid answer, so errno (cleared above) tells failure apart.
-    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
-    if nice == -1 && nix::errno::Errno::last_raw() != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    // sched_setattr sets the nice value too: keep the thread's own.
+    let nice = thread_nice()?;
     let attr = SchedAttr {
         size: std::mem::size_of::<SchedAttr>() as u32,
         sched_policy: libc::SCHED_OTHER as u32,

@@ -70,10 +70,10 @@ pub(crate) struct MigrationConfig {
     /// millisecond-long burst of encoding, the node's group has had more than its share,
     /// and a call arriving then waits while the other process runs its whole slice (here
     /// 1.4 ms; traced: waits of 1–2 ms) — the node's workers ask for short slices, but
-    /// they cannot preempt a process that is owed time. Resting keeps the node under its share,
-    /// so its workers keep preempting on wake-up. Moves the program or an operator asks
-    /// for (`Cluster::move_proclet`, the admin API) are not paced; nor are byte-vector
-    /// states, which are not encoded (their transfer is a few socket writes). Measured in
+    /// they cannot preempt a process that is owed time. Resting keeps the node under its
+    /// share, so its workers keep preempting on wake-up. Moves the program or an operator
+    /// asks for (`Cluster::move_proclet`, the admin API) are not paced; nor are
+    /// byte-vector states, which are not encoded (their transfer is a few socket writes). Measured in
     /// `granule bench pressure` (README), two pairs of runs of 5 repetitions: disruption
     /// p99 ÷ steady p99 1.96 and 2.44 with 0.5, 3.52 and 2.89 without; slow requests
     /// about 30 % fewer. Each shedding move takes about twice as long to encode.
