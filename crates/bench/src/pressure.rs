@@ -39,7 +39,7 @@
 //!   cgroup holds on its own, so the kernel OOM-kills it in the end (it makes itself the
 //!   preferred victim). The node must shed its shards before that without dying. The rate
 //!   it reaches is reported from its own progress lines (1.03 GiB/s in the runs here,
-//!   faulting 4 KiB pages; see `granule_cgroups::antagonist::allocate_paced` for why not
+//!   faulting 4 KiB pages; see `granule_host::antagonist::allocate_paced` for why not
 //!   huge pages). On this VM first touches of memory the balloon handed back exit to the
 //!   hypervisor, which freezes the vCPU the antagonist runs on meanwhile.
 //! - **Figures**: steady p99 over the steady phase; disruption p99 over [antagonist

@@ -6,9 +6,9 @@
 
 use anyhow::{bail, Context};
 use granule::config::{parse_duration, parse_rate, parse_size};
-use granule_cgroups::antagonist::{allocate_paced, set_oom_score_adj, spin, OwnCpuGroup};
-use granule_cgroups::{join_pid, CgroupPaths, Hierarchy};
 use granule_controller::ControllerClient;
+use granule_host::antagonist::{allocate_paced, set_oom_score_adj, spin, OwnCpuGroup};
+use granule_host::{join_pid, CgroupPaths, Hierarchy};
 use granule_wire::{NodeId, NodeInfo, NodeState};
 use std::time::Duration;
 
@@ -124,7 +124,7 @@ fn memory(
     // A group without a limit is not the node's own (a node started without cgroups
     // reports the one it inherited, shared with unrelated processes): filling it would
     // only hurt bystanders.
-    let limited = granule_cgroups::Reader::for_paths(
+    let limited = granule_host::Reader::for_paths(
         &h,
         &CgroupPaths {
             memory: Some(mem.clone()),

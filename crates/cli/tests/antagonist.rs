@@ -8,7 +8,7 @@ mod common;
 
 use common::{Reaped, GRANULE};
 use granule::{Cluster, NodeId};
-use granule_cgroups::{paths_of, CgroupPaths, Hierarchy, Reader};
+use granule_host::{paths_of, CgroupPaths, Hierarchy, Reader};
 use std::io::{BufRead, BufReader, Lines};
 use std::process::{ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -242,7 +242,7 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
 /// Whether nodes get real groups here: the very check a node makes (cgroup v1 memory and
 /// cpu controllers mounted and writable).
 fn cgroups_usable() -> bool {
-    granule_cgroups::Hierarchy::detect().is_ok()
+    granule_host::Hierarchy::detect().is_ok()
 }
 
 /// The demo as the README runs it, on the embedded cluster.

@@ -10,7 +10,7 @@ mod common;
 use common::{bounded, cgroups_usable, process_gone};
 use granule::config::CgroupsMode;
 use granule::{Cluster, NodeId};
-use granule_cgroups::{paths_of, CgroupPaths, Controller, Hierarchy, Reader};
+use granule_host::{paths_of, CgroupPaths, Controller, Hierarchy, Reader};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

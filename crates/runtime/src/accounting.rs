@@ -6,7 +6,7 @@
 //! process-unique serial). Entering and leaving a call are two plain stores into the
 //! thread's own cell, so accounting costs the call path almost nothing. The pressure
 //! monitor samples each thread's CPU clock (`/proc/self/task/TID/schedstat`) every few
-//! milliseconds and charges what the thread used since the previous sample to the proclet
+//! milliseconds (through the host crate) and charges what the thread used since the previous sample to the proclet
 //! it is inside at the sample: a sampling profiler, exact for long calls and statistically
 //! right for many short ones. The same schedstat line gives the thread's run-queue delay.
 //!
@@ -131,16 +131,6 @@ pub fn should_yield() -> bool {
             .is_some_and(|s| s.contains(&serial))
 }
 
-/// Read a thread's CPU time and run-queue delay (ns) from schedstat; `None` if the
-/// thread is gone.
-pub(crate) fn read_schedstat(tid: i32) -> Option<(u64, u64)> {
-    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-    let mut f = s.split_ascii_whitespace();
-    let cpu = f.next()?.parse().ok()?;
-    let delay = f.next()?.parse().ok()?;
-    Some((cpu, delay))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,7 +161,6 @@ mod tests {
             std::hint::black_box(0u64);
         }
         std::thread::yield_now();
-        let (cpu, _) = read_schedstat(me).unwrap();
-        assert!(cpu > 0);
+        assert!(granule_host::proc::thread_schedstat(me).unwrap().cpu_ns > 0);
     }
 }

@@ -4,7 +4,6 @@
 use crate::context;
 use crate::error::ClusterError;
 use crate::node::{Node, NodeOptions};
-use crate::shipping;
 use granule_wire::{CgroupPaths, NodeSpec, Role};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
@@ -139,7 +138,7 @@ pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
 /// memory limit and CPU quota, as an embedded node gets from its driver, so its limits
 /// are real and antagonists (`granule antagonist --node`) can target it.
 struct OwnGroups {
-    cluster: granule_cgroups::ClusterGroups,
+    cluster: granule_host::ClusterGroups,
     node_paths: CgroupPaths,
     /// Where the process ran before, to return there: a group with a task in it cannot
     /// be removed.
@@ -148,7 +147,7 @@ struct OwnGroups {
 
 impl OwnGroups {
     fn leave_and_remove(self) {
-        if let Err(e) = granule_cgroups::join_self(&self.previous) {
+        if let Err(e) = granule_host::join_self(&self.previous) {
             tracing::warn!("cannot leave the node's cgroups: {e}");
         }
         if let Err(e) = self.cluster.remove() {
@@ -183,14 +182,14 @@ fn own_cgroups(spec: &NodeSpec) -> Result<Option<OwnGroups>, ClusterError> {
         Err(why) => return unlimited(why),
     };
     // `current_paths` leaves out a controller's root group: that is where to return then.
-    let previous = granule_cgroups::current_paths().unwrap_or_default();
+    let previous = granule_host::current_paths().unwrap_or_default();
     let previous = CgroupPaths {
         memory: Some(previous.memory.unwrap_or_else(|| "/".into())),
         cpu: Some(previous.cpu.unwrap_or_else(|| "/".into())),
     };
     let joined = cluster
         .node("node0", spec.cores, spec.mem_bytes)
-        .and_then(|g| granule_cgroups::join_self(&g.paths()).map(|()| g.paths()));
+        .and_then(|g| granule_host::join_self(&g.paths()).map(|()| g.paths()));
     match joined {
         Ok(node_paths) => Ok(Some(OwnGroups {
             cluster,
@@ -198,7 +197,7 @@ fn own_cgroups(spec: &NodeSpec) -> Result<Option<OwnGroups>, ClusterError> {
             previous,
         })),
         Err(e) => {
-            let _ = granule_cgroups::join_self(&previous);
+            let _ = granule_host::join_self(&previous);
             let _ = cluster.remove();
             unlimited(e.to_string())
         }
@@ -207,7 +206,7 @@ fn own_cgroups(spec: &NodeSpec) -> Result<Option<OwnGroups>, ClusterError> {
 
 /// Entry from the pre-`main` hook: parse the boot config, run, exit. Never returns.
 pub(crate) fn run_node_process_from_env(raw: OsString) -> ! {
-    shipping::ignore_sigpipe();
+    granule_host::os::ignore_sigpipe();
     // Children of this node (e.g. helper tools) must not boot as nodes too. Still
     // single-threaded here, so changing the environment is safe.
     std::env::remove_var(BOOT_ENV);
@@ -223,7 +222,7 @@ pub(crate) fn run_node_process_from_env(raw: OsString) -> ! {
         // Join the node's groups first, while this is the only thread and nothing is
         // allocated yet: everything the node does from here on counts against its limits.
         if let Some(paths) = &boot.cgroups {
-            if let Err(e) = granule_cgroups::join_self(paths) {
+            if let Err(e) = granule_host::join_self(paths) {
                 eprintln!(
                     "granule node {}: cannot join its cgroups ({e}); running without limits",
                     boot.index
@@ -272,4 +271,20 @@ pub(crate) fn run_node_process_from_env(raw: OsString) -> ! {
     });
     let code = outcome.unwrap_or(101);
     std::process::exit(code)
+}
+
+/// The pre-`main` hook that turns any executable linking Granule into a node when its
+/// driver starts it in node mode: that is what lets integration tests, whose `main`
+/// belongs to libtest, spawn node processes of their own binary.
+///
+/// Sound before `main` because it reads one environment variable and, only when a
+/// Granule driver started this process in node mode, hands the process over to the node
+/// loop, which never returns (it ends with `exit`). Nothing here touches std state that
+/// `main`'s start-up would set up, except SIGPIPE, which the node loop sets exactly as
+/// std would.
+#[ctor::ctor(unsafe)]
+fn boot_node_before_main() {
+    if let Some(boot) = std::env::var_os(BOOT_ENV) {
+        run_node_process_from_env(boot);
+    }
 }

@@ -41,7 +41,7 @@ pub struct Cluster {
     spawned: Mutex<Vec<Spawned>>,
     pgid: Option<Pid>,
     /// The cgroups of the spawned nodes, when they run with real limits.
-    cgroups: Option<granule_cgroups::ClusterGroups>,
+    cgroups: Option<granule_host::ClusterGroups>,
 }
 
 /// Builder for [`Cluster`]: starts from [`ClusterConfig::default`] (not the environment).
@@ -417,7 +417,7 @@ fn cell_of(node: &Arc<NodeInner>) -> Arc<context::NodeCell> {
 /// The cgroups for a new cluster's node processes, if `mode` allows and cgroup v1 is
 /// usable; groups left by drivers that died are removed first. When unusable, warns once
 /// per process and the nodes run with budget accounting only.
-fn cluster_cgroups(mode: crate::config::CgroupsMode) -> Option<granule_cgroups::ClusterGroups> {
+fn cluster_cgroups(mode: crate::config::CgroupsMode) -> Option<granule_host::ClusterGroups> {
     static WARNED: std::sync::Once = std::sync::Once::new();
     if mode == crate::config::CgroupsMode::Off {
         return None;
@@ -443,18 +443,18 @@ fn cluster_cgroups(mode: crate::config::CgroupsMode) -> Option<granule_cgroups::
 /// A new cluster group (`granule/c<pid>-<start>-<n>`), if cgroup v1 is usable here, after
 /// removing the groups of processes that are gone (a driver or a hand-started node killed
 /// with SIGKILL); else why not. Shared by drivers and hand-started nodes.
-pub(crate) fn new_cluster_groups() -> Result<granule_cgroups::ClusterGroups, String> {
-    let h = granule_cgroups::Hierarchy::detect().map_err(|e| e.to_string())?;
-    for dir in granule_cgroups::cleanup_stale(&h) {
+pub(crate) fn new_cluster_groups() -> Result<granule_host::ClusterGroups, String> {
+    let h = granule_host::Hierarchy::detect().map_err(|e| e.to_string())?;
+    for dir in granule_host::cleanup_stale(&h) {
         tracing::info!("removed the cgroup of a process that is gone: {dir}");
     }
-    granule_cgroups::ClusterGroups::new(&h).map_err(|e| e.to_string())
+    granule_host::ClusterGroups::new(&h).map_err(|e| e.to_string())
 }
 
 /// Create the group of spawned node `index`, if the cluster has groups; without one the
 /// node runs unlimited.
 fn node_cgroups(
-    groups: Option<&granule_cgroups::ClusterGroups>,
+    groups: Option<&granule_host::ClusterGroups>,
     index: usize,
     spec: &NodeSpec,
 ) -> Option<granule_wire::CgroupPaths> {

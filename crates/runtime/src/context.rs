@@ -355,13 +355,13 @@ pub fn cpu_bound<R>(f: impl FnOnce() -> R) -> R {
             impl Drop for Restore {
                 fn drop(&mut self) {
                     if self.0.is_some() {
-                        let _ = crate::shipping::set_thread_slice(self.0);
+                        let _ = granule_host::os::set_thread_slice(self.0);
                     }
                 }
             }
             let restore = Restore(crate::config::worker_slice());
             if restore.0.is_some() {
-                let _ = crate::shipping::set_thread_slice(None);
+                let _ = granule_host::os::set_thread_slice(None);
             }
             f()
         })
@@ -397,6 +397,20 @@ pub fn cluster_nodes_async(
             .list_nodes()
             .await
             .map_err(crate::CallError::from)
+    }
+}
+
+/// Give the calling thread of a node the configured slice (`config::worker_slice`); a
+/// refusal is logged once per process and otherwise harmless.
+pub(crate) fn apply_worker_slice() {
+    let Some(slice) = crate::config::worker_slice() else {
+        return;
+    };
+    if let Err(e) = granule_host::os::set_thread_slice(Some(slice)) {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!("cannot ask for a {slice:?} scheduler slice for node threads: {e}")
+        });
     }
 }
 

@@ -22,11 +22,6 @@
 //!
 //! Only code-carrying frames on connections whose peer passed the hash handshake reach
 //! this module; the transport and the node's request handler enforce that.
-//!
-//! The module also holds the pre-`main` hook that turns any executable linking Granule
-//! into a node when the driver starts it in node mode (`#[ctor]`): that is what lets
-//! integration tests, whose `main` belongs to libtest, spawn node processes of their
-//! own binary.
 #![allow(unsafe_code)]
 
 use granule_wire::{CodeRef, RemoteError};
@@ -697,130 +692,6 @@ pub(crate) fn binary_hash_hint() -> Option<String> {
     Some(format!("{}:{}", hex(&binary_hash()), exe_identity()?))
 }
 
-/// Give memory the allocator holds but no longer uses back to the kernel. After a large
-/// proclet moves away, glibc keeps its freed pages in its arenas; the node's cgroup is
-/// still charged for them and a node shedding under memory pressure would see no relief.
-pub(crate) fn release_free_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: `malloc_trim` only walks the allocator's own free lists (under its locks)
-    // and returns unused pages with madvise; it takes no pointers and is thread-safe.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-/// The calling thread's nice value (on Linux the nice value is per thread).
-fn thread_nice() -> std::io::Result<i32> {
-    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
-    nix::errno::Errno::clear();
-    // SAFETY: getpriority reads a scheduling attribute of the given thread id; it takes no
-    // pointers. -1 is a valid answer, so errno (cleared above) tells failure apart.
-    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
-    if nice == -1 && nix::errno::Errno::last_raw() != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(nice)
-}
-
-/// The calling thread's nice value, then set it to `nice`; `None` if either step failed
-/// (raising a thread's priority back needs CAP_SYS_NICE, so a restore may fail unprivileged).
-/// On Linux the nice value is per thread: this leaves the process's other threads alone.
-pub(crate) fn swap_thread_nice(nice: i32) -> Option<i32> {
-    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
-    let old = thread_nice().ok()?;
-    // SAFETY: setpriority changes a scheduling attribute of the calling thread only (the
-    // id is our own tid); it takes no pointers.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
-    (rc == 0).then_some(old)
-}
-
-/// Ask the scheduler for a slice of `slice` for the calling thread, or for the kernel's
-/// default with `None` (Linux 6.12+ EEVDF: a thread with a shorter slice gets an earlier
-/// deadline, so when it wakes it preempts a thread that asked for none instead of waiting
-/// out that thread's slice; see `config::worker_slice`). The thread keeps its policy
-/// (SCHED_OTHER) and nice value. Older kernels accept and ignore the request.
-#[cfg(target_os = "linux")]
-pub(crate) fn set_thread_slice(slice: Option<std::time::Duration>) -> std::io::Result<()> {
-    /// `struct sched_attr` as in include/uapi/linux/sched/types.h (SCHED_ATTR_SIZE_VER1).
-    #[repr(C)]
-    #[derive(Default)]
-    struct SchedAttr {
-        size: u32,
-        sched_policy: u32,
-        sched_flags: u64,
-        sched_nice: i32,
-        sched_priority: u32,
-        sched_runtime: u64,
-        sched_deadline: u64,
-        sched_period: u64,
-        sched_util_min: u32,
-        sched_util_max: u32,
-    }
-    // sched_setattr sets the nice value too: keep the thread's own.
-    let nice = thread_nice()?;
-    let attr = SchedAttr {
-        size: std::mem::size_of::<SchedAttr>() as u32,
-        sched_policy: libc::SCHED_OTHER as u32,
-        sched_nice: nice,
-        // 0: no custom slice, the kernel's default.
-        sched_runtime: slice.map_or(0, |d| d.as_nanos() as u64),
-        ..SchedAttr::default()
-    };
-    // SAFETY: sched_setattr(0 = calling thread, attr, flags 0) reads `size` bytes from
-    // `attr`, a live, properly laid out `struct sched_attr` on our stack; it keeps no
-    // pointer after returning.
-    let rc = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0u32) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Elsewhere there is no such request to make.
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn set_thread_slice(_slice: Option<std::time::Duration>) -> std::io::Result<()> {
-    Ok(())
-}
-
-/// Give the calling thread of a node the configured slice (`config::worker_slice`); a
-/// refusal is logged once per process and otherwise harmless.
-pub(crate) fn apply_worker_slice() {
-    let Some(slice) = crate::config::worker_slice() else {
-        return;
-    };
-    if let Err(e) = set_thread_slice(Some(slice)) {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            tracing::warn!("cannot ask for a {slice:?} scheduler slice for node threads: {e}")
-        });
-    }
-}
-
-// ---- running before main ---------------------------------------------------------------
-
-/// Ignore SIGPIPE: a node booted before `main` runs without std's start-up code, which
-/// normally does this; without it a write to a closed socket would kill the node.
-pub(crate) fn ignore_sigpipe() {
-    // SAFETY: installing SIG_IGN for SIGPIPE is async-signal-safe and involves no handler
-    // code; it is what Rust's own runtime does before main.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-    }
-}
-
-// SAFETY: this runs before `main`, when only libc is guaranteed initialised. It reads one
-// environment variable and, only when a Granule driver started this process in node mode,
-// hands the process over to the node loop, which never returns (it ends with `exit`).
-// Nothing here touches std state that `main`'s start-up would set up, except SIGPIPE,
-// which `ignore_sigpipe` sets exactly as std would.
-#[ctor::ctor(unsafe)]
-fn boot_node_before_main() {
-    if let Some(boot) = std::env::var_os(crate::boot::BOOT_ENV) {
-        crate::boot::run_node_process_from_env(boot);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -949,31 +820,5 @@ mod tests {
         let m = parse_maps(text, Some(("fd:01".into(), 42)));
         assert_eq!(m.readable, vec![0x5555..0x6666, 0x6666..0x7777]);
         assert_eq!(m.executable, vec![0x6666..0x7777]);
-    }
-    /// The thread's slice as the kernel reports it, when it does (Linux 6.6+).
-    #[cfg(target_os = "linux")]
-    fn reported_slice() -> Option<u64> {
-        let text = std::fs::read_to_string("/proc/thread-self/sched").ok()?;
-        let line = text.lines().find(|l| l.starts_with("se.slice"))?;
-        line.split(':').nth(1)?.trim().parse().ok()
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn a_thread_gets_the_slice_it_asks_for_and_back() {
-        std::thread::spawn(|| {
-            let default = reported_slice();
-            set_thread_slice(Some(std::time::Duration::from_micros(200))).unwrap();
-            let asked = reported_slice();
-            set_thread_slice(None).unwrap();
-            let back = reported_slice();
-            // Kernels before 6.12 accept the request without a custom slice: nothing to see.
-            if asked != default {
-                assert_eq!(asked, Some(200_000));
-                assert_eq!(back, default);
-            }
-        })
-        .join()
-        .unwrap();
     }
 }

@@ -65,8 +65,8 @@ pub fn checksum(v: &[u8]) -> u64 {
 
 /// The system's cgroup v1 hierarchy, or `None` after saying why the calling test is
 /// skipped (not root, no v1 controllers).
-pub fn cgroups_usable() -> Option<granule_cgroups::Hierarchy> {
-    match granule_cgroups::Hierarchy::detect() {
+pub fn cgroups_usable() -> Option<granule_host::Hierarchy> {
+    match granule_host::Hierarchy::detect() {
         Ok(h) => Some(h),
         Err(e) => {
             eprintln!("skipping: cgroup v1 not usable here ({e})");

@@ -97,10 +97,10 @@ fn in_background<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> tokio::task::JoinHandle<T> {
     tokio::task::spawn_blocking(move || {
-        let old = shipping::swap_thread_nice(nice);
+        let old = granule_host::os::swap_thread_nice(nice);
         let out = f();
         if let Some(old) = old {
-            shipping::swap_thread_nice(old);
+            granule_host::os::swap_thread_nice(old);
         }
         out
     })
@@ -417,7 +417,7 @@ impl NodeInner {
             drop(sent_state);
             drop(slot);
             if trim {
-                crate::shipping::release_free_memory();
+                granule_host::os::release_free_memory();
             }
             node.departed_bytes.fetch_add(bytes, Ordering::Relaxed);
         });

@@ -187,7 +187,7 @@ impl Node {
             .on_thread_start(move || {
                 // Workers (and the runtime's blocking threads, which start here too)
                 // wake to serve calls: see `config::worker_slice`.
-                crate::shipping::apply_worker_slice();
+                crate::context::apply_worker_slice();
                 context::mark_worker();
                 context::set_thread_node(&wcell);
                 wbusy.register_thread();
@@ -201,7 +201,7 @@ impl Node {
             .enable_all()
             .on_thread_start(move || {
                 // Heartbeats and the pressure monitor must not wait out a neighbour's slice.
-                crate::shipping::apply_worker_slice();
+                crate::context::apply_worker_slice();
                 context::set_thread_node(&ccell)
             })
             .build()
@@ -252,7 +252,7 @@ impl Node {
                         reg_addr,
                         binary,
                         reg_program,
-                        granule_cgroups::current_paths(),
+                        granule_host::current_paths(),
                         metrics_addr,
                     )
                     .await?;

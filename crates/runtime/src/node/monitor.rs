@@ -243,9 +243,9 @@ pub(crate) struct Reading {
 
 /// Reads the cgroup files of the node's own cgroups, if it runs in any.
 struct CgroupFiles {
-    reader: Option<granule_cgroups::Reader>,
+    reader: Option<granule_host::Reader>,
     /// Recent `cpu.stat` readings, oldest first, spanning about `THROTTLE_WINDOW`.
-    cpu_history: Recent<granule_cgroups::CpuStat>,
+    cpu_history: Recent<granule_host::CpuStat>,
 }
 
 /// The window over which cgroup throttling is measured (fifteen 20 ms CFS periods).
@@ -349,7 +349,7 @@ impl Monitor {
         growth: &mut Growth,
         node: &NodeInner,
     ) -> Reading {
-        let rss = crate::usage::resident_bytes();
+        let rss = granule_host::proc::resident_bytes();
         // Only a cgroup with a limit says anything about this node's room: an unlimited
         // one (a driver started in some session's cgroup) is charged for unrelated
         // processes.
@@ -604,29 +604,21 @@ impl NodeInner {
             .collect();
         let mut delay_total = 0u64;
         let mut seen = Vec::new();
-        if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
-            for entry in dir.flatten() {
-                let Some(tid) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|t| t.parse::<i32>().ok())
-                else {
-                    continue;
-                };
-                let Some((cpu, delay)) = crate::accounting::read_schedstat(tid) else {
-                    continue;
-                };
-                seen.push(tid);
-                if let Some((lcpu, ldelay)) = s.last.insert(tid, (cpu, delay)) {
-                    delay_total += delay.saturating_sub(ldelay);
-                    let used = cpu.saturating_sub(lcpu);
-                    if let Some(slot) = running
-                        .get(&tid)
-                        .filter(|serial| **serial != 0)
-                        .and_then(|serial| by_serial.get(serial))
-                    {
-                        slot.stats.cpu_pending_ns.fetch_add(used, Ordering::Relaxed);
-                    }
+        for tid in granule_host::proc::thread_ids() {
+            let Some(st) = granule_host::proc::thread_schedstat(tid) else {
+                continue;
+            };
+            let (cpu, delay) = (st.cpu_ns, st.runq_delay_ns);
+            seen.push(tid);
+            if let Some((lcpu, ldelay)) = s.last.insert(tid, (cpu, delay)) {
+                delay_total += delay.saturating_sub(ldelay);
+                let used = cpu.saturating_sub(lcpu);
+                if let Some(slot) = running
+                    .get(&tid)
+                    .filter(|serial| **serial != 0)
+                    .and_then(|serial| by_serial.get(serial))
+                {
+                    slot.stats.cpu_pending_ns.fetch_add(used, Ordering::Relaxed);
                 }
             }
         }
@@ -707,7 +699,7 @@ impl NodeInner {
     /// The monitor loop (runs on the control runtime until the node stops).
     pub(crate) async fn monitor_loop(self: Arc<Self>) {
         let mut cg = CgroupFiles {
-            reader: granule_cgroups::Reader::for_self(),
+            reader: granule_host::Reader::for_self(),
             cpu_history: Recent::new(THROTTLE_WINDOW),
         };
         let mut cpu = CpuSampler::default();

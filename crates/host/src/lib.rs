@@ -1,34 +1,41 @@
-//! Real resource limits for local node processes: cgroup v1 memory and CPU groups.
+//! The host: everything Granule reads or writes under `/proc` and `/sys`, and the few
+//! requests to the operating system that need `unsafe` code.
 //!
-//! This crate owns everything Granule does under `/sys/fs/cgroup`:
+//! No other crate of the workspace opens those paths (a test in `crates/granule/tests/
+//! layout.rs` checks it); the runtime, the libraries, the benchmarks and the command use
+//! this crate instead. What it owns:
 //!
-//! - detecting whether cgroup v1 is usable here ([`Hierarchy::detect`], with a human
-//!   reason when it is not, so callers can fall back to budget accounting);
-//! - one directory per local cluster, `granule/c<driver pid>-<driver start time>-<n>`, with
-//!   one group per node process below it ([`ClusterGroups`], [`NodeGroup`]): a memory
-//!   limit (`memory.limit_in_bytes`) and a CFS quota (`cpu.cfs_quota_us`) from the node's
-//!   spec;
-//! - removing those directories when the cluster ends, and those of drivers that died
-//!   without removing theirs ([`cleanup_stale`]);
-//! - moving processes into groups ([`join_pid`], [`join_self`]) and naming the groups a
-//!   process runs in ([`current_paths`]);
-//! - cheap repeated readings of a group's usage, limit, OOM kills and throttling
-//!   ([`Reader`]), which node monitors sample every few milliseconds;
+//! - [`proc`]: readings of this process and its threads (CPU time, resident memory,
+//!   per-thread schedstat, the task list) and of other processes (state, start time);
+//! - [`os`]: thread nice values and scheduler slices, returning free memory to the
+//!   kernel, ignoring SIGPIPE, CPU affinity — the crate's only `unsafe` code;
+//! - cgroup v1 groups *Granule creates for itself*: detecting whether cgroup v1 is usable
+//!   ([`Hierarchy::detect`], with a human reason when it is not, so callers can fall back
+//!   to budget accounting); one directory per local cluster,
+//!   `granule/c<driver pid>-<driver start time>-<n>`, with one group per node process
+//!   below it ([`ClusterGroups`], [`NodeGroup`]): a memory limit and a CFS quota from the
+//!   node's spec; removing those directories when the cluster ends, and those of
+//!   processes that died without removing theirs ([`cleanup_stale`]); moving processes
+//!   into groups ([`join_pid`], [`join_self`]) and naming the groups a process runs in
+//!   ([`current_paths`]); cheap repeated readings of a group's usage, limit, OOM kills and
+//!   throttling ([`Reader`]);
 //! - antagonists that put memory or CPU load into a node's groups ([`antagonist`]).
 //!
-//! It must not touch cgroups it did not create: only directories below `granule/` and
-//! `granule-antagonists/` whose names it can parse are ever removed, and only tasks
-//! inside them are ever killed. It knows nothing of proclets, the controller or the
-//! transport; the runtime decides when to create and remove groups. cgroup v2 (the
-//! unified hierarchy) is not supported: [`Hierarchy::detect`] reports it as unavailable.
+//! It must not touch cgroups it did not create through the API for its own groups: only
+//! directories below `granule/` and `granule-antagonists/` whose names it can parse are
+//! ever removed, and only tasks inside them are ever killed. It knows nothing of
+//! proclets, the controller or the transport; the runtime decides when to create and
+//! remove groups.
 //!
 //! Processes are identified by pid within one pid namespace: a driver in another pid
 //! namespace that shares this cgroup file system would look dead to [`cleanup_stale`].
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod antagonist;
 mod group;
 mod hierarchy;
+pub mod os;
+pub mod proc;
 mod procfs;
 mod reader;
 

@@ -1,0 +1,170 @@
+//! Scheduling and allocator requests to the operating system that no safe wrapper
+//! covers: a thread's nice value and scheduler slice, returning the allocator's free
+//! memory, ignoring SIGPIPE. The host crate's only `unsafe` code (each block carries a
+//! `// SAFETY:` note), and with `shipping.rs` in the runtime, the workspace's.
+#![allow(unsafe_code)]
+
+use std::time::Duration;
+
+/// Give memory the allocator holds but no longer uses back to the kernel. After a large
+/// proclet moves away, glibc keeps its freed pages in its arenas; the node's cgroup is
+/// still charged for them and a node shedding under memory pressure would see no relief.
+pub fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: `malloc_trim` only walks the allocator's own free lists (under its locks)
+    // and returns unused pages with madvise; it takes no pointers and is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// The calling thread's nice value (on Linux the nice value is per thread).
+pub fn thread_nice() -> std::io::Result<i32> {
+    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
+    nix::errno::Errno::clear();
+    // SAFETY: getpriority reads a scheduling attribute of the given thread id; it takes no
+    // pointers. -1 is a valid answer, so errno (cleared above) tells failure apart.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+    if nice == -1 && nix::errno::Errno::last_raw() != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(nice)
+}
+
+/// The calling thread's nice value, then set it to `nice`; `None` if either step failed
+/// (raising a thread's priority back needs CAP_SYS_NICE, so a restore may fail
+/// unprivileged). This leaves the process's other threads alone.
+pub fn swap_thread_nice(nice: i32) -> Option<i32> {
+    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
+    let old = thread_nice().ok()?;
+    // SAFETY: setpriority changes a scheduling attribute of the calling thread only (the
+    // id is our own tid); it takes no pointers.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
+    (rc == 0).then_some(old)
+}
+
+/// Ask the scheduler for a slice of `slice` for the calling thread, or for the kernel's
+/// default with `None` (Linux 6.12+ EEVDF: a thread with a shorter slice gets an earlier
+/// deadline, so when it wakes it preempts a thread that asked for none instead of waiting
+/// out that thread's slice). The thread keeps its policy (SCHED_OTHER) and nice value.
+/// Older kernels accept and ignore the request.
+#[cfg(target_os = "linux")]
+pub fn set_thread_slice(slice: Option<Duration>) -> std::io::Result<()> {
+    /// `struct sched_attr` as in include/uapi/linux/sched/types.h (SCHED_ATTR_SIZE_VER1).
+    #[repr(C)]
+    #[derive(Default)]
+    struct SchedAttr {
+        size: u32,
+        sched_policy: u32,
+        sched_flags: u64,
+        sched_nice: i32,
+        sched_priority: u32,
+        sched_runtime: u64,
+        sched_deadline: u64,
+        sched_period: u64,
+        sched_util_min: u32,
+        sched_util_max: u32,
+    }
+    // sched_setattr sets the nice value too: keep the thread's own.
+    let nice = thread_nice()?;
+    let attr = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        sched_policy: libc::SCHED_OTHER as u32,
+        sched_nice: nice,
+        // 0: no custom slice, the kernel's default.
+        sched_runtime: slice.map_or(0, |d| d.as_nanos() as u64),
+        ..SchedAttr::default()
+    };
+    // SAFETY: sched_setattr(0 = calling thread, attr, flags 0) reads `size` bytes from
+    // `attr`, a live, properly laid out `struct sched_attr` on our stack; it keeps no
+    // pointer after returning.
+    let rc = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0u32) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Elsewhere there is no such request to make.
+#[cfg(not(target_os = "linux"))]
+pub fn set_thread_slice(_slice: Option<Duration>) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Ignore SIGPIPE: a process booted before `main` runs without std's start-up code, which
+/// normally does this; without it a write to a closed socket would kill the process.
+pub fn ignore_sigpipe() {
+    // SAFETY: installing SIG_IGN for SIGPIPE is async-signal-safe and involves no handler
+    // code; it is what Rust's own runtime does before main.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+}
+
+/// Pin the calling thread (0) or thread `tid` to the given CPUs.
+pub fn set_affinity(tid: i32, cpus: &[usize]) -> std::io::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    for c in cpus {
+        set.set(*c).map_err(std::io::Error::from)?;
+    }
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set)
+        .map_err(std::io::Error::from)
+}
+
+/// The CPUs the calling thread (0) or thread `tid` may run on.
+pub fn affinity(tid: i32) -> std::io::Result<Vec<usize>> {
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(tid))
+        .map_err(std::io::Error::from)?;
+    Ok((0..nix::sched::CpuSet::count())
+        .filter(|c| set.is_set(*c).unwrap_or(false))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_thread_gets_the_slice_it_asks_for_and_back() {
+        std::thread::spawn(|| {
+            let default = crate::proc::thread_slice_ns();
+            set_thread_slice(Some(Duration::from_micros(200))).unwrap();
+            let asked = crate::proc::thread_slice_ns();
+            set_thread_slice(None).unwrap();
+            let back = crate::proc::thread_slice_ns();
+            // Kernels before 6.12 accept the request without a custom slice: nothing to see.
+            if asked != default {
+                assert_eq!(asked, Some(200_000));
+                assert_eq!(back, default);
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn nice_values_swap_per_thread() {
+        std::thread::spawn(|| {
+            let before = thread_nice().unwrap();
+            let old = swap_thread_nice(before + 1).unwrap();
+            assert_eq!(old, before);
+            assert_eq!(thread_nice().unwrap(), before + 1);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn affinity_round_trips() {
+        let all = affinity(0).unwrap();
+        assert!(!all.is_empty());
+        std::thread::spawn(move || {
+            set_affinity(0, &all[..1]).unwrap();
+            assert_eq!(affinity(0).unwrap(), all[..1].to_vec());
+        })
+        .join()
+        .unwrap();
+    }
+}
