@@ -1,0 +1,510 @@
+//! The table of every setting: key, environment variable, what it accepts, what it does,
+//! and how to parse and print its value. Adding a setting is one entry here, one field
+//! in its section, and one row in `docs/guide/configuration.md` (a test checks the last).
+
+use crate::parse::{
+    format_duration, format_size, format_spec, parse_duration, parse_rate, parse_size, parse_spec,
+    parse_specs, parse_switch,
+};
+use crate::{CgroupsMode, Config};
+use std::time::Duration;
+
+/// One setting.
+pub struct Setting {
+    /// `section.name`, as in the TOML file and [`Config::set`].
+    pub key: &'static str,
+    /// Its environment variable.
+    pub env: &'static str,
+    /// What it accepts, for error messages and the guide.
+    pub accepts: &'static str,
+    /// What it does, in one line.
+    pub doc: &'static str,
+    pub(crate) set: fn(&mut Config, &str) -> Result<(), String>,
+    pub(crate) get: fn(&Config) -> String,
+}
+
+impl std::fmt::Debug for Setting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setting")
+            .field("key", &self.key)
+            .field("env", &self.env)
+            .finish()
+    }
+}
+
+/// The setting with this key.
+pub fn setting(key: &str) -> Option<&'static Setting> {
+    SETTINGS.iter().find(|s| s.key == key.trim())
+}
+
+// ---- value kinds ----------------------------------------------------------------------
+
+fn dur(v: &str) -> Result<Duration, String> {
+    parse_duration(v)
+}
+
+fn dur_nonzero(v: &str) -> Result<Duration, String> {
+    match parse_duration(v)? {
+        d if d.is_zero() => Err("must be more than 0".into()),
+        d => Ok(d),
+    }
+}
+
+fn dur_in(v: &str, lo: Duration, hi: Duration) -> Result<Duration, String> {
+    let d = parse_duration(v)?;
+    if d < lo || d > hi {
+        return Err(format!(
+            "{} is outside {}..={}",
+            format_duration(d),
+            format_duration(lo),
+            format_duration(hi)
+        ));
+    }
+    Ok(d)
+}
+
+fn size_in(v: &str, lo: u64, hi: u64) -> Result<u64, String> {
+    let b = parse_size(v)?;
+    if b < lo || b > hi {
+        return Err(format!(
+            "{} is outside {}..={}",
+            format_size(b),
+            format_size(lo),
+            format_size(hi)
+        ));
+    }
+    Ok(b)
+}
+
+fn int_in(v: &str, lo: i64, hi: i64) -> Result<i64, String> {
+    let n: i64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{v}' is not a whole number"))?;
+    if n < lo || n > hi {
+        return Err(format!("{n} is outside {lo}..={hi}"));
+    }
+    Ok(n)
+}
+
+fn number_at_least(v: &str, lo: f64) -> Result<f64, String> {
+    let x: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{v}' is not a number"))?;
+    if !x.is_finite() || x < lo {
+        return Err(format!("{x} is below {lo}"));
+    }
+    Ok(x)
+}
+
+fn is_off(v: &str) -> bool {
+    matches!(v.trim().to_ascii_lowercase().as_str(), "off" | "none")
+}
+
+fn switch_text(b: bool) -> String {
+    if b { "on" } else { "off" }.into()
+}
+
+fn non_empty(v: &str) -> Result<String, String> {
+    let t = v.trim();
+    if t.is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(t.to_string())
+}
+
+fn host_port(v: &str) -> Result<String, String> {
+    let t = non_empty(v)?;
+    match t.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(t),
+        _ => Err(format!("'{t}' is not host:port")),
+    }
+}
+
+fn log_filter(v: &str) -> Result<String, String> {
+    let t = non_empty(v)?;
+    tracing_subscriber::EnvFilter::try_new(&t).map_err(|e| format!("'{t}': {e}"))?;
+    Ok(t)
+}
+
+/// One row of the table: `section.field`, its variable, what it accepts, what it does, a
+/// parser from text to the field's type, and a printer back.
+macro_rules! setting {
+    ($key:literal, $env:literal, $accepts:literal, $doc:literal,
+     $section:ident . $field:ident, $parse:expr, $print:expr $(,)?) => {
+        Setting {
+            key: $key,
+            env: $env,
+            accepts: $accepts,
+            doc: $doc,
+            set: |c: &mut Config, v: &str| {
+                c.$section.$field = ($parse)(v)?;
+                Ok(())
+            },
+            get: |c: &Config| ($print)(&c.$section.$field),
+        }
+    };
+}
+
+/// Every setting, by section.
+pub static SETTINGS: &[Setting] = &[
+    // ---- cluster -------------------------------------------------------------------------
+    setting!(
+        "cluster.nodes",
+        "GRANULE_NODES",
+        "';'-separated node specs such as cpu=1,mem=512MiB;cpu=2,mem=2GiB (in TOML, a list of specs)",
+        "the node processes an embedded cluster starts",
+        cluster.nodes,
+        parse_specs,
+        |v: &Vec<granule_wire::NodeSpec>| v.iter().map(format_spec).collect::<Vec<_>>().join(";"),
+    ),
+    setting!(
+        "cluster.driver",
+        "GRANULE_DRIVER",
+        "a node spec such as cpu=1,mem=1GiB",
+        "the driver's own node spec (the driver hosts proclets too)",
+        cluster.driver,
+        parse_spec,
+        format_spec,
+    ),
+    setting!(
+        "cluster.controller",
+        "GRANULE_CONTROLLER",
+        "host:port of a running controller, or off",
+        "join that controller's cluster instead of starting one",
+        cluster.controller,
+        |v: &str| if is_off(v) { Ok(None) } else { host_port(v).map(Some) },
+        |v: &Option<String>| v.clone().unwrap_or_else(|| "off".into()),
+    ),
+    setting!(
+        "cluster.listen_host",
+        "GRANULE_LISTEN_HOST",
+        "an address of this machine, or 0.0.0.0 for all",
+        "the address nodes listen on for other nodes",
+        cluster.listen_host,
+        non_empty,
+        |v: &String| v.clone(),
+    ),
+    setting!(
+        "cluster.failure_timeout",
+        "GRANULE_FAILURE_TIMEOUT",
+        "a duration such as 1s (longer than cluster.heartbeat)",
+        "silence after which the controller declares a node dead",
+        cluster.failure_timeout,
+        dur_nonzero,
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "cluster.heartbeat",
+        "GRANULE_HEARTBEAT",
+        "a duration such as 100ms (shorter than cluster.failure_timeout)",
+        "how often nodes send heartbeats to the controller",
+        cluster.heartbeat,
+        dur_nonzero,
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "cluster.start_timeout",
+        "GRANULE_START_TIMEOUT",
+        "a duration such as 30s",
+        "how long a driver waits for the node processes it started to register",
+        cluster.start_timeout,
+        dur_nonzero,
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "cluster.cgroups",
+        "GRANULE_CGROUPS",
+        "auto or off",
+        "auto: node processes run in cgroup v1 groups limited to their spec when possible (root, v1 memory and cpu controllers); off: never",
+        cluster.cgroups,
+        |v: &str| match v.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(CgroupsMode::Auto),
+            "off" => Ok(CgroupsMode::Off),
+            other => Err(format!("'{other}' is not a cgroups mode")),
+        },
+        |m: &CgroupsMode| match m {
+            CgroupsMode::Auto => "auto".to_string(),
+            CgroupsMode::Off => "off".to_string(),
+        },
+    ),
+    setting!(
+        "cluster.cfs_period",
+        "GRANULE_CFS_PERIOD",
+        "a duration in 1ms..=1s",
+        "the CFS period of the node cgroups Granule creates (bounds how long a throttled node stalls)",
+        cluster.cfs_period,
+        |v: &str| dur_in(v, Duration::from_millis(1), Duration::from_secs(1)),
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "cluster.dashboard",
+        "GRANULE_DASHBOARD",
+        "IP:PORT (port 0 = a free one), or off",
+        "where an embedded or standalone controller serves its dashboard, /api/cluster, /api/events and /metrics",
+        cluster.dashboard,
+        |v: &str| if is_off(v) { Ok(None) } else { host_port(v).map(Some) },
+        |v: &Option<String>| v.clone().unwrap_or_else(|| "off".into()),
+    ),
+    setting!(
+        "cluster.log",
+        "GRANULE_LOG",
+        "a log filter such as warn, info or granule_runtime=debug",
+        "what the process logs to stderr",
+        cluster.log,
+        log_filter,
+        |v: &String| v.clone(),
+    ),
+    // ---- node ----------------------------------------------------------------------------
+    setting!(
+        "node.worker_slice",
+        "GRANULE_WORKER_SLICE",
+        "a duration in 100us..=100ms, or off for the kernel's default",
+        "the scheduler slice a node's threads ask for, so a woken worker preempts a CPU-bound neighbour",
+        node.worker_slice,
+        |v: &str| if is_off(v) || v.trim() == "0" {
+            Ok(None)
+        } else {
+            dur_in(v, Duration::from_micros(100), Duration::from_millis(100)).map(Some)
+        },
+        |v: &Option<Duration>| v.map(format_duration).unwrap_or_else(|| "off".into()),
+    ),
+    // ---- transport -----------------------------------------------------------------------
+    setting!(
+        "transport.max_frame",
+        "GRANULE_MAX_FRAME",
+        "a size in 64KiB..=4GiB",
+        "the largest frame a connection accepts after the handshake",
+        transport.max_frame,
+        |v: &str| size_in(v, 64 << 10, 4 << 30),
+        |b: &u64| format_size(*b),
+    ),
+    setting!(
+        "transport.max_in_flight",
+        "GRANULE_MAX_IN_FLIGHT",
+        "a whole number in 1..=1000000",
+        "requests that may await a response at once on one connection (flow control)",
+        transport.max_in_flight,
+        |v: &str| int_in(v, 1, 1_000_000).map(|n| n as u64),
+        |n: &u64| n.to_string(),
+    ),
+    setting!(
+        "transport.max_incoming",
+        "GRANULE_MAX_INCOMING",
+        "a whole number in 1..=1000000",
+        "incoming requests served at once on one connection; beyond, TCP pushes back",
+        transport.max_incoming,
+        |v: &str| int_in(v, 1, 1_000_000).map(|n| n as u64),
+        |n: &u64| n.to_string(),
+    ),
+    setting!(
+        "transport.handshake_timeout",
+        "GRANULE_HANDSHAKE_TIMEOUT",
+        "a duration such as 5s",
+        "time allowed for connecting and for the hello exchange",
+        transport.handshake_timeout,
+        dur_nonzero,
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "transport.spin",
+        "GRANULE_SPIN",
+        "a duration in 0s..=10ms (0: never spin)",
+        "how long a thread waiting for a reply polls before it sleeps",
+        transport.spin,
+        |v: &str| dur_in(v, Duration::ZERO, Duration::from_millis(10)),
+        |d: &Duration| format_duration(*d),
+    ),
+    // ---- migration -----------------------------------------------------------------------
+    setting!(
+        "migration.throttle",
+        "GRANULE_MIGRATION_THROTTLE",
+        "a rate such as 600MB/s, or off",
+        "pace state transfers to this rate (a slow-migration baseline)",
+        migration.throttle,
+        |v: &str| if is_off(v) { Ok(None) } else { parse_rate(v).map(Some) },
+        |v: &Option<u64>| v.map(|b| format!("{}/s", format_size(b))).unwrap_or_else(|| "off".into()),
+    ),
+    setting!(
+        "migration.delay",
+        "GRANULE_MIGRATION_DELAY",
+        "a duration such as 200ms",
+        "wait this long before starting each move (a slow-to-react baseline)",
+        migration.delay,
+        dur,
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "migration.duty",
+        "GRANULE_MIGRATION_DUTY",
+        "a share in (0, 1], e.g. 0.5 (1: no pacing)",
+        "the share of the time a shedding move may keep its node's CPU busy encoding",
+        migration.duty,
+        |v: &str| {
+            let d = number_at_least(v, 0.0)?;
+            if d > 0.0 && d <= 1.0 {
+                Ok(d)
+            } else {
+                Err(format!("{d} is not in (0, 1]"))
+            }
+        },
+        |d: &f64| d.to_string(),
+    ),
+    setting!(
+        "migration.nice",
+        "GRANULE_MIGRATION_NICE",
+        "a nice value in -20..=19",
+        "the priority of the threads that decode arriving states",
+        migration.nice,
+        |v: &str| int_in(v, -20, 19).map(|n| n as i32),
+        |n: &i32| n.to_string(),
+    ),
+    setting!(
+        "migration.chunk",
+        "GRANULE_MIGRATION_CHUNK",
+        "a size in 4KiB..=64MiB",
+        "the size of one chunk of a state stream",
+        migration.chunk,
+        |v: &str| size_in(v, 4 << 10, 64 << 20),
+        |b: &u64| format_size(*b),
+    ),
+    setting!(
+        "migration.window",
+        "GRANULE_MIGRATION_WINDOW",
+        "a whole number of chunks in 1..=1024",
+        "chunks of a state stream in flight at once",
+        migration.window,
+        |v: &str| int_in(v, 1, 1024).map(|n| n as u64),
+        |n: &u64| n.to_string(),
+    ),
+    setting!(
+        "migration.stall_timeout",
+        "GRANULE_MIGRATION_STALL_TIMEOUT",
+        "a duration such as 10s",
+        "a state stream whose receiver acknowledges nothing for this long is abandoned",
+        migration.stall_timeout,
+        dur_nonzero,
+        |d: &Duration| format_duration(*d),
+    ),
+    // ---- pressure ------------------------------------------------------------------------
+    setting!(
+        "pressure.shed",
+        "GRANULE_SHED",
+        "on or off",
+        "whether nodes move proclets away on their own under memory or CPU pressure",
+        pressure.shed,
+        parse_switch,
+        |b: &bool| switch_text(*b),
+    ),
+    setting!(
+        "pressure.mem_interval",
+        "GRANULE_MEM_INTERVAL",
+        "a duration in 1ms..=10s",
+        "how often the monitor samples memory",
+        pressure.mem_interval,
+        |v: &str| dur_in(v, Duration::from_millis(1), Duration::from_secs(10)),
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "pressure.cpu_interval",
+        "GRANULE_CPU_INTERVAL",
+        "a duration in 1ms..=10s",
+        "how often the monitor samples CPU (throttling, run-queue delay, per-proclet use)",
+        pressure.cpu_interval,
+        |v: &str| dur_in(v, Duration::from_millis(1), Duration::from_secs(10)),
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "pressure.mem_free_min",
+        "GRANULE_MEM_FREE_MIN",
+        "a size such as 64MiB, or auto (10% of the limit, within 32MiB..=256MiB)",
+        "memory pressure below this much free memory",
+        pressure.mem_free_min,
+        |v: &str| if v.trim() == "auto" { Ok(None) } else { parse_size(v).map(Some) },
+        |v: &Option<u64>| v.map(format_size).unwrap_or_else(|| "auto".into()),
+    ),
+    setting!(
+        "pressure.mem_horizon",
+        "GRANULE_MEM_HORIZON",
+        "a duration such as 2s",
+        "memory pressure also when free memory would last less than this at the current growth",
+        pressure.mem_horizon,
+        dur_nonzero,
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "pressure.cpu_throttled_max",
+        "GRANULE_CPU_THROTTLED_MAX",
+        "a fraction in 0..=1",
+        "CPU pressure above this fraction of throttled CFS periods (over 300 ms)",
+        pressure.cpu_throttled_max,
+        |v: &str| {
+            let x = number_at_least(v, 0.0)?;
+            if x <= 1.0 {
+                Ok(x)
+            } else {
+                Err(format!("{x} is above 1"))
+            }
+        },
+        |x: &f64| x.to_string(),
+    ),
+    setting!(
+        "pressure.runq_delay_max",
+        "GRANULE_RUNQ_DELAY_MAX",
+        "a number ≥ 0 (threads kept waiting per core)",
+        "CPU pressure above this run-queue delay per core, three samples in a row",
+        pressure.runq_delay_max,
+        |v: &str| number_at_least(v, 0.0),
+        |x: &f64| x.to_string(),
+    ),
+    setting!(
+        "pressure.cpu_window",
+        "GRANULE_CPU_WINDOW",
+        "a duration such as 1s",
+        "the time constant of each proclet's CPU average",
+        pressure.cpu_window,
+        dur_nonzero,
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "pressure.compute_min_cores_per_mib",
+        "GRANULE_COMPUTE_MIN_CORES_PER_MIB",
+        "a number ≥ 0 (cores per MiB)",
+        "warn when a compute proclet of 1 MiB or more uses fewer cores per MiB",
+        pressure.compute_min_cores_per_mib,
+        |v: &str| number_at_least(v, 0.0),
+        |x: &f64| x.to_string(),
+    ),
+    setting!(
+        "pressure.memory_max_cores_per_mib",
+        "GRANULE_MEMORY_MAX_CORES_PER_MIB",
+        "a number ≥ 0 (cores per MiB)",
+        "warn when a memory proclet uses more cores per MiB",
+        pressure.memory_max_cores_per_mib,
+        |v: &str| number_at_least(v, 0.0),
+        |x: &f64| x.to_string(),
+    ),
+    // ---- faults --------------------------------------------------------------------------
+    setting!(
+        "faults.enabled",
+        "GRANULE_FAULTS",
+        "on or off",
+        "whether nodes accept fault-injection orders (transport filter, failpoints) from their driver; for tests only",
+        faults.enabled,
+        parse_switch,
+        |b: &bool| switch_text(*b),
+    ),
+    setting!(
+        "faults.failpoints",
+        "GRANULE_FAILPOINTS",
+        "name=spec pairs separated by ';', e.g. migrate.chunk_sent=2*off->crash (names: see the failpoints crate)",
+        "failpoints armed from the start (needs faults.enabled)",
+        faults.failpoints,
+        |v: &str| {
+            granule_failpoints::check_list(v).map_err(|e| e.to_string())?;
+            Ok::<String, String>(v.trim().to_string())
+        },
+        |v: &String| v.clone(),
+    ),
+];

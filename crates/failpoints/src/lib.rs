@@ -1,0 +1,537 @@
+//! Named failpoints: places in Granule's code where a test makes a step fail, wait, or
+//! crash the whole process, on purpose and at exactly that step — so failure tests do not
+//! depend on killing a process inside a timing window.
+//!
+//! A failpoint is a name from [`CATALOGUE`] placed in the code with [`hit`] (async code)
+//! or [`hit_blocking`] (threads). Unarmed, a hit costs one relaxed atomic load. Armed
+//! with a *spec*, each hit takes the next step of the spec:
+//!
+//! | action | effect at the hit |
+//! |---|---|
+//! | `off` | nothing |
+//! | `error` | the step fails: [`hit`] returns [`Fired`] and the caller fails the step as if its I/O had failed |
+//! | `delay(D)` | wait `D` (e.g. `delay(50ms)`), then go on |
+//! | `pause` | wait until the failpoint is re-armed or cleared ([`set`], [`clear`]) |
+//! | `crash` | the process kills itself with SIGKILL: no clean-up, as a machine failure |
+//!
+//! A spec is a sequence of `[N*]action` terms joined by `->`; a term with a count applies
+//! to that many hits, the last one to every later hit. `2*off->crash`: the first two hits
+//! pass, the third crashes. `1*error`: only the first hit fails.
+//!
+//! Failpoints are per process. A node is armed from its configuration
+//! (`faults.failpoints`, at start) or by its driver at run time (the runtime's fault
+//! orders, accepted only when `faults.enabled` is on). Every action taken is recorded in
+//! a bounded trace ([`trace`]) that a failing test can print.
+//!
+//! This crate owns the catalogue, the specs and their evaluation; it knows nothing of
+//! nodes or connections.
+#![forbid(unsafe_code)]
+
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Every failpoint in Granule, with where it sits. Arming a name not listed here is an
+/// error (a typo must not silently test nothing).
+pub const CATALOGUE: &[(&str, &str)] = &[
+    (
+        "migrate.before_lock",
+        "source of a move: before it takes the proclet's lock (calls still run)",
+    ),
+    (
+        "migrate.locked",
+        "source of a move: the proclet's lock is held (writes are held), before streaming",
+    ),
+    (
+        "migrate.chunk_sent",
+        "source of a move: after each chunk of the state is handed to the connection",
+    ),
+    (
+        "migrate.streamed",
+        "source of a move: the destination confirmed the install, before the source lets held calls go there",
+    ),
+    (
+        "migrate.before_controller",
+        "source of a move: held calls released to the destination, before the controller is told",
+    ),
+    (
+        "migrate.chunk_received",
+        "destination of a move: each arriving chunk, before it is kept",
+    ),
+    (
+        "migrate.before_install",
+        "destination of a move: the whole state arrived and was decoded, before it is installed",
+    ),
+    (
+        "migrate.installed",
+        "destination of a move: installed, before it confirms to the source",
+    ),
+    (
+        "call.before_run",
+        "a node serving a remote call: the proclet's lock is held, before the closure runs",
+    ),
+    (
+        "call.before_reply",
+        "a node serving a remote call: the closure ran, before the answer is sent",
+    ),
+    (
+        "heartbeat.send",
+        "a node: before each heartbeat to the controller (error: skip this heartbeat)",
+    ),
+];
+
+/// One term of a spec.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    Off,
+    Error,
+    Delay(Duration),
+    Pause,
+    Crash,
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::Off => write!(f, "off"),
+            Action::Error => write!(f, "error"),
+            Action::Delay(d) => write!(f, "delay({}us)", d.as_micros()),
+            Action::Pause => write!(f, "pause"),
+            Action::Crash => write!(f, "crash"),
+        }
+    }
+}
+
+/// A parsed spec: actions with their counts (`None`: for ever).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spec {
+    terms: Vec<(Option<u64>, Action)>,
+}
+
+/// Why a failpoint could not be armed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SpecError {
+    #[error("unknown failpoint '{0}' (known: {1})")]
+    Unknown(String, String),
+    #[error("failpoint {name}: bad spec '{spec}': {why} (e.g. off, error, delay(50ms), pause, crash, 2*off->crash)")]
+    Bad {
+        name: String,
+        spec: String,
+        why: String,
+    },
+}
+
+/// A hit that fired `error`: the step must fail.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("failpoint {0} fired")]
+pub struct Fired(pub &'static str);
+
+fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let at = s.find(|c: char| !c.is_ascii_digit())?;
+    let n: u64 = s[..at].parse().ok()?;
+    match &s[at..] {
+        "us" => Some(Duration::from_micros(n)),
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        _ => None,
+    }
+}
+
+impl Spec {
+    /// Parse `[N*]action(->[N*]action)*`.
+    pub fn parse(name: &str, spec: &str) -> Result<Spec, SpecError> {
+        let bad = |why: String| SpecError::Bad {
+            name: name.into(),
+            spec: spec.into(),
+            why,
+        };
+        let mut terms = Vec::new();
+        for term in spec.split("->").map(str::trim) {
+            let (count, action) = match term.split_once('*') {
+                Some((n, a)) => (
+                    Some(
+                        n.trim()
+                            .parse::<u64>()
+                            .map_err(|_| bad(format!("'{n}' is not a count")))?,
+                    ),
+                    a.trim(),
+                ),
+                None => (None, term),
+            };
+            let action = match action {
+                "off" => Action::Off,
+                "error" => Action::Error,
+                "pause" => Action::Pause,
+                "crash" => Action::Crash,
+                a if a.starts_with("delay(") && a.ends_with(')') => Action::Delay(
+                    parse_duration(&a[6..a.len() - 1])
+                        .ok_or_else(|| bad(format!("'{a}': use delay(10ms), delay(500us)")))?,
+                ),
+                other => return Err(bad(format!("unknown action '{other}'"))),
+            };
+            terms.push((count, action));
+        }
+        if terms.is_empty() {
+            return Err(bad("empty".into()));
+        }
+        Ok(Spec { terms })
+    }
+
+    /// The action for the hit numbered `n` (0-based).
+    fn action_at(&self, mut n: u64) -> &Action {
+        for (count, action) in &self.terms {
+            match count {
+                Some(c) if n >= *c => n -= c,
+                _ => return action,
+            }
+        }
+        // Every term had a count and all are used up: off from now on.
+        &Action::Off
+    }
+}
+
+/// An armed failpoint: its spec and how often it was hit since it was armed.
+struct Armed {
+    spec: Spec,
+    hits: u64,
+    /// Bumped whenever the failpoint is re-armed or cleared (wakes paused hits).
+    generation: u64,
+}
+
+struct Registry {
+    armed: Mutex<HashMap<&'static str, Armed>>,
+    changed: tokio::sync::Notify,
+    changed_sync: parking_lot::Condvar,
+    changed_lock: Mutex<u64>,
+    trace: Mutex<VecDeque<TraceEntry>>,
+    started: Instant,
+}
+
+/// How many failpoints are armed (the fast "nothing to do" check).
+static ARMED: AtomicUsize = AtomicUsize::new(0);
+
+fn registry() -> &'static Registry {
+    static R: OnceLock<Registry> = OnceLock::new();
+    R.get_or_init(|| Registry {
+        armed: Mutex::new(HashMap::new()),
+        changed: tokio::sync::Notify::new(),
+        changed_sync: parking_lot::Condvar::new(),
+        changed_lock: Mutex::new(0),
+        trace: Mutex::new(VecDeque::new()),
+        started: Instant::now(),
+    })
+}
+
+/// One action a failpoint took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceEntry {
+    /// Time since the first use of failpoints in this process.
+    pub at: Duration,
+    pub name: &'static str,
+    /// The hit's number since the failpoint was armed (0-based).
+    pub hit: u64,
+    pub action: Action,
+}
+
+/// The trace keeps this many entries (the oldest go).
+const TRACE_LEN: usize = 4096;
+
+fn catalogued(name: &str) -> Result<&'static str, SpecError> {
+    CATALOGUE
+        .iter()
+        .find(|(n, _)| *n == name.trim())
+        .map(|(n, _)| *n)
+        .ok_or_else(|| {
+            SpecError::Unknown(
+                name.into(),
+                CATALOGUE
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )
+        })
+}
+
+/// Check a list of `name=spec` pairs separated by `;` without arming anything.
+pub fn check_list(list: &str) -> Result<Vec<(&'static str, Spec)>, SpecError> {
+    let mut out = Vec::new();
+    for pair in list.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, spec) = pair.split_once('=').ok_or_else(|| SpecError::Bad {
+            name: pair.into(),
+            spec: String::new(),
+            why: "expected name=spec".into(),
+        })?;
+        let name = catalogued(name)?;
+        out.push((name, Spec::parse(name, spec.trim())?));
+    }
+    Ok(out)
+}
+
+/// Arm a list of `name=spec` pairs separated by `;` (all or nothing).
+pub fn set_list(list: &str) -> Result<(), SpecError> {
+    for (name, spec) in check_list(list)? {
+        arm(name, spec);
+    }
+    Ok(())
+}
+
+/// Arm failpoint `name` with `spec` (replacing what it had; its hit count restarts).
+pub fn set(name: &str, spec: &str) -> Result<(), SpecError> {
+    let name = catalogued(name)?;
+    let spec = Spec::parse(name, spec)?;
+    arm(name, spec);
+    Ok(())
+}
+
+fn arm(name: &'static str, spec: Spec) {
+    let r = registry();
+    {
+        let mut armed = r.armed.lock();
+        let generation = armed.get(name).map_or(0, |a| a.generation + 1);
+        if armed
+            .insert(
+                name,
+                Armed {
+                    spec,
+                    hits: 0,
+                    generation,
+                },
+            )
+            .is_none()
+        {
+            ARMED.fetch_add(1, Ordering::Release);
+        }
+    }
+    wake_paused();
+}
+
+/// Disarm failpoint `name` (paused hits go on).
+pub fn clear(name: &str) {
+    let r = registry();
+    if r.armed.lock().remove(name.trim()).is_some() {
+        ARMED.fetch_sub(1, Ordering::Release);
+    }
+    wake_paused();
+}
+
+/// Disarm every failpoint.
+pub fn clear_all() {
+    let r = registry();
+    let n = {
+        let mut armed = r.armed.lock();
+        let n = armed.len();
+        armed.clear();
+        n
+    };
+    ARMED.fetch_sub(n, Ordering::Release);
+    wake_paused();
+}
+
+fn wake_paused() {
+    let r = registry();
+    r.changed.notify_waiters();
+    *r.changed_lock.lock() += 1;
+    r.changed_sync.notify_all();
+}
+
+/// The actions taken so far (oldest first), for a failing test to print.
+pub fn trace() -> Vec<TraceEntry> {
+    registry().trace.lock().iter().cloned().collect()
+}
+
+/// What a hit must do: the action and the generation to wait out for `pause`.
+fn take(name: &'static str) -> Option<(Action, u64)> {
+    let r = registry();
+    let (action, hit, generation) = {
+        let mut armed = r.armed.lock();
+        let a = armed.get_mut(name)?;
+        let hit = a.hits;
+        a.hits += 1;
+        (a.spec.action_at(hit).clone(), hit, a.generation)
+    };
+    if action == Action::Off {
+        return None;
+    }
+    {
+        let mut t = r.trace.lock();
+        if t.len() == TRACE_LEN {
+            t.pop_front();
+        }
+        t.push_back(TraceEntry {
+            at: r.started.elapsed(),
+            name,
+            hit,
+            action: action.clone(),
+        });
+    }
+    tracing::info!("failpoint {name} hit {hit}: {action}");
+    Some((action, generation))
+}
+
+fn still_paused(name: &'static str, generation: u64) -> bool {
+    registry()
+        .armed
+        .lock()
+        .get(name)
+        .is_some_and(|a| a.generation == generation)
+}
+
+fn crash(name: &'static str) -> ! {
+    eprintln!("failpoint {name}: crashing this process (SIGKILL) on purpose");
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    // SIGKILL cannot be caught; this is never reached, but the type says so.
+    std::process::abort()
+}
+
+/// Take failpoint `name`'s next step, in async code.
+pub async fn hit(name: &'static str) -> Result<(), Fired> {
+    if ARMED.load(Ordering::Relaxed) == 0 {
+        return Ok(());
+    }
+    let Some((action, generation)) = take(name) else {
+        return Ok(());
+    };
+    match action {
+        Action::Off => Ok(()),
+        Action::Error => Err(Fired(name)),
+        Action::Delay(d) => {
+            tokio::time::sleep(d).await;
+            Ok(())
+        }
+        Action::Pause => {
+            let r = registry();
+            loop {
+                let changed = r.changed.notified();
+                if !still_paused(name, generation) {
+                    return Ok(());
+                }
+                changed.await;
+            }
+        }
+        Action::Crash => crash(name),
+    }
+}
+
+/// Take failpoint `name`'s next step, blocking the calling thread (for code that runs on
+/// threads of its own, not in async tasks).
+pub fn hit_blocking(name: &'static str) -> Result<(), Fired> {
+    if ARMED.load(Ordering::Relaxed) == 0 {
+        return Ok(());
+    }
+    let Some((action, generation)) = take(name) else {
+        return Ok(());
+    };
+    match action {
+        Action::Off => Ok(()),
+        Action::Error => Err(Fired(name)),
+        Action::Delay(d) => {
+            std::thread::sleep(d);
+            Ok(())
+        }
+        Action::Pause => {
+            let r = registry();
+            let mut g = r.changed_lock.lock();
+            while still_paused(name, generation) {
+                r.changed_sync.wait_for(&mut g, Duration::from_millis(50));
+            }
+            Ok(())
+        }
+        Action::Crash => crash(name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The registry is per process: these tests share it, so each uses its own names.
+
+    #[test]
+    fn specs_parse_and_sequence() {
+        let s = Spec::parse("x", "2*off->1*error->delay(5ms)").unwrap();
+        assert_eq!(s.action_at(0), &Action::Off);
+        assert_eq!(s.action_at(1), &Action::Off);
+        assert_eq!(s.action_at(2), &Action::Error);
+        assert_eq!(s.action_at(3), &Action::Delay(Duration::from_millis(5)));
+        assert_eq!(s.action_at(99), &Action::Delay(Duration::from_millis(5)));
+        let once = Spec::parse("x", "1*crash").unwrap();
+        assert_eq!(once.action_at(0), &Action::Crash);
+        assert_eq!(once.action_at(1), &Action::Off);
+        for bad in ["", "boom", "x*error", "delay(soon)", "2*"] {
+            assert!(Spec::parse("x", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unknown_names_are_refused() {
+        let e = set("migrate.befor_lock", "error").unwrap_err();
+        assert!(e.to_string().contains("unknown failpoint"), "{e}");
+        assert!(check_list("migrate.locked=error;call.before_run=2*off->crash").is_ok());
+        assert!(check_list("migrate.locked").is_err());
+    }
+
+    #[tokio::test]
+    async fn errors_fire_as_armed_and_are_traced() {
+        assert_eq!(hit("call.before_reply").await, Ok(()));
+        set("call.before_reply", "1*off->1*error").unwrap();
+        assert_eq!(hit("call.before_reply").await, Ok(()));
+        assert_eq!(
+            hit("call.before_reply").await,
+            Err(Fired("call.before_reply"))
+        );
+        assert_eq!(hit("call.before_reply").await, Ok(()));
+        assert!(trace()
+            .iter()
+            .any(|t| t.name == "call.before_reply" && t.hit == 1 && t.action == Action::Error));
+        clear("call.before_reply");
+    }
+
+    #[tokio::test]
+    async fn a_paused_hit_waits_until_cleared() {
+        set("migrate.installed", "pause").unwrap();
+        let h = tokio::spawn(async { hit("migrate.installed").await });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!h.is_finished(), "paused");
+        clear("migrate.installed");
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(5), h)
+                .await
+                .unwrap()
+                .unwrap(),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_paused_thread_waits_until_rearmed() {
+        set("migrate.chunk_received", "pause").unwrap();
+        let h = std::thread::spawn(|| hit_blocking("migrate.chunk_received"));
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!h.is_finished(), "paused");
+        set("migrate.chunk_received", "off").unwrap();
+        assert_eq!(h.join().unwrap(), Ok(()));
+        clear("migrate.chunk_received");
+    }
+
+    #[test]
+    fn crash_kills_the_process() {
+        // In a child process: the test harness must survive.
+        if std::env::var_os("GRANULE_FAILPOINT_CRASH_CHILD").is_some() {
+            set("heartbeat.send", "crash").unwrap();
+            let _ = hit_blocking("heartbeat.send");
+            unreachable!("crash returned");
+        }
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args(["--exact", "tests::crash_kills_the_process", "--nocapture"])
+            .env("GRANULE_FAILPOINT_CRASH_CHILD", "1")
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(9), "{out:?}");
+    }
+}
