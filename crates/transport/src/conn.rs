@@ -823,7 +823,15 @@ impl Connection {
             };
             if let Err(e) = r {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
-                    self.close("peer closed the connection");
+                    let unread = self.read_state.lock().buf.len();
+                    if unread > 0 {
+                        self.close(format!(
+                            "peer closed the connection mid-frame ({unread} bytes of an \
+                             incomplete frame were discarded)"
+                        ));
+                    } else {
+                        self.close("peer closed the connection");
+                    }
                 } else {
                     self.close(format!("read failed: {e}"));
                 }
