@@ -1,6 +1,7 @@
 //! One TCP connection: handshake, request/response matching, coalesced writes, flow
-//! control and closing.
+//! control and closing; and carrying out the fault filter's verdicts on its frames.
 
+use crate::faults::{Direction, Endpoint, FrameInfo, Verdict, REORDER_MAX_HOLD};
 use crate::handshake::{judge_hello, Identity};
 use crate::{Handler, TransportConfig, TransportError};
 use bytes::{Bytes, BytesMut};
@@ -62,7 +63,35 @@ struct Outbox {
     queued_since: Option<std::time::Instant>,
     /// Close the connection once the queue is written (used after a refusal).
     close_after: bool,
+    /// No more frames may be queued: the queue ends with a frame the fault filter cut,
+    /// and anything after it would be read by the peer as the rest of that frame.
+    sealed: bool,
+    /// Outgoing frames the fault filter holds back (`Reorder`).
+    held: Vec<HeldOut>,
     closed: bool,
+}
+
+/// An outgoing frame held back by the fault filter: sent after `after` more frames.
+struct HeldOut {
+    token: u64,
+    after: u32,
+    parts: Vec<Bytes>,
+}
+
+/// An incoming frame held back by the fault filter: handled after `after` more frames.
+struct HeldIn {
+    token: u64,
+    after: u32,
+    frame: Frame,
+}
+
+/// How a frame that passed the fault filter is written.
+#[derive(Clone, Copy)]
+enum Via {
+    /// As `send_frame_with` does: from this thread unless deferred or a write is on.
+    Direct { defer: bool },
+    /// Always by the writer task (large multi-part frames).
+    Writer,
 }
 
 /// A connection to another Granule process. Cheap to share (`Arc`); every method takes
@@ -99,6 +128,13 @@ pub struct Connection {
     read_state: Mutex<ReadState>,
     /// Wakes the reader task when a caller left frames in the buffer.
     read_kick: Notify,
+    /// The runtime the connection's tasks run on: delayed and held-back frames are
+    /// released by timer tasks spawned here (senders may be threads outside it).
+    rt: tokio::runtime::Handle,
+    /// Incoming frames the fault filter holds back (`Reorder`).
+    held_in: Mutex<Vec<HeldIn>>,
+    /// Names held-back frames, so a timer releases the one it was started for.
+    next_hold: AtomicU64,
 }
 
 struct ReadState {
@@ -183,7 +219,8 @@ impl Connection {
         handler: Arc<dyn Handler>,
     ) -> Arc<Self> {
         let _ = stream.set_nodelay(true);
-        Arc::new(Connection {
+        let faults = config.faults.clone();
+        let conn = Arc::new(Connection {
             stream,
             peer_addr,
             is_client,
@@ -199,6 +236,8 @@ impl Connection {
                 scheduled: false,
                 queued_since: None,
                 close_after: false,
+                sealed: false,
+                held: Vec::new(),
                 closed: false,
             }),
             write_wake: Notify::new(),
@@ -218,7 +257,12 @@ impl Connection {
                 buf: BytesMut::with_capacity(64 << 10),
             }),
             read_kick: Notify::new(),
-        })
+            rt: tokio::runtime::Handle::current(),
+            held_in: Mutex::new(Vec::new()),
+            next_hold: AtomicU64::new(1),
+        });
+        faults.register(Arc::downgrade(&conn));
+        conn
     }
 
     fn start(self: &Arc<Self>) {
@@ -436,9 +480,11 @@ impl Connection {
             conn: self.clone(),
             id,
         };
-        {
+        if self.faults_apply() {
+            self.send_filtered(vec![Bytes::from(head), tail], Some(msg.name()), Via::Writer)?;
+        } else {
             let mut ob = self.outbox.lock();
-            if ob.closed {
+            if ob.closed || ob.sealed {
                 drop(ob);
                 return Err(self.closed_error());
             }
@@ -488,9 +534,22 @@ impl Connection {
         frame: Vec<u8>,
         defer: bool,
     ) -> Result<(), TransportError> {
+        if self.faults_apply() {
+            self.frames_sent.fetch_add(1, Ordering::Relaxed);
+            return self.send_filtered(vec![Bytes::from(frame)], None, Via::Direct { defer });
+        }
+        self.send_unfiltered(frame, defer)
+    }
+
+    /// `send_frame_with` without the fault filter.
+    fn send_unfiltered(
+        self: &Arc<Self>,
+        frame: Vec<u8>,
+        defer: bool,
+    ) -> Result<(), TransportError> {
         self.frames_sent.fetch_add(1, Ordering::Relaxed);
         let mut ob = self.outbox.lock();
-        if ob.closed {
+        if ob.closed || ob.sealed {
             drop(ob);
             return Err(self.closed_error());
         }
@@ -795,7 +854,12 @@ impl Connection {
                 }
                 self.in_batch.store(true, Ordering::Relaxed);
                 for frame in frames {
-                    if !self.dispatch(frame).await {
+                    let go_on = if self.faults_apply() {
+                        self.dispatch_filtered(frame).await
+                    } else {
+                        self.dispatch(frame).await
+                    };
+                    if !go_on {
                         self.in_batch.store(false, Ordering::Relaxed);
                         return;
                     }
@@ -823,7 +887,15 @@ impl Connection {
             };
             if let Err(e) = r {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
-                    self.close("peer closed the connection");
+                    let unread = self.read_state.lock().buf.len();
+                    if unread > 0 {
+                        self.close(format!(
+                            "peer closed the connection mid-frame ({unread} bytes of an \
+                             incomplete frame were discarded)"
+                        ));
+                    } else {
+                        self.close("peer closed the connection");
+                    }
                 } else {
                     self.close(format!("read failed: {e}"));
                 }
@@ -844,6 +916,13 @@ impl Connection {
             return false;
         };
         match self.read_some_direct(&mut rs) {
+            Ok(true) if self.config.faults.is_active() => {
+                // Frames must pass the fault filter, which the reader task applies:
+                // leave what was read to it.
+                drop(rs);
+                self.read_kick.notify_one();
+                return true;
+            }
             Ok(true) => {}
             Ok(false) => return false,
             Err(_) => {
@@ -925,6 +1004,327 @@ impl Connection {
         }
     }
 
+    // ---- the fault filter's verdicts ----------------------------------------------------
+
+    /// Whether frames go through the fault filter now: rules are set and the handshake
+    /// is done (hellos are never filtered; partitions act on them separately).
+    fn faults_apply(&self) -> bool {
+        self.config.faults.is_active() && self.peer.get().is_some()
+    }
+
+    /// This process as its identity names it (the filter may know better: `set_local`).
+    fn local_hint(&self) -> Option<Endpoint> {
+        Endpoint::from_hello(self.identity.role, self.identity.node)
+    }
+
+    fn peer_endpoint(&self) -> Option<Endpoint> {
+        self.peer
+            .get()
+            .and_then(|p| Endpoint::from_hello(p.role, p.node))
+    }
+
+    fn judge(&self, direction: Direction, kind: &str, len: usize) -> Verdict {
+        self.config.faults.judge(&FrameInfo {
+            conn: self.id,
+            local_hint: self.local_hint(),
+            peer: self.peer_endpoint(),
+            dialed: self.is_client,
+            direction,
+            kind,
+            len,
+        })
+    }
+
+    /// Send one frame (given as consecutive parts) as the fault filter decides.
+    fn send_filtered(
+        self: &Arc<Self>,
+        parts: Vec<Bytes>,
+        kind: Option<&'static str>,
+        via: Via,
+    ) -> Result<(), TransportError> {
+        let len = parts.iter().map(Bytes::len).sum();
+        let kind = kind.unwrap_or_else(|| frame_kind_name(&parts));
+        match self.judge(Direction::Outgoing, kind, len) {
+            Verdict::Pass => self.queue_parts(parts, via, true),
+            Verdict::Drop => Ok(()),
+            Verdict::Delay(d) => {
+                // A timer task, so neither this sender nor other connections wait.
+                let conn = self.clone();
+                self.rt.spawn(async move {
+                    tokio::time::sleep(d).await;
+                    let _ = conn.queue_parts(parts, Via::Direct { defer: false }, true);
+                });
+                Ok(())
+            }
+            Verdict::Reorder { after } => self.hold_out(parts, after),
+            Verdict::Cut { keep } => {
+                self.cut(parts, keep, kind, len);
+                // The sender cannot tell: its request fails when the connection closes.
+                Ok(())
+            }
+            // Only produced for incoming frames.
+            Verdict::CutIncoming => Ok(()),
+        }
+    }
+
+    /// Queue a frame that passed the filter (or that it released) and write it as `via`
+    /// says. With `counts`, it counts for the frames held back by `Reorder`: those whose
+    /// count runs out follow it at once.
+    fn queue_parts(
+        self: &Arc<Self>,
+        parts: Vec<Bytes>,
+        via: Via,
+        counts: bool,
+    ) -> Result<(), TransportError> {
+        let mut ob = self.outbox.lock();
+        if ob.closed || ob.sealed {
+            drop(ob);
+            return Err(self.closed_error());
+        }
+        let defer = match via {
+            Via::Direct { defer } => {
+                defer
+                    && ob.queue.len() < DEFER_MAX_FRAMES
+                    && ob.queued_since.is_none_or(|t| t.elapsed() < DEFER_MAX_AGE)
+            }
+            Via::Writer => true,
+        };
+        if ob.queue.is_empty() {
+            ob.queued_since = Some(std::time::Instant::now());
+        }
+        ob.queue.extend(parts);
+        if counts && !ob.held.is_empty() {
+            let mut due = Vec::new();
+            ob.held.retain_mut(|h| {
+                h.after -= 1;
+                if h.after == 0 {
+                    due.push(std::mem::take(&mut h.parts));
+                }
+                h.after > 0
+            });
+            for parts in due {
+                ob.queue.extend(parts);
+            }
+        }
+        if defer || ob.writing {
+            if !ob.writing && !ob.scheduled {
+                ob.scheduled = true;
+                drop(ob);
+                self.write_wake.notify_one();
+            }
+            return Ok(());
+        }
+        self.write_queue_now(ob)
+    }
+
+    /// Hold an outgoing frame back until `after` more frames went out (or
+    /// `REORDER_MAX_HOLD` passed).
+    fn hold_out(self: &Arc<Self>, parts: Vec<Bytes>, after: u32) -> Result<(), TransportError> {
+        let token = self.next_hold.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut ob = self.outbox.lock();
+            if ob.closed || ob.sealed {
+                drop(ob);
+                return Err(self.closed_error());
+            }
+            ob.held.push(HeldOut {
+                token,
+                after,
+                parts,
+            });
+        }
+        let conn = Arc::downgrade(self);
+        self.rt.spawn(async move {
+            tokio::time::sleep(REORDER_MAX_HOLD).await;
+            if let Some(c) = conn.upgrade() {
+                c.release_held_out(Some(token));
+            }
+        });
+        Ok(())
+    }
+
+    /// Send held-back outgoing frames now: the one named `token`, or all of them.
+    fn release_held_out(self: &Arc<Self>, token: Option<u64>) {
+        let mut ob = self.outbox.lock();
+        if ob.closed || ob.sealed || ob.held.is_empty() {
+            return;
+        }
+        let mut due = Vec::new();
+        ob.held.retain_mut(|h| {
+            let go = token.is_none_or(|t| t == h.token);
+            if go {
+                due.push(std::mem::take(&mut h.parts));
+            }
+            !go
+        });
+        if due.is_empty() {
+            return;
+        }
+        if ob.queue.is_empty() {
+            ob.queued_since = Some(std::time::Instant::now());
+        }
+        for parts in due {
+            ob.queue.extend(parts);
+        }
+        if !ob.writing && !ob.scheduled {
+            ob.scheduled = true;
+            drop(ob);
+            self.write_wake.notify_one();
+        }
+    }
+
+    /// Write the first `keep` bytes of a frame, then close: the peer reads a truncated
+    /// frame followed by the end of the stream. Nothing may be queued after the prefix
+    /// (the peer would read it as the rest of the frame), so the outbox is sealed.
+    fn cut(self: &Arc<Self>, parts: Vec<Bytes>, keep: usize, kind: &str, len: usize) {
+        let mut prefix = Vec::new();
+        let mut left = keep;
+        for p in parts {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(p.len());
+            prefix.push(p.slice(..n));
+            left -= n;
+        }
+        {
+            let mut r = self.close_reason.lock();
+            if r.is_none() {
+                *r = Some(format!(
+                    "cut by the fault filter: a {kind} frame was cut after {keep} of {len} bytes"
+                ));
+            }
+        }
+        let mut ob = self.outbox.lock();
+        if ob.closed || ob.sealed {
+            return;
+        }
+        ob.sealed = true;
+        ob.close_after = true;
+        if ob.queue.is_empty() {
+            ob.queued_since = Some(std::time::Instant::now());
+        }
+        ob.queue.extend(prefix);
+        if !ob.writing && !ob.scheduled {
+            ob.scheduled = true;
+            drop(ob);
+            self.write_wake.notify_one();
+        }
+    }
+
+    /// Handle one incoming frame as the fault filter decides; false means stop reading.
+    async fn dispatch_filtered(self: &Arc<Self>, frame: Frame) -> bool {
+        let kind = frame.msg.name();
+        match self.judge(Direction::Incoming, kind, 0) {
+            Verdict::Pass => {
+                if !self.dispatch(frame).await {
+                    return false;
+                }
+                let due: Vec<Frame> = {
+                    let mut held = self.held_in.lock();
+                    let mut due = Vec::new();
+                    let mut i = 0;
+                    while i < held.len() {
+                        held[i].after -= 1;
+                        if held[i].after == 0 {
+                            due.push(held.remove(i).frame);
+                        } else {
+                            i += 1;
+                        }
+                    }
+                    due
+                };
+                for f in due {
+                    if !self.dispatch(f).await {
+                        return false;
+                    }
+                }
+                true
+            }
+            Verdict::Drop => true,
+            Verdict::Delay(d) => {
+                let conn = self.clone();
+                self.rt.spawn(async move {
+                    tokio::time::sleep(d).await;
+                    if !conn.is_closed() {
+                        let _ = conn.dispatch(frame).await;
+                    }
+                });
+                true
+            }
+            Verdict::Reorder { after } => {
+                let token = self.next_hold.fetch_add(1, Ordering::Relaxed);
+                self.held_in.lock().push(HeldIn {
+                    token,
+                    after,
+                    frame,
+                });
+                let conn = Arc::downgrade(self);
+                self.rt.spawn(async move {
+                    tokio::time::sleep(REORDER_MAX_HOLD).await;
+                    if let Some(c) = conn.upgrade() {
+                        c.release_held_in(Some(token));
+                    }
+                });
+                true
+            }
+            Verdict::Cut { .. } | Verdict::CutIncoming => {
+                self.close(format!(
+                    "cut by the fault filter: an incoming {kind} frame was discarded and the \
+                     connection closed"
+                ));
+                false
+            }
+        }
+    }
+
+    /// Handle held-back incoming frames now (on a task): the one named `token`, or all.
+    fn release_held_in(self: &Arc<Self>, token: Option<u64>) {
+        let due: Vec<Frame> = {
+            let mut held = self.held_in.lock();
+            let mut due = Vec::new();
+            let mut i = 0;
+            while i < held.len() {
+                if token.is_none_or(|t| t == held[i].token) {
+                    due.push(held.remove(i).frame);
+                } else {
+                    i += 1;
+                }
+            }
+            due
+        };
+        if due.is_empty() {
+            return;
+        }
+        let conn = self.clone();
+        self.rt.spawn(async move {
+            for f in due {
+                if conn.is_closed() || !conn.dispatch(f).await {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// The filter's rules changed: release what earlier rules held back, and close this
+    /// connection if a new `close_open` partition separates its ends.
+    pub(crate) fn fault_rules_changed(self: &Arc<Self>) {
+        self.release_held_out(None);
+        self.release_held_in(None);
+        if self.is_closed() || self.peer.get().is_none() {
+            return;
+        }
+        let reason = self.config.faults.close_reason(
+            self.id,
+            self.local_hint(),
+            self.peer_endpoint(),
+            self.is_client,
+        );
+        if let Some(reason) = reason {
+            self.close(reason);
+        }
+    }
+
     /// Frames before the handshake completes.
     fn handshake_frame(self: &Arc<Self>, frame: Frame) -> bool {
         if self.is_client {
@@ -938,7 +1338,21 @@ impl Connection {
                     verified,
                 } = &frame.msg
                 {
+                    let partitioned = if self.config.faults.is_active() {
+                        self.config.faults.refusal(
+                            self.id,
+                            self.local_hint(),
+                            Endpoint::from_hello(*role, *node),
+                            true,
+                            frame.msg.name(),
+                        )
+                    } else {
+                        None
+                    };
                     match judge_hello(&self.identity, *role, binary, program) {
+                        Ok(_) if partitioned.is_some() => {
+                            *self.refusal.lock() = partitioned.map(TransportError::Refused);
+                        }
                         Ok(v) => {
                             let _ = self.peer.set(PeerInfo {
                                 role: *role,
@@ -986,6 +1400,24 @@ impl Connection {
             self.close("hello must be a request");
             return false;
         }
+        if self.config.faults.is_active() {
+            let partitioned = self.config.faults.refusal(
+                self.id,
+                self.local_hint(),
+                Endpoint::from_hello(*role, *node),
+                false,
+                frame.msg.name(),
+            );
+            if let Some(reason) = partitioned {
+                tracing::info!(peer = %self.peer_addr, "{reason}");
+                let msg = Msg::Error(RemoteError::Refused(reason.clone()));
+                match encode_frame(FrameKind::Response, frame.id, &msg, &[]) {
+                    Ok(bytes) => self.send_then_close(bytes, &reason),
+                    Err(_) => self.close(reason),
+                }
+                return false;
+            }
+        }
         match judge_hello(&self.identity, *role, binary, program) {
             Ok(verified) => {
                 let _ = self.peer.set(PeerInfo {
@@ -1002,8 +1434,9 @@ impl Connection {
                     program: self.identity.program.clone(),
                     verified,
                 };
+                // Never filtered: the handshake is not subject to frame rules.
                 match encode_frame(FrameKind::Response, frame.id, &ok, &[]) {
-                    Ok(bytes) => self.send_frame(bytes).is_ok(),
+                    Ok(bytes) => self.send_unfiltered(bytes, false).is_ok(),
                     Err(_) => false,
                 }
             }
@@ -1108,5 +1541,16 @@ impl Drop for Responder {
                 let _ = self.conn.send_frame(bytes);
             }
         }
+    }
+}
+
+/// The message kind of an encoded frame, for the fault filter (which only looks while
+/// rules are set, so the decoding costs nothing otherwise).
+fn frame_kind_name(parts: &[Bytes]) -> &'static str {
+    match parts {
+        [one] => decode_frame(one.clone(), usize::MAX)
+            .map(|f| f.msg.name())
+            .unwrap_or("?"),
+        _ => "?",
     }
 }

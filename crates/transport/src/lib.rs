@@ -17,15 +17,25 @@
 //! request (inside [`caller_reads`]) reads its own response from the socket instead of
 //! waiting for the reader task to be woken, and sleeps in `poll(2)` on the socket
 //! ([`wait_for_reply`]): no thread hand-off on a synchronous call's reply path.
+//!
+//! Fault injection: a [`FaultFilter`] attached through [`TransportConfig::faults`] drops,
+//! delays, reorders or cuts frames and partitions nodes, by rules a test sets and
+//! replaces while connections are open (see the `faults` module). Without rules it costs
+//! one relaxed atomic load per frame.
 #![forbid(unsafe_code)]
 
 mod conn;
 mod error;
+pub mod faults;
 mod handshake;
 mod server;
 
 pub use conn::{caller_reads, wait_for_reply, CallerReads, Connection, PeerInfo, Responder};
 pub use error::TransportError;
+pub use faults::{
+    Decision, Direction, Endpoint, FaultAction, FaultError, FaultFilter, FaultRule, FaultRules,
+    Frames, Partition, TraceAction, TraceEntry,
+};
 pub use handshake::{judge_hello, Identity};
 pub use server::{serve, Listener};
 
@@ -48,6 +58,17 @@ pub struct TransportConfig {
     pub max_incoming: usize,
     /// Time allowed for connecting and for the hello exchange.
     pub handshake_timeout: Duration,
+    /// Fault injection for tests. The default filter has no rules and does nothing;
+    /// share one `Arc` between the configs of a process to steer all its connections.
+    pub faults: Arc<FaultFilter>,
+}
+
+impl TransportConfig {
+    /// This configuration with `faults` attached.
+    pub fn with_faults(mut self, faults: Arc<FaultFilter>) -> Self {
+        self.faults = faults;
+        self
+    }
 }
 
 impl Default for TransportConfig {
@@ -58,6 +79,7 @@ impl Default for TransportConfig {
             max_in_flight: 4096,
             max_incoming: 4096,
             handshake_timeout: Duration::from_secs(5),
+            faults: Arc::new(FaultFilter::new()),
         }
     }
 }
