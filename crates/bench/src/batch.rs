@@ -628,15 +628,13 @@ struct Reaction {
 }
 
 fn reaction(p: &Params, per_us: f64) -> anyhow::Result<Reaction> {
-    // A 10 ms CFS period for the node groups (read when the cluster makes them).
-    std::env::set_var("GRANULE_CFS_PERIOD_US", "10000");
+    // A 10 ms CFS period for the node groups.
     let cluster = Cluster::builder()
         .nodes("cpu=1,mem=2GiB;cpu=1,mem=2GiB")?
+        .set("cluster.cfs_period", "10ms")?
         .shed(false)
         .start()
-        .context("starting the cluster");
-    std::env::remove_var("GRANULE_CFS_PERIOD_US");
-    let cluster = cluster?;
+        .context("starting the cluster")?;
     let spawned = cluster.spawned_nodes();
     if spawned.len() != 2 {
         bail!("expected 2 node processes, got {}", spawned.len());

@@ -264,13 +264,8 @@ impl Setup {
             TcpStream::connect(&addr).with_context(|| format!("connecting to {addr}"))?;
         raw_spin.set_nodelay(true)?;
         raw_spin.set_nonblocking(true)?;
-        // The same policy Granule's blocked callers use (GRANULE_SPIN_US, default 50).
-        let spin = Duration::from_micros(
-            std::env::var("GRANULE_SPIN_US")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(50),
-        );
+        // The same policy Granule's blocked callers use (`transport.spin`).
+        let spin = cluster.config().transport.spin;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;

@@ -660,25 +660,6 @@ fn process_dead(pid: u32) -> bool {
 
 // ----- one run ------------------------------------------------------------------------
 
-/// Sets the baseline's migration knobs for the cluster started next (its node processes
-/// inherit them, the driver reads them at start) and removes them when dropped.
-struct BaselineEnv;
-
-impl BaselineEnv {
-    fn set() -> BaselineEnv {
-        std::env::set_var("GRANULE_MIGRATION_THROTTLE", BASELINE_THROTTLE);
-        std::env::set_var("GRANULE_MIGRATION_DELAY", BASELINE_DELAY);
-        BaselineEnv
-    }
-}
-
-impl Drop for BaselineEnv {
-    fn drop(&mut self) {
-        std::env::remove_var("GRANULE_MIGRATION_THROTTLE");
-        std::env::remove_var("GRANULE_MIGRATION_DELAY");
-    }
-}
-
 /// Pin every thread of this process to one vCPU (threads and processes made later inherit
 /// it).
 fn pin_to(cpu: usize) {
@@ -911,18 +892,18 @@ fn us(d: Duration) -> f64 {
 
 /// One run: start a cluster, load it, set the antagonist on the busiest node, measure.
 fn run_once(p: &Params, label: &'static str, baseline: bool) -> anyhow::Result<RunResult> {
-    let _env = baseline.then(BaselineEnv::set);
     let mut builder = Cluster::builder().nodes(&p.nodes_spec())?.driver(NodeSpec {
         cores: 1.0,
         mem_bytes: 1 << 30,
     });
-    // GRANULE_CGROUPS=off runs the nodes without cgroups (budget accounting only; the
-    // antagonist phase is then skipped), as for any cluster.
-    if let Ok(v) = std::env::var("GRANULE_CGROUPS") {
-        let mode =
-            granule::config::parse_cgroups_mode(&v).map_err(|e| anyhow!("GRANULE_CGROUPS: {e}"))?;
-        builder = builder.cgroups(mode);
+    if baseline {
+        // The baseline's slow, late moves (its node processes get the same configuration).
+        builder = builder
+            .set("migration.throttle", BASELINE_THROTTLE)?
+            .set("migration.delay", BASELINE_DELAY)?;
     }
+    // GRANULE_CGROUPS=off (cluster.cgroups) runs the nodes without cgroups (budget
+    // accounting only; the antagonist phase is then skipped), as for any cluster.
     // Placement (two vCPUs stand for the rack): vCPU 1 is the victim's machine — the
     // victim node and, later, the antagonist; vCPU 0 is the rest — the driver (load
     // generator, client side of every call) and the other nodes, which receive the shed

@@ -7,7 +7,7 @@
 
 use anyhow::Context;
 use futures::stream::{FuturesUnordered, StreamExt};
-use granule::{here, CallError, Cluster, ClusterConfig, Kind, NodeId, Proclet};
+use granule::{here, CallError, Cluster, Config, Kind, NodeId, Proclet};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -99,17 +99,19 @@ fn fmt_rate(r: f64) -> String {
 }
 
 pub fn run(seconds: f64) -> anyhow::Result<()> {
-    let mut config = ClusterConfig::from_env()?;
-    if std::env::var_os("GRANULE_NODES").is_none() {
-        config.nodes =
-            granule::config::parse_specs("cpu=1,mem=512MiB;cpu=1,mem=512MiB;cpu=1,mem=512MiB")
-                .map_err(anyhow::Error::msg)?;
-    }
+    // The demo's own default: three small nodes (cluster.nodes / GRANULE_NODES override).
+    let mut defaults = Config::default();
+    defaults.cluster.nodes =
+        granule::config::parse_specs("cpu=1,mem=512MiB;cpu=1,mem=512MiB;cpu=1,mem=512MiB")
+            .map_err(anyhow::Error::msg)?;
     println!("== Granule demo ==");
     let progress = granule_bench::Progress::new(5, "demo");
     progress.step("starting the local cluster");
     let started = Instant::now();
-    let cluster = Cluster::with_config(config).context("starting the local cluster")?;
+    let cluster = Cluster::builder()
+        .defaults(defaults)
+        .start()
+        .context("starting the local cluster")?;
     println!(
         "Started the embedded cluster in {:.0} ms: controller {}, driver {} (this process), {} node processes of this same executable.",
         started.elapsed().as_secs_f64() * 1e3,

@@ -12,6 +12,7 @@ mod top;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use granule::config::Origin;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -50,31 +51,45 @@ enum Cmd {
         /// Address to listen on.
         #[arg(long, default_value = "0.0.0.0:7070")]
         listen: String,
-        /// Silence after which a node is declared dead.
-        #[arg(long, default_value = "1s")]
-        failure_timeout: String,
-        /// Heartbeat interval nodes are told to use.
-        #[arg(long, default_value = "100ms")]
-        heartbeat: String,
+        /// Silence after which a node is declared dead (cluster.failure_timeout).
+        #[arg(long)]
+        failure_timeout: Option<String>,
+        /// Heartbeat interval nodes are told to use (cluster.heartbeat).
+        #[arg(long)]
+        heartbeat: Option<String>,
         /// Where to serve the dashboard, /api/cluster, /api/events and /metrics
-        /// (IP:PORT, port 0 = a free one; `off`). Default 127.0.0.1:0.
-        #[arg(long, env = "GRANULE_DASHBOARD")]
+        /// (IP:PORT, port 0 = a free one; `off`) (cluster.dashboard).
+        #[arg(long)]
         dashboard: Option<String>,
+        /// A TOML configuration file (instead of GRANULE_CONFIG).
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Join a cluster as a node. Must be the same executable as the cluster's driver.
     Node {
-        /// The controller (host:port).
-        #[arg(long, env = "GRANULE_CONTROLLER")]
-        controller: String,
+        /// The controller (host:port) (cluster.controller, GRANULE_CONTROLLER).
+        #[arg(long)]
+        controller: Option<String>,
         /// Cores this node offers.
         #[arg(long, default_value_t = 1.0)]
         cpu: f64,
         /// Memory this node offers (e.g. 512MiB, 2GiB).
         #[arg(long, default_value = "1GiB")]
         mem: String,
-        /// Address to listen on for other nodes (the port is chosen freely).
-        #[arg(long, default_value = "127.0.0.1")]
-        listen_host: String,
+        /// Address to listen on for other nodes; the port is chosen freely
+        /// (cluster.listen_host, default 127.0.0.1).
+        #[arg(long)]
+        listen_host: Option<String>,
+        /// A TOML configuration file (instead of GRANULE_CONFIG): every other setting.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Print the configuration this machine's environment gives (every setting, its
+    /// value, its variable), or check a file.
+    Config {
+        /// A TOML configuration file (instead of GRANULE_CONFIG).
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Show the nodes of a running cluster, their largest proclets and recent events.
     Status {
@@ -116,8 +131,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             failure_timeout,
             heartbeat,
             dashboard,
+            config,
         } => {
-            granule::init_logging();
+            let mut c = load_config(config.as_deref())?;
+            for (key, flag, v) in [
+                ("cluster.failure_timeout", "--failure-timeout", &failure_timeout),
+                ("cluster.heartbeat", "--heartbeat", &heartbeat),
+                ("cluster.dashboard", "--dashboard", &dashboard),
+            ] {
+                if let Some(v) = v {
+                    c.set_with_origin(key, v, Origin::Flag(flag))?;
+                }
+            }
+            c.validate()?;
+            granule::init_logging(&c.cluster.log);
             let Ok(addr) = listen.parse::<std::net::SocketAddr>() else {
                 anyhow::bail!(
                     "--listen: '{listen}' is not IP:PORT (e.g. 0.0.0.0:7070 for every interface, 127.0.0.1:0 for a free local port)"
@@ -140,22 +167,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 anyhow::bail!("--listen: cannot listen on {listen}: {e}; {hint}");
             }
             let config = granule_controller::ControllerConfig {
-                failure_timeout: granule::config::parse_duration(&failure_timeout)
-                    .map_err(anyhow::Error::msg)
-                    .context("--failure-timeout")?,
-                heartbeat: granule::config::parse_duration(&heartbeat)
-                    .map_err(anyhow::Error::msg)
-                    .context("--heartbeat")?,
-                dashboard: match dashboard.as_deref().map(str::trim) {
-                    Some("off") => None,
-                    Some(a) if !a.is_empty() => Some(a.to_string()),
-                    _ => Some("127.0.0.1:0".into()),
-                },
+                failure_timeout: c.cluster.failure_timeout,
+                heartbeat: c.cluster.heartbeat,
+                dashboard: c.cluster.dashboard.clone(),
                 ..Default::default()
             };
-            if config.heartbeat.is_zero() || config.heartbeat >= config.failure_timeout {
-                anyhow::bail!("--heartbeat must be shorter than --failure-timeout");
-            }
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -168,24 +184,46 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cpu,
             mem,
             listen_host,
+            config,
         } => {
+            let mut c = load_config(config.as_deref())?;
             // Check each flag on its own first, so the message names the flag the user
             // typed rather than a spec string they never wrote.
             granule::config::parse_size(&mem)
                 .map_err(anyhow::Error::msg)
                 .context("--mem")?;
-            granule::config::check_listen_host(&listen_host)
-                .map_err(anyhow::Error::msg)
-                .context("--listen-host")?;
+            if let Some(h) = &listen_host {
+                granule::config::check_listen_host(h)
+                    .map_err(anyhow::Error::msg)
+                    .context("--listen-host")?;
+                c.set_with_origin("cluster.listen_host", h, Origin::Flag("--listen-host"))?;
+            }
+            if let Some(a) = &controller {
+                c.set_with_origin("cluster.controller", a, Origin::Flag("--controller"))?;
+            }
+            let Some(controller) = c.cluster.controller.clone() else {
+                anyhow::bail!(
+                    "--controller: which controller to join? Give --controller HOST:PORT (or \
+                     GRANULE_CONTROLLER, or cluster.controller in the configuration file)"
+                );
+            };
             let spec = granule::config::parse_spec(&format!("cpu={cpu},mem={mem}"))
                 .map_err(anyhow::Error::msg)
                 .context("--cpu / --mem")?;
             let reason = granule::run_node(granule::NodeArgs {
                 controller,
                 spec,
-                listen_host,
+                config: c,
             })?;
             eprintln!("granule node: leaving: {reason}");
+            Ok(())
+        }
+        Cmd::Config { config } => {
+            let c = load_config(config.as_deref())?;
+            println!("{:<38} {:<34} variable", "setting", "value");
+            for (s, v) in c.describe() {
+                println!("{:<38} {:<34} {}", s.key, v, s.env);
+            }
             Ok(())
         }
         Cmd::Status { controller } => status::run(&controller),
@@ -210,6 +248,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Antagonist(args) => antagonist::run(args),
     }
+}
+
+/// The configuration of this machine's environment: defaults, the TOML file (`--config`,
+/// else `GRANULE_CONFIG`), the `GRANULE_*` variables; not yet validated (flags come next).
+fn load_config(file: Option<&std::path::Path>) -> anyhow::Result<granule::Config> {
+    let env = |k: &str| std::env::var(k).ok();
+    let mut c = granule::Config::default();
+    match file {
+        Some(f) => {
+            c.apply_toml_file(f)?;
+            c.apply_env(env)?;
+        }
+        None => {
+            c = granule::Config::load_over(c, env)?;
+        }
+    }
+    Ok(c)
 }
 
 fn bench(name: Option<String>, quick: bool, out: PathBuf) -> anyhow::Result<()> {

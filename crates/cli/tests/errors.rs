@@ -46,9 +46,9 @@ fn bad_node_specs_name_the_setting_and_show_an_example() {
         &["demo", "--seconds", "0.01"],
         &[("GRANULE_NODES", "cpu=1,mem=lots")],
         &[
-            "GRANULE_NODES",
+            "cluster.nodes (GRANULE_NODES=cpu=1,mem=lots)",
             "'lots' is not a size",
-            "e.g. \"cpu=1,mem=512MiB;cpu=2,mem=1GiB\"",
+            "accepts ';'-separated node specs such as cpu=1,mem=512MiB;cpu=2,mem=2GiB",
         ],
     );
     fails_with(
@@ -69,7 +69,7 @@ fn bad_node_specs_name_the_setting_and_show_an_example() {
     fails_with(
         &["demo"],
         &[("GRANULE_CGROUPS", "yes")],
-        &["GRANULE_CGROUPS", "use off or auto"],
+        &["cluster.cgroups (GRANULE_CGROUPS=yes)", "accepts auto or off"],
     );
 }
 
@@ -121,7 +121,10 @@ fn ports_in_use_and_foreign_addresses_say_what_to_do() {
     fails_with(
         &["demo"],
         &[("GRANULE_LISTEN_HOST", "192.0.2.1")],
-        &["GRANULE_LISTEN_HOST", "use an address of this machine"],
+        &[
+            "cluster.listen_host (GRANULE_LISTEN_HOST=192.0.2.1)",
+            "use an address of this machine",
+        ],
     );
 }
 

@@ -203,7 +203,9 @@ pub struct Migration {
     pub window: u64,
     /// A stream whose receiver has not acknowledged a chunk for this long is abandoned
     /// (a destination that hangs, or is cut off, must not hold a proclet's calls for
-    /// ever).
+    /// ever). The last chunk is acknowledged once the state is decoded and installed, so
+    /// this also bounds decoding: a move abandoned that way is safe (the late copy is
+    /// withdrawn) but wasted.
     pub stall_timeout: Duration,
 }
 
@@ -216,7 +218,7 @@ impl Default for Migration {
             nice: 5,
             chunk: 512 << 10,
             window: 8,
-            stall_timeout: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -362,13 +364,21 @@ impl Config {
 
     /// [`Config::load`] with the environment given as a function (for tests).
     pub fn load_from(var: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let mut c = Config::default();
+        Config::load_over(Config::default(), var)
+    }
+
+    /// [`Config::load_from`] over other defaults than the built-in ones (a program with
+    /// defaults of its own, such as `granule demo`'s three nodes).
+    pub fn load_over(
+        mut base: Config,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         if let Some(path) = var(CONFIG_FILE_ENV).filter(|p| !p.trim().is_empty()) {
-            c.apply_toml_file(Path::new(path.trim()))?;
+            base.apply_toml_file(Path::new(path.trim()))?;
         }
-        c.apply_env(&var)?;
-        c.validate()?;
-        Ok(c)
+        base.apply_env(&var)?;
+        base.validate()?;
+        Ok(base)
     }
 
     /// Apply every `GRANULE_*` variable `var` knows (unset or empty ones are skipped).
@@ -521,12 +531,6 @@ impl Config {
                 c.nodes.len()
             )));
         }
-        check_listen_host(&c.listen_host).map_err(|why| ConfigError::Value {
-            key: "cluster.listen_host",
-            from: String::new(),
-            why,
-            accepts: "an address of this machine, or 0.0.0.0",
-        })?;
         if self.transport.max_frame < (64 << 10) {
             return Err(ConfigError::Invalid(
                 "transport.max_frame must be at least 64KiB (a hello must fit)".into(),

@@ -183,7 +183,11 @@ pub static SETTINGS: &[Setting] = &[
         "an address of this machine, or 0.0.0.0 for all",
         "the address nodes listen on for other nodes",
         cluster.listen_host,
-        non_empty,
+        |v: &str| {
+            let h = non_empty(v)?;
+            crate::parse::check_listen_host(&h)?;
+            Ok::<String, String>(h)
+        },
         |v: &String| v.clone(),
     ),
     setting!(
@@ -381,8 +385,8 @@ pub static SETTINGS: &[Setting] = &[
     setting!(
         "migration.stall_timeout",
         "GRANULE_MIGRATION_STALL_TIMEOUT",
-        "a duration such as 10s",
-        "a state stream whose receiver acknowledges nothing for this long is abandoned",
+        "a duration such as 30s",
+        "a state stream whose receiver acknowledges nothing for this long (decoding the state included) is abandoned",
         migration.stall_timeout,
         dur_nonzero,
         |d: &Duration| format_duration(*d),
@@ -498,7 +502,7 @@ pub static SETTINGS: &[Setting] = &[
     setting!(
         "faults.failpoints",
         "GRANULE_FAILPOINTS",
-        "name=spec pairs separated by ';', e.g. migrate.chunk_sent=2*off->crash (names: see the failpoints crate)",
+        "name=spec pairs separated by ';', e.g. stream.chunk_sent=2*off->crash (names: see the failpoints crate)",
         "failpoints armed from the start (needs faults.enabled)",
         faults.failpoints,
         |v: &str| {

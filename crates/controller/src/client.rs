@@ -48,13 +48,19 @@ impl ControllerClient {
         identity: Arc<Identity>,
         handler: Arc<dyn Handler>,
     ) -> Result<ControllerClient, ControllerError> {
-        let conn = Connection::connect(
-            addr,
-            identity,
-            Arc::new(TransportConfig::default()),
-            handler,
-        )
-        .await
+        Self::connect_with(addr, identity, Arc::new(TransportConfig::default()), handler).await
+    }
+
+    /// [`ControllerClient::connect`] with the connection's settings (a node's own: its
+    /// limits and its fault filter).
+    pub async fn connect_with(
+        addr: &str,
+        identity: Arc<Identity>,
+        config: Arc<TransportConfig>,
+        handler: Arc<dyn Handler>,
+    ) -> Result<ControllerClient, ControllerError> {
+        let conn = Connection::connect(addr, identity, config, handler)
+            .await
         .map_err(|e| match e {
             TransportError::BinaryMismatch(m) => ControllerError::BinaryMismatch(m),
             other => ControllerError::Unreachable {

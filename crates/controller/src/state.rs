@@ -44,7 +44,7 @@ pub struct ControllerConfig {
     pub max_id_block: u32,
     /// Where to serve the dashboard, `/api/cluster` and the controller's `/metrics`
     /// (`IP:PORT`; port 0 picks a free one). `None`: no HTTP side. Default
-    /// `127.0.0.1:0`, or `GRANULE_DASHBOARD` when set (`off` turns it off).
+    /// `127.0.0.1:0` (the runtime and the command pass `cluster.dashboard`).
     pub dashboard: Option<String>,
 }
 
@@ -54,11 +54,7 @@ impl Default for ControllerConfig {
             heartbeat: Duration::from_millis(100),
             failure_timeout: Duration::from_millis(1000),
             max_id_block: 1 << 16,
-            dashboard: match std::env::var("GRANULE_DASHBOARD") {
-                Ok(v) if v == "off" => None,
-                Ok(v) if !v.is_empty() => Some(v),
-                _ => Some("127.0.0.1:0".into()),
-            },
+            dashboard: Some("127.0.0.1:0".into()),
         }
     }
 }

@@ -45,8 +45,8 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "source of a move: the proclet's lock is held (writes are held), before streaming",
     ),
     (
-        "migrate.chunk_sent",
-        "source of a move: after each chunk of the state is handed to the connection",
+        "stream.chunk_sent",
+        "sender of a state stream (the source of a move): after each chunk is handed to the connection",
     ),
     (
         "migrate.streamed",
@@ -57,8 +57,8 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "source of a move: held calls released to the destination, before the controller is told",
     ),
     (
-        "migrate.chunk_received",
-        "destination of a move: each arriving chunk, before it is kept",
+        "stream.chunk_received",
+        "receiver of a state stream (the destination of a move): each arriving chunk, before it is kept (error or crash: it runs on the connection's reader)",
     ),
     (
         "migrate.before_install",
@@ -66,7 +66,7 @@ pub const CATALOGUE: &[(&str, &str)] = &[
     ),
     (
         "migrate.installed",
-        "destination of a move: installed, before it confirms to the source",
+        "destination of a move: installed, before it confirms to the source (error: the copy is dropped again and the move refused)",
     ),
     (
         "call.before_run",
@@ -508,13 +508,13 @@ mod tests {
 
     #[test]
     fn a_paused_thread_waits_until_rearmed() {
-        set("migrate.chunk_received", "pause").unwrap();
-        let h = std::thread::spawn(|| hit_blocking("migrate.chunk_received"));
+        set("stream.chunk_received", "pause").unwrap();
+        let h = std::thread::spawn(|| hit_blocking("stream.chunk_received"));
         std::thread::sleep(Duration::from_millis(30));
         assert!(!h.is_finished(), "paused");
-        set("migrate.chunk_received", "off").unwrap();
+        set("stream.chunk_received", "off").unwrap();
         assert_eq!(h.join().unwrap(), Ok(()));
-        clear("migrate.chunk_received");
+        clear("stream.chunk_received");
     }
 
     #[test]

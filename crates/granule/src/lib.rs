@@ -14,7 +14,7 @@
 //!
 //! fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     // An in-process controller plus node processes of this executable
-//!     // (GRANULE_NODES="cpu=1,mem=512MiB;cpu=1,mem=512MiB" by default).
+//!     // (cluster.nodes, or GRANULE_NODES: two of cpu=1,mem=1GiB by default).
 //!     let cluster = Cluster::start()?;
 //!     let c = Proclet::new(Kind::Memory, Counter::default())?;      // placed by the controller
 //!     let n = c.run(5u64, |c: &mut Counter, x: u64| { c.n += x; c.n })?;  // runs where c lives
@@ -30,11 +30,11 @@
 /// [`batch::filter`], [`batch::reduce`], run by compute proclets that scale with the
 /// cluster's idle cores.
 pub use granule_batch as batch;
-pub use granule_runtime::pressure;
+pub use granule_runtime::faults;
 pub use granule_runtime::{
     binary_hash, block_on, cluster_nodes, config, cpu_bound, footprint, here, init_logging, run,
     run_node, set_spin, should_yield, spawn, thread_context, CallError, Cluster, ClusterBuilder,
-    ClusterConfig, ClusterError, Footprint, Kind, MoveStats, NodeArgs, NodeId, NodeInfo, NodeSpec,
+    ClusterError, Config, Footprint, Kind, MoveStats, NodeArgs, NodeId, NodeInfo, NodeSpec,
     NodeState, Proclet, ProcletBuilder, ProcletId, ProcletState, ProcletUsage, RangeJob, Resource,
     ThreadContext, Usage, Wire,
 };

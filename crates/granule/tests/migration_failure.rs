@@ -1,134 +1,145 @@
-//! A destination that dies in the middle of a move: the proclet stays usable at its
-//! source, with its state intact, and calls held during the move are served there.
-//!
-//! Its own test binary: it slows migration down through the environment
-//! (`GRANULE_MIGRATION_THROTTLE`), which the node processes inherit.
+//! Moves that fail part-way, made to fail at an exact step by failpoints and the
+//! transport's fault filter (no timing windows): the proclet stays usable at its source
+//! with its state intact, calls made meanwhile are neither lost nor run twice, and the
+//! nodes involved keep serving and take later moves.
 
 mod common;
 
 use common::{bounded, checksum};
-use granule::NodeId;
-use granule::{CallError, Cluster, Kind, Proclet};
+use granule::faults::{FaultAction, FaultRule, FaultRules, Partition};
+use granule::{CallError, Cluster, Kind, NodeId, Proclet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Two nodes whose moves are paced at 32 MB/s (so a test can act in the middle of one),
-/// with shedding off: only the test moves proclets.
-fn throttled_pair() -> (Cluster, NodeId, NodeId) {
-    std::env::set_var("GRANULE_MIGRATION_THROTTLE", "32MB/s");
+type Map = HashMap<u64, Vec<u8>>;
+
+/// Two nodes that take fault orders, with shedding off (only the test moves proclets)
+/// and a shorter stall timeout (a stream that hears nothing for 5 s is abandoned: long
+/// enough for a loaded machine to decode a state, short enough for the partition test).
+fn pair() -> (Cluster, NodeId, NodeId) {
     let cluster = Cluster::builder()
         .nodes("cpu=1,mem=512MiB;cpu=1,mem=512MiB")
         .unwrap()
         .shed(false)
-        .failure_timeout(Duration::from_millis(1000))
+        .faults(true)
+        .set("migration.stall_timeout", "5s")
+        .unwrap()
+        // Nothing here waits for a node to be declared dead (a crash closes its
+        // connections): a roomy timeout keeps a loaded machine from declaring one.
+        .failure_timeout(Duration::from_secs(3))
         .start()
         .unwrap();
     let nodes = cluster.worker_nodes().unwrap();
-    let (src, dst) = (nodes[0], nodes[1]);
-    (cluster, src, dst)
+    (cluster, nodes[0], nodes[1])
 }
 
-#[test]
-fn destination_dying_mid_transfer_leaves_the_proclet_at_its_source() {
-    bounded(Duration::from_secs(90), || {
-        // 8 MiB at 32 MB/s: the transfer takes about 260 ms.
-        let (cluster, src, dst) = throttled_pair();
-        let p = Proclet::builder(Kind::Memory)
-            .on(src)
-            .create(8usize << 20, |n: usize| {
-                (0..n).map(|i| (i % 251) as u8).collect::<Vec<u8>>()
-            })
-            .unwrap();
-        let before = p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap();
+/// A byte-vector proclet of 8 MiB (16 chunks of 512 KiB) on `on`.
+fn bytes_on(on: NodeId) -> Proclet<Vec<u8>> {
+    Proclet::builder(Kind::Memory)
+        .on(on)
+        .create(8usize << 20, |n: usize| {
+            (0..n).map(|i| (i % 251) as u8).collect::<Vec<u8>>()
+        })
+        .unwrap()
+}
 
-        // A caller keeps calling throughout; every call must succeed.
-        let p2 = p.clone();
-        let stop_at = Instant::now() + Duration::from_millis(900);
-        let caller = std::thread::spawn(move || {
-            let mut n = 0u32;
-            while Instant::now() < stop_at {
-                p2.run((), |v: &mut Vec<u8>, ()| v[0] = v[0].wrapping_add(0))
-                    .map_err(|e| format!("call {n}: {e}"))?;
-                n += 1;
-            }
-            Ok::<u32, String>(n)
-        });
+/// A structured proclet (~4 MiB encoded: 8 chunks) on `on`.
+fn map_on(on: NodeId) -> Proclet<Map> {
+    Proclet::builder(Kind::Memory)
+        .on(on)
+        .create(4000u64, |n: u64| {
+            (0..n).map(|i| (i, vec![(i % 251) as u8; 1000])).collect()
+        })
+        .unwrap()
+}
 
-        let id = p.id();
-        let mover = {
-            let started = Instant::now();
-            let c = &cluster;
-            std::thread::scope(|s| {
-                let h = s.spawn(move || c.move_proclet(id, dst));
-                std::thread::sleep(Duration::from_millis(90));
-                c.kill_node(dst).unwrap();
-                (h.join().unwrap(), started.elapsed())
-            })
-        };
-        let (outcome, took) = mover;
-        match outcome {
-            Err(CallError::Internal(m)) | Err(CallError::Refused(m)) => {
-                assert!(
-                    m.contains("destination") || m.contains("unreachable"),
-                    "{m}"
-                )
-            }
-            other => panic!("the move should fail when its destination dies: {other:?}"),
+/// Keep incrementing byte 0 of `p` until `stop` says so; returns how many calls ran.
+/// Every call must succeed.
+fn steady_caller(
+    p: &Proclet<Vec<u8>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Result<u32, String>> {
+    let p = p.clone();
+    std::thread::spawn(move || {
+        let mut n = 0u32;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) || n == 0 {
+            p.run((), |v: &mut Vec<u8>, ()| v[0] = v[0].wrapping_add(1))
+                .map_err(|e| format!("call {n}: {e}"))?;
+            n += 1;
         }
-        assert!(
-            took < Duration::from_secs(5),
-            "the failed move ended in {took:?}"
-        );
-        assert_eq!(
-            p.location().unwrap(),
-            src,
-            "the proclet stayed at its source"
-        );
-        assert_eq!(
-            p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap(),
-            before,
-            "state intact"
-        );
+        Ok(n)
+    })
+}
+
+fn assert_move_failed(outcome: Result<granule::MoveStats, CallError>, why: &str) {
+    match outcome {
+        Err(CallError::Internal(m)) | Err(CallError::Refused(m)) => {
+            assert!(
+                m.contains("destination")
+                    || m.contains("unreachable")
+                    || m.contains("receiver")
+                    || m.contains("failpoint"),
+                "{why}: {m}"
+            )
+        }
+        other => panic!("{why}: the move should fail, got {other:?}"),
+    }
+}
+
+/// The destination crashes when the third chunk of the state arrives: the move fails,
+/// the proclet stays where it was with every byte, calls made throughout all succeed
+/// (each exactly once), and it moves elsewhere later.
+#[test]
+fn destination_crashing_mid_transfer_leaves_the_proclet_at_its_source() {
+    bounded(Duration::from_secs(90), || {
+        let (cluster, src, dst) = pair();
+        let p = bytes_on(src);
+        let before = p.run_ref((), |v: &Vec<u8>, ()| checksum(&v[1..])).unwrap();
+        cluster
+            .faults()
+            .failpoints(dst, "stream.chunk_received=2*off->crash")
+            .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let caller = steady_caller(&p, stop.clone());
+        let t = Instant::now();
+        let outcome = cluster.move_proclet(p.id(), dst);
+        assert_move_failed(outcome, "destination crashed");
+        assert!(t.elapsed() < Duration::from_secs(5), "failed in {:?}", t.elapsed());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let calls = caller.join().unwrap().expect("no call failed");
-        assert!(calls > 0);
+        assert_eq!(p.location().unwrap(), src, "the proclet stayed at its source");
+        let (sum, first) = p
+            .run_ref((), |v: &Vec<u8>, ()| (checksum(&v[1..]), v[0]))
+            .unwrap();
+        assert_eq!(sum, before, "state intact");
+        assert_eq!(first as u32, calls % 256, "every call ran exactly once");
         // And it can still move elsewhere later (to the driver).
-        let home = cluster.node_id();
-        cluster.move_proclet(id, home).unwrap();
+        cluster.move_proclet(p.id(), cluster.node_id()).unwrap();
         assert_eq!(
-            p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap(),
+            p.run_ref((), |v: &Vec<u8>, ()| checksum(&v[1..])).unwrap(),
             before
         );
     });
 }
 
-/// The source dying while a structured state streams to the destination: the
-/// destination drops what arrived, keeps serving, and takes later moves.
+/// The source crashes after handing its third chunk to the connection: the destination
+/// drops what arrived, keeps serving, never hosts the half-arrived proclet, and takes a
+/// whole move later.
 #[test]
-fn source_dying_mid_transfer_leaves_the_destination_serving() {
+fn source_crashing_mid_transfer_leaves_the_destination_serving() {
     bounded(Duration::from_secs(90), || {
-        let (cluster, src, dst) = throttled_pair();
-        // ~4 MiB encoded: about 130 ms at 32 MB/s.
-        let doomed = Proclet::builder(Kind::Memory)
-            .on(src)
-            .create(4000u64, |n: u64| {
-                (0..n)
-                    .map(|i| (i, vec![(i % 251) as u8; 1000]))
-                    .collect::<std::collections::HashMap<u64, Vec<u8>>>()
-            })
-            .unwrap();
+        let (cluster, src, dst) = pair();
+        let doomed = map_on(src);
         let survivor = Proclet::builder(Kind::Memory)
             .on(dst)
             .create(5u64, |n: u64| n)
             .unwrap();
-        let id = doomed.id();
-        let c = &cluster;
-        let outcome = std::thread::scope(|s| {
-            let h = s.spawn(move || c.move_proclet(id, dst));
-            std::thread::sleep(Duration::from_millis(50));
-            c.kill_node(src).unwrap();
-            h.join().unwrap()
-        });
+        cluster
+            .faults()
+            .failpoints(src, "stream.chunk_sent=2*off->crash")
+            .unwrap();
+        let outcome = cluster.move_proclet(doomed.id(), dst);
         assert!(outcome.is_err(), "the move cannot finish: {outcome:?}");
-        // The destination serves on, and never installed the half-arrived proclet.
         for k in 1..=20u64 {
             let n = survivor
                 .run((), |n: &mut u64, ()| {
@@ -138,86 +149,190 @@ fn source_dying_mid_transfer_leaves_the_destination_serving() {
                 .unwrap();
             assert_eq!(n, 5 + k);
         }
-        let r = doomed.run_ref((), |m: &std::collections::HashMap<u64, Vec<u8>>, ()| {
-            m.len()
-        });
+        let r = doomed.run_ref((), |m: &Map, ()| m.len());
         assert!(r.is_err(), "the proclet died with its source: {r:?}");
-        // And the destination still takes a whole move of a structured state.
-        let again = Proclet::builder(Kind::Memory)
-            .on(cluster.node_id())
-            .create(2000u64, |n: u64| {
-                (0..n)
-                    .map(|i| (i, vec![1u8; 1000]))
-                    .collect::<std::collections::HashMap<u64, Vec<u8>>>()
-            })
-            .unwrap();
+        let again = map_on(cluster.node_id());
         cluster.move_proclet(again.id(), dst).unwrap();
+        assert_eq!(again.run_ref((), |m: &Map, ()| m.len()).unwrap(), 4000);
+    });
+}
+
+/// Paused with the proclet's lock held mid-move: read-only calls are answered at the
+/// source meanwhile (they would hang otherwise), a write waits, and when the move goes
+/// on it runs once, at the new home.
+#[test]
+fn reads_are_served_during_a_move_and_writes_land_at_the_new_home() {
+    bounded(Duration::from_secs(90), || {
+        let (cluster, src, dst) = pair();
+        let p = map_on(src);
+        cluster
+            .faults()
+            .failpoints(src, "migrate.locked=1*pause")
+            .unwrap();
+        std::thread::scope(|s| {
+            let c = &cluster;
+            let id = p.id();
+            let mover = s.spawn(move || c.move_proclet(id, dst));
+            // Wait until the move holds the lock (its failpoint fired), not for a time.
+            let t = Instant::now();
+            while !c.faults().report(src).unwrap().contains("migrate.locked") {
+                assert!(t.elapsed() < Duration::from_secs(20), "the move never paused");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for _ in 0..10 {
+                assert_eq!(p.run_ref((), |m: &Map, ()| m.len()).unwrap(), 4000);
+            }
+            let p2 = p.clone();
+            let writer = s.spawn(move || {
+                p2.run((), |m: &mut Map, ()| {
+                    m.insert(99_999, vec![1]);
+                    (m.len(), granule::here())
+                })
+            });
+            // Let the move go on (the write is held until it ends, wherever it started).
+            c.faults().failpoints(src, "").unwrap();
+            mover.join().unwrap().unwrap();
+            assert_eq!(writer.join().unwrap().unwrap(), (4001, Some(dst)));
+        });
+        assert_eq!(p.location().unwrap(), dst);
+        assert_eq!(p.run_ref((), |m: &Map, ()| m.len()).unwrap(), 4001);
+    });
+}
+
+/// The destination refuses the state once it has it all (before installing), or drops
+/// its copy at the last moment (installed, before confirming): either way the move
+/// fails, nothing is hosted twice, and the proclet serves on at its source.
+#[test]
+fn a_destination_refusing_at_the_last_steps_leaves_one_copy() {
+    bounded(Duration::from_secs(90), || {
+        let (cluster, src, dst) = pair();
+        let p = map_on(src);
+        for point in ["migrate.before_install", "migrate.installed"] {
+            cluster
+                .faults()
+                .failpoints(dst, &format!("{point}=1*error"))
+                .unwrap();
+            let outcome = cluster.move_proclet(p.id(), dst);
+            assert_move_failed(outcome, point);
+            assert_eq!(p.location().unwrap(), src, "{point}");
+            let w = p
+                .run((), |m: &mut Map, ()| {
+                    m.insert(1, vec![7]);
+                    granule::here()
+                })
+                .unwrap();
+            assert_eq!(w, Some(src), "{point}: writes run at the source");
+            // No copy is left at the destination: the next move there works and the
+            // write above is in it.
+        }
+        cluster.faults().clear().unwrap();
+        cluster.move_proclet(p.id(), dst).unwrap();
         assert_eq!(
-            again
-                .run_ref((), |m: &std::collections::HashMap<u64, Vec<u8>>, ()| m
-                    .len())
+            p.run_ref((), |m: &Map, ()| (m[&1].clone(), granule::here()))
                 .unwrap(),
-            2000
+            (vec![7], Some(dst))
         );
     });
 }
 
-/// While an encoded state streams (slowly here), read-only calls keep being answered at
-/// the source; a write waits and lands at the new home, once.
+/// The destination crashes after installing, before its confirmation leaves: the
+/// source never hears it, abandons the move after the stall timeout and serves on.
 #[test]
-fn reads_are_served_during_a_move_and_writes_land_at_the_new_home() {
+fn destination_crashing_after_install_leaves_the_proclet_at_its_source() {
     bounded(Duration::from_secs(90), || {
-        let (cluster, src, dst) = throttled_pair();
-        // ~4 MiB encoded: about 130 ms at 32 MB/s.
-        let p = Proclet::builder(Kind::Memory)
-            .on(src)
-            .create(4000u64, |n: u64| {
-                (0..n)
-                    .map(|i| (i, vec![(i % 251) as u8; 1000]))
-                    .collect::<std::collections::HashMap<u64, Vec<u8>>>()
-            })
+        let (cluster, src, dst) = pair();
+        let p = map_on(src);
+        cluster
+            .faults()
+            .failpoints(dst, "migrate.installed=crash")
             .unwrap();
-        let id = p.id();
+        assert_move_failed(cluster.move_proclet(p.id(), dst), "destination crashed");
+        assert_eq!(p.location().unwrap(), src);
+        assert_eq!(p.run_ref((), |m: &Map, ()| m.len()).unwrap(), 4000);
+    });
+}
+
+/// The source and the destination are cut off from each other mid-move (a partition:
+/// frames dropped both ways, nothing closed): the source gives up after the stall
+/// timeout (5 s) and keeps the proclet; the destination withdraws any copy it had; after the
+/// partition heals, the move succeeds.
+#[test]
+fn a_partition_during_a_move_is_survived_and_healed() {
+    bounded(Duration::from_secs(90), || {
+        let (cluster, src, dst) = pair();
+        let p = bytes_on(src);
+        let before = p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap();
+        // Partition only once the stream has begun: on the third chunk the source sends.
+        cluster
+            .faults()
+            .failpoints(src, "stream.chunk_sent=2*off->1*pause")
+            .unwrap();
         std::thread::scope(|s| {
             let c = &cluster;
+            let id = p.id();
             let mover = s.spawn(move || c.move_proclet(id, dst));
-            std::thread::sleep(Duration::from_millis(30));
-            // Mid-transfer: reads answer quickly (from the source).
-            let mut slowest = Duration::ZERO;
-            for _ in 0..10 {
-                let t = Instant::now();
-                let n = p
-                    .run_ref((), |m: &std::collections::HashMap<u64, Vec<u8>>, ()| {
-                        m.len()
-                    })
-                    .unwrap();
-                assert_eq!(n, 4000);
-                slowest = slowest.max(t.elapsed());
+            let t = Instant::now();
+            while !c.faults().report(src).unwrap().contains("stream.chunk_sent") {
+                assert!(t.elapsed() < Duration::from_secs(20), "the stream never began");
+                std::thread::sleep(Duration::from_millis(5));
             }
-            // A write during the transfer waits for it and runs once, at the new home.
-            let w = p
-                .run((), |m: &mut std::collections::HashMap<u64, Vec<u8>>, ()| {
-                    m.insert(99_999, vec![1]);
-                    (m.len(), granule::here())
-                })
-                .unwrap();
-            let stats = mover.join().unwrap().unwrap();
-            assert!(
-                stats.micros > 60_000,
-                "the transfer was slow enough to overlap: {stats:?}"
-            );
-            assert!(
-                slowest < Duration::from_millis(40),
-                "reads during the move took up to {slowest:?}"
-            );
-            assert_eq!(w, (4001, Some(dst)));
+            let cut = FaultRules::seeded(1).partition(Partition::nodes([vec![src], vec![dst]]));
+            c.faults().filter(src, &cut).unwrap();
+            c.faults().filter(dst, &cut).unwrap();
+            c.faults().failpoints(src, "").unwrap();
+            assert_move_failed(mover.join().unwrap(), "partitioned");
         });
+        assert_eq!(p.location().unwrap(), src);
+        assert_eq!(p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap(), before);
+        cluster.faults().clear().unwrap();
+        cluster.move_proclet(p.id(), dst).unwrap();
         assert_eq!(p.location().unwrap(), dst);
-        assert_eq!(
-            p.run_ref((), |m: &std::collections::HashMap<u64, Vec<u8>>, ()| m
-                .len())
-                .unwrap(),
-            4001
+        assert_eq!(p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap(), before);
+    });
+}
+
+/// The connection between source and destination is cut in the middle of the second
+/// chunk (the destination sees a truncated frame): the move fails cleanly and a retry
+/// over a new connection succeeds.
+#[test]
+fn a_connection_cut_mid_frame_fails_the_move_and_a_retry_succeeds() {
+    bounded(Duration::from_secs(90), || {
+        let (cluster, src, dst) = pair();
+        let p = bytes_on(src);
+        let before = p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap();
+        let cut = FaultRules::seeded(2).rule(
+            FaultRule::new(FaultAction::Cut)
+                .outgoing()
+                .node(dst)
+                .kind("Transfer")
+                .nth(2),
         );
+        cluster.faults().filter(src, &cut).unwrap();
+        assert_move_failed(cluster.move_proclet(p.id(), dst), "cut");
+        assert!(
+            cluster.faults().report(src).unwrap().contains("cut after"),
+            "the filter cut a frame"
+        );
+        assert_eq!(p.location().unwrap(), src);
+        cluster.move_proclet(p.id(), dst).unwrap();
+        assert_eq!(p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap(), before);
+    });
+}
+
+/// A production node refuses fault orders.
+#[test]
+fn fault_orders_are_refused_unless_enabled() {
+    bounded(Duration::from_secs(60), || {
+        let cluster = Cluster::builder()
+            .nodes("cpu=1,mem=256MiB")
+            .unwrap()
+            .start()
+            .unwrap();
+        let n = cluster.worker_nodes().unwrap()[0];
+        let e = cluster
+            .faults()
+            .failpoints(n, "migrate.locked=crash")
+            .unwrap_err();
+        assert!(e.to_string().contains("faults.enabled"), "{e}");
     });
 }

@@ -124,10 +124,10 @@ impl OwnCpuGroup {
     /// Limit the group to `cores` of CPU (a CFS quota): the antagonist is a tenant with
     /// its own CPU allocation, not a process free to take the whole machine.
     pub fn limit_cores(&self, cores: f64) -> Result<(), CgroupError> {
-        crate::group::write_value(&self.dir.join("cpu.cfs_period_us"), crate::cfs_period_us())?;
+        crate::group::write_value(&self.dir.join("cpu.cfs_period_us"), crate::CFS_PERIOD_US)?;
         crate::group::write_value(
             &self.dir.join("cpu.cfs_quota_us"),
-            crate::group::quota_us(cores),
+            crate::group::quota_us(cores, crate::CFS_PERIOD_US),
         )
     }
 

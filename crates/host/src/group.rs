@@ -31,6 +31,8 @@ static CLUSTER_SEQ: AtomicU32 = AtomicU32::new(0);
 pub struct ClusterGroups {
     h: Hierarchy,
     name: String,
+    /// The CFS period of the node groups made from here, microseconds.
+    period_us: u64,
     removed: bool,
 }
 
@@ -53,6 +55,7 @@ impl ClusterGroups {
         let g = ClusterGroups {
             h: h.clone(),
             name,
+            period_us: crate::CFS_PERIOD_US,
             removed: false,
         };
         for c in Controller::ALL {
@@ -76,9 +79,15 @@ impl ClusterGroups {
         self.h.controller_dir(c).join(GRANULE_DIR).join(&self.name)
     }
 
+    /// The CFS period of the node groups made from now on (clamped to the kernel's
+    /// 1 ms..=1 s; default [`crate::CFS_PERIOD_US`]).
+    pub fn set_cfs_period(&mut self, period: std::time::Duration) {
+        self.period_us = (period.as_micros() as u64).clamp(1_000, 1_000_000);
+    }
+
     /// Create the group of one node of this cluster (see [`NodeGroup::create`]).
     pub fn node(&self, node: &str, cores: f64, mem_bytes: u64) -> Result<NodeGroup, CgroupError> {
-        NodeGroup::create(&self.h, &self.name, node, cores, mem_bytes)
+        NodeGroup::create(&self.h, &self.name, node, cores, mem_bytes, self.period_us)
     }
 
     /// Kill anything still inside and remove every directory of the cluster.
@@ -120,14 +129,15 @@ pub struct NodeGroup {
 
 impl NodeGroup {
     /// Create (or reuse) the node's groups and set their limits: `memory.limit_in_bytes`
-    /// = `mem_bytes`, a CFS period of 20 ms and a quota of `cores` periods (at least
-    /// 1 ms, the kernel's minimum).
+    /// = `mem_bytes`, a CFS period of `period_us` and a quota of `cores` periods (at
+    /// least 1 ms, the kernel's minimum).
     pub fn create(
         h: &Hierarchy,
         cluster: &str,
         node: &str,
         cores: f64,
         mem_bytes: u64,
+        period_us: u64,
     ) -> Result<NodeGroup, CgroupError> {
         check_name(cluster)?;
         check_name(node)?;
@@ -148,8 +158,8 @@ impl NodeGroup {
         }
         write_value(&mem.join("memory.limit_in_bytes"), mem_bytes)?;
         // The period first: the quota is validated against it.
-        write_value(&cpu.join("cpu.cfs_period_us"), crate::cfs_period_us())?;
-        write_value(&cpu.join("cpu.cfs_quota_us"), quota_us(cores))?;
+        write_value(&cpu.join("cpu.cfs_period_us"), period_us)?;
+        write_value(&cpu.join("cpu.cfs_quota_us"), quota_us(cores, period_us))?;
         Ok(g)
     }
 
@@ -173,8 +183,8 @@ impl NodeGroup {
 }
 
 /// The CFS quota for `cores` cores at the node groups' period.
-pub(crate) fn quota_us(cores: f64) -> u64 {
-    ((cores * crate::cfs_period_us() as f64).round() as u64).max(MIN_CFS_QUOTA_US)
+pub(crate) fn quota_us(cores: f64, period_us: u64) -> u64 {
+    ((cores * period_us as f64).round() as u64).max(MIN_CFS_QUOTA_US)
 }
 
 /// Move process `pid` into the groups `paths` names (a `None` field leaves that
@@ -374,9 +384,9 @@ mod tests {
 
     #[test]
     fn quotas() {
-        assert_eq!(quota_us(1.0), 20_000);
-        assert_eq!(quota_us(2.5), 50_000);
-        assert_eq!(quota_us(0.001), MIN_CFS_QUOTA_US);
+        assert_eq!(quota_us(1.0, 20_000), 20_000);
+        assert_eq!(quota_us(2.5, 20_000), 50_000);
+        assert_eq!(quota_us(0.001, 20_000), MIN_CFS_QUOTA_US);
     }
 
     /// Limits are written where they belong (a fake tree: plain files stand in for the
@@ -385,7 +395,7 @@ mod tests {
     fn node_limits_in_a_fake_tree() {
         let t = tempfile::tempdir().unwrap();
         let h = Hierarchy::at(t.path());
-        let g = NodeGroup::create(&h, "c1-2-0", "node0", 1.5, 256 << 20).unwrap();
+        let g = NodeGroup::create(&h, "c1-2-0", "node0", 1.5, 256 << 20, crate::CFS_PERIOD_US).unwrap();
         let read = |p: &str| std::fs::read_to_string(t.path().join(p)).unwrap();
         assert_eq!(
             read("memory/granule/c1-2-0/node0/memory.limit_in_bytes"),
@@ -394,8 +404,8 @@ mod tests {
         assert_eq!(read("cpu/granule/c1-2-0/node0/cpu.cfs_period_us"), "20000");
         assert_eq!(read("cpu/granule/c1-2-0/node0/cpu.cfs_quota_us"), "30000");
         assert_eq!(g.paths().memory.as_deref(), Some("/granule/c1-2-0/node0"));
-        assert!(NodeGroup::create(&h, "c1-2-0", "../x", 1.0, 1 << 20).is_err());
-        assert!(NodeGroup::create(&h, "c1-2-0", "n", 0.0, 1 << 20).is_err());
+        assert!(NodeGroup::create(&h, "c1-2-0", "../x", 1.0, 1 << 20, crate::CFS_PERIOD_US).is_err());
+        assert!(NodeGroup::create(&h, "c1-2-0", "n", 0.0, 1 << 20, crate::CFS_PERIOD_US).is_err());
     }
 
     /// The real hierarchy, or why these tests are skipped.

@@ -51,29 +51,11 @@ use std::path::PathBuf;
 pub const GRANULE_DIR: &str = "granule";
 /// The directory (in the cpu hierarchy) that holds one directory per antagonist process.
 pub const ANTAGONIST_DIR: &str = "granule-antagonists";
-/// CFS period written for every node group, microseconds. A fifth of the kernel's
-/// default: a group that used its quota early in a period is frozen until the period
-/// ends, so the period bounds the stall a throttled node's calls see (20 ms, not 100).
+/// The default CFS period of node groups, microseconds (the runtime passes the
+/// configured one, `cluster.cfs_period`). A fifth of the kernel's default: a group that
+/// used its quota early in a period is frozen until the period ends, so the period bounds
+/// the stall a throttled node's calls see (20 ms, not 100).
 pub const CFS_PERIOD_US: u64 = 20_000;
-
-/// The CFS period node groups get: `GRANULE_CFS_PERIOD_US` when set to a number in
-/// 1 000..=1 000 000 (the kernel's bounds), else [`CFS_PERIOD_US`]. Read when a group
-/// is made; the driver creates the node groups, so it is the driver's setting that
-/// counts.
-pub fn cfs_period_us() -> u64 {
-    match std::env::var("GRANULE_CFS_PERIOD_US") {
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(p) if (1_000..=1_000_000).contains(&p) => p,
-            _ => {
-                tracing::warn!(
-                    "GRANULE_CFS_PERIOD_US={v:?} is not a period in 1000..=1000000 µs; using {CFS_PERIOD_US}"
-                );
-                CFS_PERIOD_US
-            }
-        },
-        Err(_) => CFS_PERIOD_US,
-    }
-}
 
 /// The smallest CFS quota the kernel accepts, microseconds.
 pub const MIN_CFS_QUOTA_US: u64 = 1_000;

@@ -1,35 +1,38 @@
-//! Running a process as a node: started by a driver (through the environment, before
-//! `main`) or by hand (`granule node --controller ADDR`).
+//! Running a process as a node: started by a driver (its boot payload arrives in one
+//! environment variable, read before `main`) or by hand (`granule node`).
+//!
+//! A driver's node processes get everything from the boot payload: where the controller
+//! is, their spec, the cgroups made for them, and the driver's whole configuration — they
+//! read no other setting of their own. A node started by hand gets its configuration from
+//! its command's flags, a file and the environment (`Config::load` plus flags).
 
 use crate::context;
 use crate::error::ClusterError;
 use crate::node::{Node, NodeOptions};
+use crate::shipping;
+use granule_config::{CgroupsMode, Config};
 use granule_wire::{CgroupPaths, NodeSpec, Role};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::Read;
+use std::sync::Arc;
 
 /// Environment variable through which a driver starts one of its node processes.
 pub(crate) const BOOT_ENV: &str = "GRANULE_NODE_BOOT";
 
 /// What a driver tells a node process it spawns.
 #[derive(Serialize, Deserialize, Debug, Clone)]
-pub(crate) struct BootConfig {
+pub(crate) struct BootPayload {
     pub controller: String,
     pub spec: NodeSpec,
-    pub listen_host: String,
     pub index: usize,
     /// The cgroups the driver made for this node (its limits), to join before anything
     /// else runs.
-    #[serde(default)]
     pub cgroups: Option<CgroupPaths>,
-    /// Whether the node sheds proclets under pressure.
-    #[serde(default = "yes")]
-    pub shed: bool,
-}
-
-fn yes() -> bool {
-    true
+    /// The driver's executable hash and identity (see `shipping::binary_hash_hint`).
+    pub binary_hint: Option<String>,
+    /// The driver's whole configuration.
+    pub config: Config,
 }
 
 /// How to run a node by hand.
@@ -39,17 +42,15 @@ pub struct NodeArgs {
     pub controller: String,
     /// Cores and memory this node offers.
     pub spec: NodeSpec,
-    /// Address to listen on for other nodes (port chosen freely).
-    pub listen_host: String,
+    /// Every other setting (listen host, transport, migration, pressure, cgroups, log).
+    pub config: Config,
 }
 
-/// Install the `GRANULE_LOG` log filter (default `warn`) once per process.
-pub fn init_logging() {
-    let filter = std::env::var("GRANULE_LOG").unwrap_or_else(|_| "warn".into());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
-        eprintln!("granule: ignoring GRANULE_LOG={filter}: {e}");
-        tracing_subscriber::EnvFilter::new("warn")
-    });
+/// Install the log filter (`cluster.log`) once per process; later calls change nothing.
+pub fn init_logging(filter: &str) {
+    // The configuration checked the filter; a process-wide subscriber may already exist.
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -58,9 +59,13 @@ pub fn init_logging() {
 
 /// Run this process as a node until the cluster tells it to leave (or it loses the
 /// controller). Returns why it left. Errors (unreachable controller, refused
-/// registration such as a binary mismatch) come back before the node serves anything.
+/// registration such as a binary mismatch, bad configuration) come back before the node
+/// serves anything.
 pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
-    init_logging();
+    args.config
+        .validate()
+        .map_err(|e| ClusterError::Config(e.to_string()))?;
+    init_logging(&args.config.cluster.log);
     // Ctrl-C / SIGTERM: leave the cluster cleanly (the controller records a departure,
     // not a failure). Blocked here, before any thread starts, so every thread inherits
     // the mask and only the watcher below receives them; a second signal exits at once.
@@ -71,13 +76,12 @@ pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
         s
     };
     let watched = signals.thread_block().is_ok();
-    let groups = own_cgroups(&args.spec)?;
+    let groups = own_cgroups(&args.spec, &args.config)?;
     let started = Node::start(NodeOptions {
         role: Role::Node,
         spec: args.spec,
         controller: args.controller,
-        listen_host: args.listen_host,
-        shed: true,
+        config: Arc::new(args.config),
     });
     let node = match started {
         Ok(n) => n,
@@ -113,9 +117,7 @@ pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
             .name("granule-signals".into())
             .spawn(move || {
                 if let Ok(sig) = signals.wait() {
-                    inner
-                        .leaving
-                        .store(true, std::sync::atomic::Ordering::Release);
+                    inner.lifecycle.mark_leaving();
                     inner.trigger_shutdown(format!("stopped by {sig}"));
                 }
                 if signals.wait().is_ok() {
@@ -156,17 +158,12 @@ impl OwnGroups {
     }
 }
 
-/// Create and join the node's own cgroups when `GRANULE_CGROUPS` allows (default `auto`)
+/// Create and join the node's own cgroups when `cluster.cgroups` allows (default `auto`)
 /// and cgroup v1 is usable here (root, memory and cpu controllers mounted); otherwise say
 /// why once and run with budget accounting only, as embedded nodes do. Groups left by
 /// processes that are gone are removed first ([`crate::cluster::new_cluster_groups`]).
-fn own_cgroups(spec: &NodeSpec) -> Result<Option<OwnGroups>, ClusterError> {
-    let mode = match std::env::var("GRANULE_CGROUPS") {
-        Ok(v) => crate::config::parse_cgroups_mode(&v)
-            .map_err(|e| ClusterError::Config(format!("GRANULE_CGROUPS: {e}")))?,
-        Err(_) => crate::config::CgroupsMode::Auto,
-    };
-    if mode == crate::config::CgroupsMode::Off {
+fn own_cgroups(spec: &NodeSpec, config: &Config) -> Result<Option<OwnGroups>, ClusterError> {
+    if config.cluster.cgroups == CgroupsMode::Off {
         return Ok(None);
     }
     let unlimited = |why: String| {
@@ -177,7 +174,7 @@ fn own_cgroups(spec: &NodeSpec) -> Result<Option<OwnGroups>, ClusterError> {
         );
         Ok(None)
     };
-    let cluster = match crate::cluster::new_cluster_groups() {
+    let cluster = match crate::cluster::new_cluster_groups(config) {
         Ok(c) => c,
         Err(why) => return unlimited(why),
     };
@@ -204,15 +201,15 @@ fn own_cgroups(spec: &NodeSpec) -> Result<Option<OwnGroups>, ClusterError> {
     }
 }
 
-/// Entry from the pre-`main` hook: parse the boot config, run, exit. Never returns.
-pub(crate) fn run_node_process_from_env(raw: OsString) -> ! {
+/// Entry from the pre-`main` hook: parse the boot payload, run, exit. Never returns.
+fn run_node_process_from_env(raw: OsString) -> ! {
     granule_host::os::ignore_sigpipe();
     // Children of this node (e.g. helper tools) must not boot as nodes too. Still
     // single-threaded here, so changing the environment is safe.
     std::env::remove_var(BOOT_ENV);
     let outcome = std::panic::catch_unwind(|| {
         let raw = raw.to_string_lossy().into_owned();
-        let boot: BootConfig = match serde_json::from_str(&raw) {
+        let boot: BootPayload = match serde_json::from_str(&raw) {
             Ok(b) => b,
             Err(e) => {
                 eprintln!("granule node: bad {BOOT_ENV} ({e}); this variable is set by a Granule driver, not by hand");
@@ -244,18 +241,15 @@ pub(crate) fn run_node_process_from_env(raw: OsString) -> ! {
                 }
             })
             .ok();
-        let args = NodeArgs {
-            controller: boot.controller,
-            spec: boot.spec,
-            listen_host: boot.listen_host,
-        };
-        init_logging();
+        if let Some(hint) = &boot.binary_hint {
+            shipping::accept_binary_hint(hint);
+        }
+        init_logging(&boot.config.cluster.log);
         match Node::start(NodeOptions {
             role: Role::Node,
-            spec: args.spec,
-            controller: args.controller,
-            listen_host: args.listen_host,
-            shed: boot.shed,
+            spec: boot.spec,
+            controller: boot.controller,
+            config: Arc::new(boot.config),
         }) {
             Ok(node) => {
                 context::offer_default_node(&node.inner);

@@ -8,18 +8,19 @@
 //! kills when the cluster is dropped. (PR_SET_PDEATHSIG is not used: it fires when the
 //! *thread* that spawned the child exits, which in a test harness is any test thread.)
 
-use crate::boot::{init_logging, BootConfig, BOOT_ENV};
-use crate::config::ClusterConfig;
+use crate::boot::{init_logging, BootPayload, BOOT_ENV};
 use crate::context;
 use crate::error::{CallError, ClusterError};
 use crate::node::{Node, NodeInner, NodeOptions};
-use crate::shipping::{binary_hash_hint, HASH_HINT_ENV};
+use crate::shipping::binary_hash_hint;
+use granule_config::{CgroupsMode, Config, ConfigError, Origin};
 use granule_controller::{ControllerConfig, ControllerHandle};
 use granule_wire::{MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, Role};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,91 +43,183 @@ pub struct Cluster {
     pgid: Option<Pid>,
     /// The cgroups of the spawned nodes, when they run with real limits.
     cgroups: Option<granule_host::ClusterGroups>,
+    config: Arc<Config>,
 }
 
-/// Builder for [`Cluster`]: starts from [`ClusterConfig::default`] (not the environment).
-#[derive(Clone, Debug, Default)]
+/// A change the program makes to the configuration in code.
+type Edit = Box<dyn Fn(&mut Config) -> Result<(), ConfigError> + Send + Sync>;
+
+/// Builder for [`Cluster`]. Its configuration is, in increasing precedence: the
+/// defaults, the TOML file named by `GRANULE_CONFIG` (or [`ClusterBuilder::config_file`]),
+/// the `GRANULE_*` environment variables, and what the program sets here. Every value is
+/// checked when the cluster starts (or at once, for [`ClusterBuilder::set`] and
+/// [`ClusterBuilder::nodes`]).
+#[derive(Default)]
 pub struct ClusterBuilder {
-    config: ClusterConfig,
+    file: Option<PathBuf>,
+    base: Option<Config>,
+    edits: Vec<Edit>,
+}
+
+impl std::fmt::Debug for ClusterBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterBuilder")
+            .field("file", &self.file)
+            .field("edits", &self.edits.len())
+            .finish()
+    }
+}
+
+fn config_error(e: ConfigError) -> ClusterError {
+    ClusterError::Config(e.to_string())
 }
 
 impl ClusterBuilder {
-    /// Embedded node processes, e.g. `"cpu=1,mem=512MiB;cpu=1,mem=2GiB"`.
-    pub fn nodes(mut self, specs: &str) -> Result<Self, ClusterError> {
-        self.config.nodes = crate::config::parse_specs(specs).map_err(ClusterError::Config)?;
-        Ok(self)
+    fn edit(mut self, f: impl Fn(&mut Config) -> Result<(), ConfigError> + Send + Sync + 'static) -> Self {
+        self.edits.push(Box::new(f));
+        self
     }
+
+    /// Any setting by key (`"migration.throttle"`, `"pressure.shed"`, ...: see
+    /// `docs/guide/configuration.md`), from its text form; checked now.
+    pub fn set(self, key: &str, value: &str) -> Result<Self, ClusterError> {
+        Config::default()
+            .set(key, value)
+            .map_err(config_error)?;
+        let (key, value) = (key.to_string(), value.to_string());
+        Ok(self.edit(move |c| c.set_with_origin(&key, &value, Origin::Code)))
+    }
+
+    /// Change the typed configuration in code, e.g.
+    /// `.with(|c| c.migration.throttle = Some(32_000_000))`.
+    pub fn with(self, f: impl Fn(&mut Config) + Send + Sync + 'static) -> Self {
+        self.edit(move |c| {
+            f(c);
+            Ok(())
+        })
+    }
+
+    /// Read settings from this TOML file instead of the one `GRANULE_CONFIG` names.
+    pub fn config_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.file = Some(path.into());
+        self
+    }
+
+    /// Start from these values instead of the built-in defaults; the file, the
+    /// environment and what is set on the builder still apply on top.
+    pub fn defaults(mut self, config: Config) -> Self {
+        self.base = Some(config);
+        self
+    }
+
+    /// Embedded node processes, e.g. `"cpu=1,mem=512MiB;cpu=1,mem=2GiB"` (`cluster.nodes`).
+    pub fn nodes(self, specs: &str) -> Result<Self, ClusterError> {
+        let specs = granule_config::parse_specs(specs).map_err(ClusterError::Config)?;
+        Ok(self.node_specs(specs))
+    }
+
     /// Embedded node processes from specs.
-    pub fn node_specs(mut self, specs: Vec<NodeSpec>) -> Self {
-        self.config.nodes = specs;
-        self
+    pub fn node_specs(self, specs: Vec<NodeSpec>) -> Self {
+        self.with(move |c| c.cluster.nodes = specs.clone())
     }
-    /// The driver's own spec.
-    pub fn driver(mut self, spec: NodeSpec) -> Self {
-        self.config.driver = spec;
-        self
+
+    /// The driver's own spec (`cluster.driver`).
+    pub fn driver(self, spec: NodeSpec) -> Self {
+        self.with(move |c| c.cluster.driver = spec)
     }
+
     /// Join an existing cluster through its controller instead of starting one.
-    pub fn controller(mut self, addr: impl Into<String>) -> Self {
-        self.config.controller = Some(addr.into());
-        self
+    pub fn controller(self, addr: impl Into<String>) -> Self {
+        let addr = addr.into();
+        self.with(move |c| c.cluster.controller = Some(addr.clone()))
     }
-    pub fn failure_timeout(mut self, t: Duration) -> Self {
-        self.config.failure_timeout = t;
-        if self.config.heartbeat >= t {
-            self.config.heartbeat = t / 4;
-        }
-        self
+
+    /// Silence after which a node is declared dead; the heartbeat drops to a quarter of
+    /// it if it was not shorter.
+    pub fn failure_timeout(self, t: Duration) -> Self {
+        self.with(move |c| {
+            c.cluster.failure_timeout = t;
+            if c.cluster.heartbeat >= t {
+                c.cluster.heartbeat = t / 4;
+            }
+        })
     }
-    pub fn heartbeat(mut self, t: Duration) -> Self {
-        self.config.heartbeat = t;
-        self
+
+    /// How often nodes send heartbeats.
+    pub fn heartbeat(self, t: Duration) -> Self {
+        self.with(move |c| c.cluster.heartbeat = t)
     }
+
     /// Whether spawned nodes get cgroup v1 limits (default: when usable).
-    pub fn cgroups(mut self, mode: crate::config::CgroupsMode) -> Self {
-        self.config.cgroups = mode;
-        self
+    pub fn cgroups(self, mode: CgroupsMode) -> Self {
+        self.with(move |c| c.cluster.cgroups = mode)
     }
 
     /// Whether nodes move proclets away on their own under pressure (default on). Off
     /// suits programs that place every proclet themselves, and tests of explicit moves.
-    pub fn shed(mut self, on: bool) -> Self {
-        self.config.shed = on;
-        self
+    pub fn shed(self, on: bool) -> Self {
+        self.with(move |c| c.pressure.shed = on)
     }
-    pub fn config(&self) -> &ClusterConfig {
-        &self.config
+
+    /// Whether nodes take fault-injection orders (tests only; see [`Cluster::faults`]).
+    pub fn faults(self, on: bool) -> Self {
+        self.with(move |c| c.faults.enabled = on)
     }
+
+    /// The configuration this builder would start with: file, environment, then what was
+    /// set here; validated.
+    pub fn resolve(&self) -> Result<Config, ClusterError> {
+        let base = self.base.clone().unwrap_or_default();
+        let env = |k: &str| std::env::var(k).ok();
+        let mut c = match &self.file {
+            Some(file) => {
+                let mut c = base;
+                c.apply_toml_file(file).map_err(config_error)?;
+                c.apply_env(env).map_err(config_error)?;
+                c
+            }
+            None => Config::load_over(base, env).map_err(config_error)?,
+        };
+        for e in &self.edits {
+            e(&mut c).map_err(config_error)?;
+        }
+        c.validate().map_err(config_error)?;
+        Ok(c)
+    }
+
     pub fn start(self) -> Result<Cluster, ClusterError> {
-        Cluster::with_config(self.config)
+        Cluster::with_config(self.resolve()?)
     }
 }
 
 impl Cluster {
-    /// Start the cluster the environment describes (see [`ClusterConfig::from_env`]):
-    /// by default an embedded controller and `GRANULE_NODES` node processes; with
-    /// `GRANULE_CONTROLLER` set, join that cluster instead.
+    /// Start the cluster the environment describes (defaults, the `GRANULE_CONFIG` file,
+    /// `GRANULE_*` variables): by default an embedded controller and `cluster.nodes` node
+    /// processes; with `cluster.controller` set, join that cluster instead.
     pub fn start() -> Result<Cluster, ClusterError> {
-        Cluster::with_config(ClusterConfig::from_env()?)
+        ClusterBuilder::default().start()
     }
 
-    /// A builder starting from defaults.
+    /// A builder: the environment's configuration, changed in code.
     pub fn builder() -> ClusterBuilder {
         ClusterBuilder::default()
     }
 
-    /// Start with an explicit configuration.
-    pub fn with_config(config: ClusterConfig) -> Result<Cluster, ClusterError> {
-        init_logging();
-        config.validate()?;
-        let (controller, controller_addr) = match &config.controller {
+    /// Start with exactly this configuration (no file, no environment).
+    pub fn with_config(config: Config) -> Result<Cluster, ClusterError> {
+        config.validate().map_err(config_error)?;
+        init_logging(&config.cluster.log);
+        let config = Arc::new(config);
+        let cl = &config.cluster;
+        let (controller, controller_addr) = match &cl.controller {
             Some(addr) => (None, addr.clone()),
             None => {
                 let handle = ControllerHandle::start(
-                    &format!("{}:0", config.listen_host),
+                    &format!("{}:0", cl.listen_host),
                     ControllerConfig {
-                        heartbeat: config.heartbeat,
-                        failure_timeout: config.failure_timeout,
+                        heartbeat: cl.heartbeat,
+                        failure_timeout: cl.failure_timeout,
+                        dashboard: cl.dashboard.clone(),
                         ..ControllerConfig::default()
                     },
                 )?;
@@ -136,10 +229,9 @@ impl Cluster {
         };
         let node = Node::start(NodeOptions {
             role: Role::Driver,
-            spec: config.driver,
+            spec: cl.driver,
             controller: controller_addr.clone(),
-            listen_host: config.listen_host.clone(),
-            shed: config.shed,
+            config: config.clone(),
         })?;
         context::set_thread_node(&cell_of(&node.inner));
         context::offer_default_node(&node.inner);
@@ -150,44 +242,49 @@ impl Cluster {
             spawned: Mutex::new(Vec::new()),
             pgid: None,
             cgroups: None,
+            config,
         };
         if cluster.controller.is_some() {
-            cluster.spawn_nodes(&config)?;
+            cluster.spawn_nodes()?;
         }
         Ok(cluster)
     }
 
-    fn spawn_nodes(&mut self, config: &ClusterConfig) -> Result<(), ClusterError> {
+    /// The configuration this cluster runs with (its nodes got the same).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn spawn_nodes(&mut self) -> Result<(), ClusterError> {
+        let config = self.config.clone();
         let hint = binary_hash_hint();
         let program = std::env::args()
             .next()
             .unwrap_or_else(|| "granule-app".into());
-        self.cgroups = cluster_cgroups(config.cgroups);
-        for (index, spec) in config.nodes.iter().enumerate() {
+        self.cgroups = cluster_cgroups(&config);
+        for (index, spec) in config.cluster.nodes.iter().enumerate() {
             let cgroups = node_cgroups(self.cgroups.as_ref(), index, spec);
-            let boot = BootConfig {
+            let boot = BootPayload {
                 controller: self.controller_addr.clone(),
                 spec: *spec,
-                listen_host: config.listen_host.clone(),
                 index,
                 cgroups,
-                shed: config.shed,
+                binary_hint: hint.clone(),
+                config: (*config).clone(),
             };
             let boot = serde_json::to_string(&boot)
-                .map_err(|e| ClusterError::Spawn(format!("cannot encode the boot config: {e}")))?;
-            let mut cmd = Command::new("/proc/self/exe");
+                .map_err(|e| ClusterError::Spawn(format!("cannot encode the boot payload: {e}")))?;
+            let mut cmd = Command::new(granule_host::proc::SELF_EXE);
             cmd.arg0(format!("{program} [granule node {index}]"))
                 .env(BOOT_ENV, boot)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit());
-            if let Some(h) = &hint {
-                cmd.env(HASH_HINT_ENV, h);
-            }
             cmd.process_group(self.pgid.map(|p| p.as_raw()).unwrap_or(0));
             let child = cmd.spawn().map_err(|e| {
                 ClusterError::Spawn(format!(
-                    "cannot start node process {index} from /proc/self/exe: {e}"
+                    "cannot start node process {index} from {}: {e}",
+                    granule_host::proc::SELF_EXE
                 ))
             })?;
             if self.pgid.is_none() {
@@ -199,7 +296,7 @@ impl Cluster {
                 node: None,
             });
         }
-        self.wait_for_nodes(config.start_timeout)
+        self.wait_for_nodes(config.cluster.start_timeout)
     }
 
     fn wait_for_nodes(&self, timeout: Duration) -> Result<(), ClusterError> {
@@ -246,7 +343,13 @@ impl Cluster {
         }
     }
 
-    fn inner(&self) -> Result<&Arc<NodeInner>, CallError> {
+    /// Fault injection on this cluster's nodes (tests; nodes must run with
+    /// `faults.enabled`, see [`ClusterBuilder::faults`]).
+    pub fn faults(&self) -> crate::faults::Faults<'_> {
+        crate::faults::Faults { cluster: self }
+    }
+
+    pub(crate) fn inner(&self) -> Result<&Arc<NodeInner>, CallError> {
         self.node
             .as_ref()
             .map(|n| &n.inner)
@@ -260,7 +363,7 @@ impl Cluster {
 
     /// The dashboard's URL (`http://IP:PORT/`; it also serves `/api/cluster` and the
     /// controller's `/metrics`), when this cluster's controller is embedded here and
-    /// serves one (see `GRANULE_DASHBOARD`).
+    /// serves one (see `cluster.dashboard`).
     pub fn dashboard_url(&self) -> Option<String> {
         self.controller.as_ref().and_then(|c| c.dashboard_url())
     }
@@ -414,12 +517,12 @@ fn cell_of(node: &Arc<NodeInner>) -> Arc<context::NodeCell> {
     cell
 }
 
-/// The cgroups for a new cluster's node processes, if `mode` allows and cgroup v1 is
-/// usable; groups left by drivers that died are removed first. When unusable, warns once
-/// per process and the nodes run with budget accounting only.
-fn cluster_cgroups(mode: crate::config::CgroupsMode) -> Option<granule_host::ClusterGroups> {
+/// The cgroups for a new cluster's node processes, if `cluster.cgroups` allows and
+/// cgroup v1 is usable; groups left by drivers that died are removed first. When
+/// unusable, warns once per process and the nodes run with budget accounting only.
+fn cluster_cgroups(config: &Config) -> Option<granule_host::ClusterGroups> {
     static WARNED: std::sync::Once = std::sync::Once::new();
-    if mode == crate::config::CgroupsMode::Off {
+    if config.cluster.cgroups == CgroupsMode::Off {
         return None;
     }
     let warn = |why: String| {
@@ -431,7 +534,7 @@ fn cluster_cgroups(mode: crate::config::CgroupsMode) -> Option<granule_host::Clu
             )
         })
     };
-    match new_cluster_groups() {
+    match new_cluster_groups(config) {
         Ok(g) => Some(g),
         Err(why) => {
             warn(why);
@@ -442,13 +545,16 @@ fn cluster_cgroups(mode: crate::config::CgroupsMode) -> Option<granule_host::Clu
 
 /// A new cluster group (`granule/c<pid>-<start>-<n>`), if cgroup v1 is usable here, after
 /// removing the groups of processes that are gone (a driver or a hand-started node killed
-/// with SIGKILL); else why not. Shared by drivers and hand-started nodes.
-pub(crate) fn new_cluster_groups() -> Result<granule_host::ClusterGroups, String> {
+/// with SIGKILL); else why not. Shared by drivers and hand-started nodes; node groups
+/// made from it get the configured CFS period.
+pub(crate) fn new_cluster_groups(config: &Config) -> Result<granule_host::ClusterGroups, String> {
     let h = granule_host::Hierarchy::detect().map_err(|e| e.to_string())?;
     for dir in granule_host::cleanup_stale(&h) {
         tracing::info!("removed the cgroup of a process that is gone: {dir}");
     }
-    granule_host::ClusterGroups::new(&h).map_err(|e| e.to_string())
+    let mut g = granule_host::ClusterGroups::new(&h).map_err(|e| e.to_string())?;
+    g.set_cfs_period(config.cluster.cfs_period);
+    Ok(g)
 }
 
 /// Create the group of spawned node `index`, if the cluster has groups; without one the

@@ -8,7 +8,7 @@
 //!   belong to it; the thread that started a `Cluster` belongs to its driver node; other
 //!   threads fall back to the process's default node (the first cluster started).
 //! - [`block_on`] waits for a future on the calling thread: it polls, spins briefly (a
-//!   reply often arrives within microseconds, and a sleeping thread costs ~50–100 µs to
+//!   reply often arrives within microseconds (`transport.spin`), and a sleeping thread costs ~50–100 µs to
 //!   wake on this class of VM; while spinning, a remote call reads its reply from the
 //!   socket itself), then parks. On a node worker thread it first hands the
 //!   worker's core to another thread (`tokio::task::block_in_place`), so a worker blocked
@@ -174,21 +174,6 @@ pub(crate) fn current_node() -> Option<Arc<NodeInner>> {
     DEFAULT_NODE.read().upgrade().filter(|n| !n.is_stopped())
 }
 
-/// How long [`block_on`] spins before sleeping (`GRANULE_SPIN_US`, default 50 µs). About
-/// the cost of waking a sleeping thread on another vCPU of this class of VM: spinning
-/// longer than a wake-up costs cannot pay off, spinning less wastes most replies that are
-/// about to arrive (the classic spin-then-block bound).
-fn spin_time() -> Duration {
-    static SPIN: OnceLock<Duration> = OnceLock::new();
-    *SPIN.get_or_init(|| {
-        std::env::var("GRANULE_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(Duration::from_micros)
-            .unwrap_or(Duration::from_micros(50))
-    })
-}
-
 thread_local! {
     /// Whether [`block_on`] may spin on this thread (see [`set_spin`]).
     static SPIN_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
@@ -242,7 +227,7 @@ thread_local! {
     };
 }
 
-fn park_on<F: Future>(fut: F, deadline: Option<Instant>) -> Option<F::Output> {
+fn park_on<F: Future>(fut: F, deadline: Option<Instant>, spin: Duration) -> Option<F::Output> {
     let mut fut = std::pin::pin!(fut);
     // While this thread waits, a remote call polled here reads its own reply from the
     // socket: no thread wake-up on the reply's path.
@@ -256,7 +241,7 @@ fn park_on<F: Future>(fut: F, deadline: Option<Instant>) -> Option<F::Output> {
             }
             // Spin briefly, polling the future again and again.
             let spin = if SPIN_HERE.with(|s| s.get()) {
-                spin_time()
+                spin
             } else {
                 Duration::ZERO
             };
@@ -305,12 +290,17 @@ fn park_on<F: Future>(fut: F, deadline: Option<Instant>) -> Option<F::Output> {
 }
 
 /// Block the calling thread until `fut` completes or `deadline` passes (`None` = timed
-/// out). On a node worker thread the worker's core is handed off first.
-pub(crate) fn block_on<F: Future>(fut: F, deadline: Option<Instant>) -> Option<F::Output> {
+/// out), polling for up to `spin` before sleeping (`transport.spin`). On a node worker
+/// thread the worker's core is handed off first.
+pub(crate) fn block_on<F: Future>(
+    fut: F,
+    deadline: Option<Instant>,
+    spin: Duration,
+) -> Option<F::Output> {
     if ON_WORKER.with(|w| w.get()) {
-        tokio::task::block_in_place(|| park_on(fut, deadline))
+        tokio::task::block_in_place(|| park_on(fut, deadline, spin))
     } else {
-        park_on(fut, deadline)
+        park_on(fut, deadline, spin)
     }
 }
 
@@ -327,7 +317,11 @@ pub fn here() -> Option<granule_wire::NodeId> {
 pub fn block_on_public<F: Future>(fut: F) -> F::Output {
     let node = current_node();
     let _enter = node.as_ref().map(|n| n.handle.enter());
-    match block_on(fut, None) {
+    let spin = node.as_ref().map_or_else(
+        || granule_config::Transport::default().spin,
+        |n| n.config.transport.spin,
+    );
+    match block_on(fut, None, spin) {
         Some(v) => v,
         None => unreachable!("block_on without a deadline always completes"),
     }
@@ -337,7 +331,7 @@ pub fn block_on_public<F: Future>(fut: F) -> F::Output {
 /// closure: the proclet's node). Libraries use it to give a proclet split off another the
 /// same kind.
 pub fn hosted_kind(id: granule_wire::ProcletId) -> Option<granule_wire::Kind> {
-    current_node()?.hosted_kind(id)
+    current_node()?.hosting.kind_of(id)
 }
 
 /// Run a CPU-bound section of a closure (a compute proclet working through items) on
@@ -359,7 +353,7 @@ pub fn cpu_bound<R>(f: impl FnOnce() -> R) -> R {
                     }
                 }
             }
-            let restore = Restore(crate::config::worker_slice());
+            let restore = Restore(current_node().and_then(|n| n.config.node.worker_slice));
             if restore.0.is_some() {
                 let _ = granule_host::os::set_thread_slice(None);
             }
@@ -400,10 +394,10 @@ pub fn cluster_nodes_async(
     }
 }
 
-/// Give the calling thread of a node the configured slice (`config::worker_slice`); a
-/// refusal is logged once per process and otherwise harmless.
-pub(crate) fn apply_worker_slice() {
-    let Some(slice) = crate::config::worker_slice() else {
+/// Give the calling thread of a node the configured slice (`node.worker_slice`; `None`:
+/// the kernel's default); a refusal is logged once per process and otherwise harmless.
+pub(crate) fn apply_worker_slice(slice: Option<Duration>) {
+    let Some(slice) = slice else {
         return;
     };
     if let Err(e) = granule_host::os::set_thread_slice(Some(slice)) {
@@ -449,10 +443,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
             let _ = tx.send(7);
         });
-        assert_eq!(block_on(rx, None).unwrap().unwrap(), 7);
+        let spin = Duration::from_micros(50);
+        assert_eq!(block_on(rx, None, spin).unwrap().unwrap(), 7);
         let (_tx, rx) = tokio::sync::oneshot::channel::<u32>();
         let t = Instant::now();
-        assert!(block_on(rx, Some(Instant::now() + Duration::from_millis(30))).is_none());
+        assert!(block_on(rx, Some(Instant::now() + Duration::from_millis(30)), spin).is_none());
         assert!(t.elapsed() >= Duration::from_millis(30));
     }
 }

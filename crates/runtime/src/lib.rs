@@ -1,12 +1,33 @@
 //! Granule's node runtime.
 //!
 //! This crate owns everything that happens inside a Granule process that hosts proclets:
-//! the proclet API ([`Proclet`]), shipping closures between identical binaries
-//! (`shipping`, the crate's only `unsafe` code), the per-proclet lock and its
-//! synchronization rule (`slot`), serving and making calls (`node`), and the embedded
-//! local cluster that a driver starts from its own executable ([`Cluster`]). It does not
-//! decide placement or hold the location map (the controller does) and it does not
-//! define the wire format or sockets (`granule-wire`, `granule-transport`).
+//! the proclet API ([`Proclet`]), shipping closures between identical binaries, the
+//! per-proclet lock and its synchronization rule, serving and making calls, moving
+//! proclets, and the embedded local cluster that a driver starts from its own executable
+//! ([`Cluster`]). It does not decide placement or hold the location map (the controller
+//! does), define the wire format or sockets (`granule-wire`, `granule-transport`), read
+//! `/proc` or `/sys` (`granule-host`), or define settings (`granule-config`).
+//!
+//! # Layout
+//!
+//! | module | its job |
+//! |---|---|
+//! | `proclet` | the proclet API: handles, creation, calls (local fast path or remote), destroy |
+//! | `range` | [`RangeJob`]: index ranges computed on compute proclets that yield when moved |
+//! | `cluster` | the driver's side: the embedded cluster (controller, node processes, their cgroups), [`ClusterBuilder`] |
+//! | `boot` | running a process as a node: the boot payload from a driver, the pre-`main` hook, [`run_node`] |
+//! | `node` | the per-process runtime, in owned parts: peers, locations, hosting, calls, serving, migration, state streams, the monitor and the pressure policy, fault orders (see its module doc) |
+//! | `slot` | a hosted proclet and its lock (the synchronization rule below) |
+//! | `shipping` | code shipping under the identical-binary rule: descriptors, the checks before a jump — with `granule-host`'s `os`, the only `unsafe` code |
+//! | `codec` | encoding states in chunks, for streams |
+//! | `context` | per-thread context: the call chain, the node a thread acts through, `block_on` that never holds a core |
+//! | `accounting` | which proclet each thread runs (CPU accounting) and yield requests |
+//! | `footprint` | [`Footprint`]: a state's memory, exactly or estimated |
+//! | `busy` | which workers are inside closures; the watchdog that keeps I/O moving |
+//! | `usage` | the process's CPU time as cores busy (for heartbeats) |
+//! | `telemetry` | cluster events and the node's `/metrics` |
+//! | `faults` | fault injection from the driver ([`Cluster::faults`]), for tests |
+//! | `error` | [`CallError`], [`ClusterError`] |
 //!
 //! Synchronization rule: `run` calls (`&mut S`) are serialized per proclet; `run_ref`
 //! calls (`&S`) run concurrently with each other; waiting calls are served in arrival
@@ -20,9 +41,9 @@ mod boot;
 mod busy;
 mod cluster;
 mod codec;
-pub mod config;
 mod context;
 mod error;
+pub mod faults;
 pub mod footprint;
 mod node;
 mod proclet;
@@ -32,10 +53,14 @@ mod slot;
 pub mod telemetry;
 mod usage;
 
+/// The one typed configuration (`granule-config`): every setting, its parsing and its
+/// precedence.
+pub use granule_config as config;
+
 pub use accounting::should_yield;
 pub use boot::{init_logging, run_node, NodeArgs};
 pub use cluster::{run, Cluster, ClusterBuilder};
-pub use config::ClusterConfig;
+pub use config::Config;
 pub use context::{
     block_on_public as block_on, cluster_nodes, cluster_nodes_async, cpu_bound, here, hosted_kind,
     set_spin, spawn, thread_context, ThreadContext,
@@ -46,14 +71,6 @@ pub use granule_wire::{
     Kind, MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, ProcletUsage, Resource,
     Usage,
 };
-
-/// The pressure policy: the trait a node's policy implements, the default argmax policy,
-/// and the monitor's tunables.
-pub mod pressure {
-    pub use crate::node::monitor::{
-        ArgmaxPolicy, Candidate, Decision, NodeView, PressureConfig, PressurePolicy,
-    };
-}
 pub use proclet::{Proclet, ProcletBuilder, ProcletState, Wire};
 pub use range::{RangeJob, RangePiece};
 pub use shipping::binary_hash;

@@ -113,13 +113,13 @@ impl<S> Serialize for Proclet<S> {
         let node = self.node.clone().or_else(context::current_node);
         let hint = node
             .as_ref()
-            .and_then(|n| match n.local_slot(self.id) {
+            .and_then(|n| match n.hosting.get(self.id) {
                 Some(slot) => Some(Location {
                     node: n.id,
                     addr: n.addr.clone(),
                     epoch: slot.epoch,
                 }),
-                None => n.cached_location(self.id),
+                None => n.locations.cached(self.id),
             })
             .or_else(|| self.hint.clone());
         HandleRepr { id: self.id, hint }.serialize(ser)
@@ -132,7 +132,7 @@ impl<'de, S> Deserialize<'de> for Proclet<S> {
         let node = context::current_node();
         if let (Some(n), Some(h)) = (&node, &r.hint) {
             if h.node != n.id {
-                n.learn_location(r.id, h);
+                n.locations.learn(r.id, h);
             }
         }
         Ok(Proclet {
@@ -460,7 +460,7 @@ fn run_local<A: Wire, R>(
         arg.into_value().and_then(|a| local(&g, a))
     };
     drop(g);
-    node.calls_served.fetch_add(1, Ordering::Relaxed);
+    node.hosting.calls_served.fetch_add(1, Ordering::Relaxed);
     r
 }
 
@@ -468,8 +468,9 @@ fn lock_error(id: ProcletId, e: LockError) -> Option<CallError> {
     match e {
         LockError::Reentrant => Some(CallError::Reentrant(id)),
         LockError::Destroyed => Some(CallError::ProcletGone(id)),
-        // Moved away: the caller falls through to the remote path.
-        LockError::Moved(_) => None,
+        // Moved away, or an uncommitted arrival withdrawn: the caller falls through to
+        // the remote path.
+        LockError::Moved(_) | LockError::Withdrawn => None,
     }
 }
 
@@ -519,7 +520,7 @@ impl<S: ProcletState> Proclet<S> {
     /// a cached location could be stale).
     pub fn location(&self) -> Result<NodeId, CallError> {
         let node = node_or_current(&self.node)?;
-        if node.local_slot(self.id).is_some() {
+        if node.hosting.contains(self.id) {
             return Ok(node.id);
         }
         let n = node.clone();
@@ -529,7 +530,7 @@ impl<S: ProcletState> Proclet<S> {
             .ok_or_else(|| CallError::Internal("interrupted".into()))??;
         match loc {
             Some((l, true)) => {
-                node.learn_location(self.id, &l);
+                node.locations.learn(self.id, &l);
                 Ok(l.node)
             }
             Some((l, false)) => Err(CallError::NodeUnreachable {
@@ -691,7 +692,7 @@ impl<S: ProcletState> Proclet<S> {
     pub fn set_kind(&self, kind: Kind) -> Result<(), CallError> {
         let id = self.id;
         let found = self.run_ref((id, kind), |_: &S, (id, kind): (ProcletId, Kind)| {
-            context::current_node().is_some_and(|n| n.retag(id, kind))
+            context::current_node().is_some_and(|n| n.hosting.retag(id, kind))
         })?;
         if found {
             Ok(())
@@ -738,7 +739,7 @@ impl<S: ProcletState> Proclet<S> {
         let timeout_err = || CallError::Timeout(self.timeout.unwrap_or_default());
         let mut arg = ArgState::Value(arg);
         loop {
-            if let Some(slot) = node.local_slot(self.id) {
+            if let Some(slot) = node.hosting.get(self.id) {
                 let guard = match slot.lock(chain, mode) {
                     Ok(TryLock::Granted(g)) => Some(g),
                     Ok(TryLock::Wait(w)) => match node.block(w, deadline) {
@@ -758,7 +759,7 @@ impl<S: ProcletState> Proclet<S> {
                     let _scope = context::ChainScope::enter(chain);
                     let r = local(&g, arg.into_value()?);
                     drop(g);
-                    node.calls_served.fetch_add(1, Ordering::Relaxed);
+                    node.hosting.calls_served.fetch_add(1, Ordering::Relaxed);
                     return r;
                 }
             }
@@ -802,7 +803,7 @@ impl<S: ProcletState> Proclet<S> {
             let node = node?;
             let mut arg = ArgState::Value(arg);
             loop {
-                if let Some(slot) = node.local_slot(id) {
+                if let Some(slot) = node.hosting.get(id) {
                     match slot.lock(chain, mode) {
                         Ok(TryLock::Granted(g)) => {
                             return run_local(&node, chain, g, arg, &*local);

@@ -632,11 +632,6 @@ pub(crate) fn resolve(code: CodeRef, expect: Expect) -> Result<&'static Descript
 
 // ---- the identical-binary hash ----------------------------------------------------------
 
-/// Environment variable through which a driver passes its executable's hash and identity
-/// (`<hex hash>:<dev>:<inode>:<size>:<mtime>`) to the node processes it spawns, so they
-/// can skip re-hashing a file they can prove is the same one.
-pub(crate) const HASH_HINT_ENV: &str = "GRANULE_BINARY_HINT";
-
 fn exe_identity() -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata("/proc/self/exe").ok()?;
@@ -653,25 +648,12 @@ fn hex(h: &[u8]) -> String {
     h.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// blake3 hash of this process's executable (computed once).
+static HASH: OnceLock<[u8; 32]> = OnceLock::new();
+
+/// blake3 hash of this process's executable (computed once, unless a hint from the
+/// driver already proved it: see [`accept_binary_hint`]).
 pub fn binary_hash() -> [u8; 32] {
-    static HASH: OnceLock<[u8; 32]> = OnceLock::new();
     *HASH.get_or_init(|| {
-        if let (Ok(hint), Some(me)) = (std::env::var(HASH_HINT_ENV), exe_identity()) {
-            if let Some((h, ident)) = hint.split_once(':') {
-                if ident == me && h.len() == 64 {
-                    let mut out = [0u8; 32];
-                    let ok = (0..32).all(|i| {
-                        u8::from_str_radix(&h[2 * i..2 * i + 2], 16)
-                            .map(|b| out[i] = b)
-                            .is_ok()
-                    });
-                    if ok {
-                        return out;
-                    }
-                }
-            }
-        }
         let mut hasher = blake3::Hasher::new();
         match std::fs::File::open("/proc/self/exe") {
             Ok(f) => {
@@ -687,9 +669,31 @@ pub fn binary_hash() -> [u8; 32] {
     })
 }
 
-/// The value of [`HASH_HINT_ENV`] for children of this process.
+/// What a driver tells the node processes it spawns about its executable
+/// (`<hex hash>:<dev>:<inode>:<size>:<mtime>`), so they can skip re-hashing a file they
+/// can prove is the same one.
 pub(crate) fn binary_hash_hint() -> Option<String> {
     Some(format!("{}:{}", hex(&binary_hash()), exe_identity()?))
+}
+
+/// Take the driver's hint (see [`binary_hash_hint`]) as this process's hash when it
+/// names this very file (same device, inode, size and modification time); else the hash
+/// is computed when first needed. Returns whether the hint was taken.
+pub(crate) fn accept_binary_hint(hint: &str) -> bool {
+    let (Some((h, ident)), Some(me)) = (hint.split_once(':'), exe_identity()) else {
+        return false;
+    };
+    if ident != me || h.len() != 64 {
+        return false;
+    }
+    let mut out = [0u8; 32];
+    let ok = (0..32).all(|i| {
+        h.get(2 * i..2 * i + 2)
+            .and_then(|b| u8::from_str_radix(b, 16).ok())
+            .map(|b| out[i] = b)
+            .is_some()
+    });
+    ok && HASH.set(out).is_ok()
 }
 
 #[cfg(test)]

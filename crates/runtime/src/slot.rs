@@ -35,6 +35,8 @@ pub(crate) enum SlotStatus {
     Active,
     Moved(Location),
     Destroyed,
+    /// An arrived copy whose move was not committed: the proclet lives elsewhere.
+    Withdrawn,
 }
 
 /// Why a lock request failed.
@@ -43,6 +45,8 @@ pub(crate) enum LockError {
     Reentrant,
     Moved(Location),
     Destroyed,
+    /// Not here (an uncommitted arrival was withdrawn); ask where it lives.
+    Withdrawn,
 }
 
 const WAITING: u8 = 0;
@@ -85,6 +89,7 @@ impl LockState {
             SlotStatus::Active => None,
             SlotStatus::Moved(l) => Some(LockError::Moved(l.clone())),
             SlotStatus::Destroyed => Some(LockError::Destroyed),
+            SlotStatus::Withdrawn => Some(LockError::Withdrawn),
         }
     }
 
@@ -451,11 +456,6 @@ impl Guard {
         self.slot.lock.lock().status = status;
     }
 
-    /// Whether this guard holds the lock exclusively.
-    pub fn is_exclusive(&self) -> bool {
-        self.mode == CallMode::Exclusive
-    }
-
     /// Replace the state with a placeholder and return the old one (for destroy and
     /// moves). Exclusive guards only.
     pub fn take_state(&self) -> Box<ErasedState> {
@@ -618,7 +618,9 @@ mod tests {
                     let chain = t * 1_000_000 + i + 1;
                     let g = match s.lock(chain, CallMode::Exclusive).unwrap() {
                         TryLock::Granted(g) => g,
-                        TryLock::Wait(w) => crate::context::block_on(w, None).unwrap().unwrap(),
+                        TryLock::Wait(w) => crate::context::block_on(w, None, std::time::Duration::ZERO)
+                            .unwrap()
+                            .unwrap(),
                     };
                     assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
                     g.with_mut(|st| *st.downcast_mut::<u64>().unwrap() += 1);

@@ -11,11 +11,21 @@
 //! told apart by the `node` label.
 
 use crate::node::NodeInner;
-use granule_wire::{ClusterEvent, EventKind, GroupUsage, Kind};
+use granule_wire::{ClusterEvent, EventKind, Kind};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{OnceLock, Weak};
+
+/// What a node keeps for `/metrics` beyond what its parts count anyway.
+#[derive(Default)]
+pub(crate) struct NodeMetrics {
+    /// Cores busy at the last heartbeat (`f64` bits).
+    pub cores_busy: AtomicU64,
+    /// The histogram of remote calls' service time (made on first use: registering it
+    /// per call would allocate its labels every time).
+    call_latency: OnceLock<metrics::Histogram>,
+}
 
 /// Events waiting for the next heartbeat; beyond this the oldest are dropped (and
 /// counted): a controller that is away must not make a node hoard memory.
@@ -106,7 +116,8 @@ pub(crate) fn record_move(node: &NodeInner, e: ClusterEvent) {
 /// A remote call was served in `took` (from its arrival to its answer being sent,
 /// waiting for the proclet included). Local calls are not timed: they must stay cheap.
 pub(crate) fn call_served(node: &NodeInner, took: std::time::Duration) {
-    node.call_latency
+    node.metrics
+        .call_latency
         .get_or_init(|| {
             granule_telemetry::install();
             metrics::histogram!("granule_call_duration_seconds", "node" => node.id.to_string())
@@ -127,45 +138,28 @@ fn scrape(node: &NodeInner) -> String {
     let n = node.id.to_string();
     let r = node.monitor.reading();
     metrics::gauge!("granule_node_cores_busy", "node" => n.clone())
-        .set(f64::from_bits(node.cores_busy.load(Ordering::Relaxed)));
+        .set(f64::from_bits(node.metrics.cores_busy.load(Ordering::Relaxed)));
     metrics::gauge!("granule_node_memory_used_bytes", "node" => n.clone()).set(r.rss as f64);
     metrics::gauge!("granule_node_memory_budget_bytes", "node" => n.clone())
         .set(node.monitor.budget() as f64);
     metrics::gauge!("granule_node_cgroup_memory_limit_bytes", "node" => n.clone())
         .set(r.cgroup_limit as f64);
     metrics::gauge!("granule_node_proclet_bytes", "node" => n.clone()).set(r.proclet_bytes as f64);
+    let counts = node.hosting.counts();
     for (k, name) in [
         (Kind::Compute, "compute"),
         (Kind::Memory, "memory"),
         (Kind::Hybrid, "hybrid"),
     ] {
         metrics::gauge!("granule_node_proclets", "node" => n.clone(), "kind" => name)
-            .set(node.hosted[k.index()].load(Ordering::Relaxed) as f64);
+            .set(counts[k.index()] as f64);
     }
     metrics::counter!("granule_calls_served_total", "node" => n.clone())
-        .absolute(node.calls_served.load(Ordering::Relaxed));
+        .absolute(node.hosting.calls_served.load(Ordering::Relaxed));
     metrics::counter!("granule_bytes_received_by_migration_total", "node" => n.clone())
-        .absolute(node.received_bytes.load(Ordering::Relaxed));
+        .absolute(node.migration.received_bytes.load(Ordering::Relaxed));
     metrics::counter!("granule_events_dropped_total").absolute(DROPPED.load(Ordering::Relaxed));
     granule_telemetry::render()
-}
-
-/// The node's proclets summed by the structure or service they belong to (every
-/// grouped proclet, with its last measured footprint), for the heartbeat.
-pub(crate) fn groups(node: &NodeInner) -> Vec<GroupUsage> {
-    let mut by: std::collections::BTreeMap<Arc<str>, GroupUsage> = Default::default();
-    for s in node.table.iter() {
-        if let Some(g) = &s.group {
-            let e = by.entry(g.clone()).or_insert_with(|| GroupUsage {
-                group: g.to_string(),
-                proclets: 0,
-                bytes: 0,
-            });
-            e.proclets += 1;
-            e.bytes += s.stats.footprint.load(Ordering::Relaxed);
-        }
-    }
-    by.into_values().collect()
 }
 
 /// Bind the node's metrics address now (so an error shows at start-up).

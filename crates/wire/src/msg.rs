@@ -95,6 +95,24 @@ pub enum Msg {
     TransferAbort {
         proclet: ProcletId,
     },
+    /// Source → destination (one-way): the destination's confirmation of the whole
+    /// state arrived and the move is final; the destination serves the proclet from now
+    /// on (until then it holds calls on it).
+    TransferCommit {
+        proclet: ProcletId,
+        epoch: Epoch,
+    },
+    /// Destination → source: a move whose commit never arrived — did it commit? Answered
+    /// with `Resolved`.
+    Resolve {
+        proclet: ProcletId,
+        epoch: Epoch,
+    },
+    /// The source's answer to `Resolve`: `Some(true)` committed, `Some(false)` abandoned,
+    /// `None` not decided yet or not known here.
+    Resolved {
+        committed: Option<bool>,
+    },
     /// Generic success without a value.
     Done,
     /// Successful call. *tail*: the encoded return value.
@@ -199,6 +217,18 @@ pub enum Msg {
     Leave {
         reason: String,
     },
+    /// Driver → node: fault-injection orders, for tests (refused unless the node's
+    /// configuration has `faults.enabled`). Answered with `Done`, whose tail holds the
+    /// node's fault report (transport filter and failpoint traces) when `report` is set.
+    Faults {
+        /// Replace every armed failpoint with these `name=spec;...` pairs (`""`: disarm
+        /// all); `None` leaves them.
+        failpoints: Option<String>,
+        /// Replace the transport filter's rules with these (JSON of the transport's
+        /// `FaultRules`; `""`: clear them); `None` leaves them.
+        filter: Option<String>,
+        report: bool,
+    },
 }
 
 impl Msg {
@@ -240,6 +270,10 @@ impl Msg {
             Msg::NodeDown { .. } => "NodeDown",
             Msg::Shutdown { .. } => "Shutdown",
             Msg::Leave { .. } => "Leave",
+            Msg::Faults { .. } => "Faults",
+            Msg::TransferCommit { .. } => "TransferCommit",
+            Msg::Resolve { .. } => "Resolve",
+            Msg::Resolved { .. } => "Resolved",
         }
     }
 }

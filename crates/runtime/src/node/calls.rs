@@ -1,16 +1,28 @@
-//! The calling side of a node: finding proclets, sending calls, creating and destroying.
+//! The calling side of a node, top to bottom: a remote call (find the proclet, connect
+//! to its node, send, follow "not here" answers), creating a proclet (an id and a place,
+//! then the constructor here or there), destroying one, and the location lookups they
+//! share, at the end of the file.
 
-use super::{chase_exhausted, NewProclet, NodeInner, Remote};
+use super::hosting::NewSlot;
+use super::peers::unreachable;
+use super::{NewProclet, NodeInner, Remote};
 use crate::context;
 use crate::error::CallError;
 use crate::shipping::{self, Descriptor, ErasedState};
 use granule_wire::{
     CallMode, ChainId, CodeRef, Frame, Kind, Location, Msg, NodeId, ProcletId, RemoteError,
 };
+use std::time::{Duration, Instant};
+
+/// How many times a call follows "not here" answers before it may give up...
+const MAX_HOPS: u32 = 32;
+/// ...and for how long at least: a controller slow to learn of a move or a destroy on a
+/// loaded machine must not fail calls that a moment's patience would have served.
+const HOP_PATIENCE: Duration = Duration::from_secs(2);
 
 impl NodeInner {
-    /// Send a call to wherever the proclet lives; follows "not here" answers.
-    #[allow(clippy::too_many_arguments)]
+    /// Send a call to wherever the proclet lives and return its encoded result, or
+    /// [`Remote::Local`] when the proclet turns out to live here.
     pub(crate) async fn call_remote(
         &self,
         id: ProcletId,
@@ -20,22 +32,20 @@ impl NodeInner {
         chain: ChainId,
         arg: &[u8],
     ) -> Result<Remote, CallError> {
-        let started = std::time::Instant::now();
-        let mut loc = self.resolve(id, hint).await?;
-        let mut hops = 0;
+        let mut chase = Chase::new();
+        let mut loc = self.locate(id, hint).await?;
         loop {
             if loc.node == self.id {
-                if self.table.contains_key(&id) {
+                if self.hosting.contains(id) {
                     return Ok(Remote::Local);
                 }
-                hops += 1;
-                if chase_exhausted(hops, started) {
+                if chase.exhausted() {
                     return Err(CallError::Internal(format!("cannot find proclet {id}")));
                 }
-                loc = self.relocate(id, &loc, None, hops).await?;
+                loc = self.relocate(id, &loc, None, chase.hops).await?;
                 continue;
             }
-            let conn = self.conn_to(loc.node, &loc.addr).await?;
+            let conn = self.peers.connect(loc.node, &loc.addr).await?;
             let msg = Msg::Call {
                 proclet: id,
                 code,
@@ -52,14 +62,14 @@ impl NodeInner {
                     msg: Msg::Error(RemoteError::NotHere { hint }),
                     ..
                 }) => {
-                    hops += 1;
-                    if chase_exhausted(hops, started) {
+                    if chase.exhausted() {
                         return Err(CallError::Internal(format!(
-                            "proclet {id} kept moving; gave up after {hops} hops in {:?}",
-                            started.elapsed()
+                            "proclet {id} kept moving; gave up after {} hops in {:?}",
+                            chase.hops,
+                            chase.started.elapsed()
                         )));
                     }
-                    loc = self.relocate(id, &loc, hint, hops).await?;
+                    loc = self.relocate(id, &loc, hint, chase.hops).await?;
                 }
                 Ok(Frame {
                     msg: Msg::Error(e), ..
@@ -70,7 +80,7 @@ impl NodeInner {
                         f.msg.name()
                     )))
                 }
-                Err(e) => return Err(self.transport_error(loc.node, e)),
+                Err(e) => return Err(self.peers.transport_error(loc.node, e)),
             }
         }
     }
@@ -112,7 +122,7 @@ impl NodeInner {
         state: &'static Descriptor,
         s: Box<ErasedState>,
     ) -> Result<(), CallError> {
-        let h = super::serve::Hosting {
+        let slot = NewSlot {
             id: new.id,
             kind: new.kind,
             state,
@@ -120,16 +130,9 @@ impl NodeInner {
             pinned: new.pinned,
             group: new.group.clone(),
         };
-        self.install_new(h, s, !new.placed)
+        self.install_new(slot, s, !new.placed)
             .await
             .map_err(CallError::from)
-    }
-
-    /// Give up a creation that failed after `prepare_create`.
-    pub(crate) async fn abort_create(&self, new: &NewProclet) {
-        if new.placed {
-            let _ = self.controller.forget(new.id).await;
-        }
     }
 
     /// Finish a creation on another node: ship the constructor and its encoded argument.
@@ -141,7 +144,7 @@ impl NodeInner {
         arg: &[u8],
     ) -> Result<(), CallError> {
         let (id, loc) = (new.id, &new.loc);
-        let conn = self.conn_to(loc.node, &loc.addr).await?;
+        let conn = self.peers.connect(loc.node, &loc.addr).await?;
         let msg = Msg::Create {
             proclet: id,
             kind: new.kind,
@@ -155,7 +158,7 @@ impl NodeInner {
         };
         match conn.request(&msg, arg).await {
             Ok(Frame { msg: Msg::Done, .. }) => {
-                self.learn_location(id, loc);
+                self.locations.learn(id, loc);
                 Ok(())
             }
             Ok(Frame {
@@ -165,7 +168,14 @@ impl NodeInner {
                 "unexpected answer {} to a create",
                 f.msg.name()
             ))),
-            Err(e) => Err(self.transport_error(loc.node, e)),
+            Err(e) => Err(self.peers.transport_error(loc.node, e)),
+        }
+    }
+
+    /// Give up a creation that failed after `prepare_create`.
+    pub(crate) async fn abort_create(&self, new: &NewProclet) {
+        if new.placed {
+            let _ = self.controller.forget(new.id).await;
         }
     }
 
@@ -176,43 +186,40 @@ impl NodeInner {
         hint: Option<&Location>,
         chain: ChainId,
     ) -> Result<(), CallError> {
-        let started = std::time::Instant::now();
-        let mut hops = 0;
-        let mut loc: Option<Location> = None;
+        let mut chase = Chase::new();
+        let mut next: Option<Location> = None;
         loop {
-            if let Some(slot) = self.local_slot(id) {
+            if let Some(slot) = self.hosting.get(id) {
                 return self.destroy_local(&slot, chain).await.map_err(|e| match e {
                     RemoteError::NotHere { .. } => CallError::ProcletGone(id),
                     other => CallError::from_remote(other, id),
                 });
             }
-            let l = match loc.take() {
+            let loc = match next.take() {
                 Some(l) => l,
-                None => self.resolve(id, hint).await?,
+                None => self.locate(id, hint).await?,
             };
-            if l.node == self.id {
-                hops += 1;
-                if chase_exhausted(hops, started) {
+            if loc.node == self.id {
+                if chase.exhausted() {
                     return Err(CallError::ProcletGone(id));
                 }
-                loc = Some(self.relocate(id, &l, None, hops).await?);
+                next = Some(self.relocate(id, &loc, None, chase.hops).await?);
                 continue;
             }
-            let conn = self.conn_to(l.node, &l.addr).await?;
+            let conn = self.peers.connect(loc.node, &loc.addr).await?;
             match conn.request(&Msg::Destroy { proclet: id }, &[]).await {
                 Ok(Frame { msg: Msg::Done, .. }) => {
-                    self.locations.remove(&id);
+                    self.locations.forget(id);
                     return Ok(());
                 }
                 Ok(Frame {
                     msg: Msg::Error(RemoteError::NotHere { hint }),
                     ..
                 }) => {
-                    hops += 1;
-                    if chase_exhausted(hops, started) {
-                        return Err(CallError::ProcletGone(id));
-                    }
-                    loc = Some(self.relocate(id, &l, hint, hops).await?);
+                    if chase.exhausted() {
+                    return Err(CallError::ProcletGone(id));
+                }
+                    next = Some(self.relocate(id, &loc, hint, chase.hops).await?);
                 }
                 Ok(Frame {
                     msg: Msg::Error(e), ..
@@ -223,8 +230,103 @@ impl NodeInner {
                         f.msg.name()
                     )))
                 }
-                Err(e) => return Err(self.transport_error(l.node, e)),
+                Err(e) => return Err(self.peers.transport_error(loc.node, e)),
             }
         }
+    }
+
+    // ---- finding proclets and nodes ---------------------------------------------------
+
+    /// Where to send a call first: the cached location, else the handle's hint, else the
+    /// controller's answer.
+    async fn locate(&self, id: ProcletId, hint: Option<&Location>) -> Result<Location, CallError> {
+        if let Some(l) = self.locations.cached(id) {
+            return Ok(l);
+        }
+        if let Some(h) = hint {
+            return Ok(h.clone());
+        }
+        self.locate_at_controller(id).await
+    }
+
+    /// The controller's record of where a proclet lives (cached from then on).
+    pub(crate) async fn locate_at_controller(&self, id: ProcletId) -> Result<Location, CallError> {
+        match self.controller.locate(id).await? {
+            Some((loc, true)) => {
+                self.locations.learn(id, &loc);
+                Ok(loc)
+            }
+            Some((loc, false)) => Err(unreachable(
+                loc.node,
+                "the controller declared it dead; its proclets are lost",
+            )),
+            None => Err(CallError::ProcletGone(id)),
+        }
+    }
+
+    /// After a "not here" from `stale`: the next place to try.
+    async fn relocate(
+        &self,
+        id: ProcletId,
+        stale: &Location,
+        hint: Option<Location>,
+        hops: u32,
+    ) -> Result<Location, CallError> {
+        self.locations.forget(id);
+        if let Some(h) = hint {
+            // Only a newer epoch is news. A forwarding entry no newer than what the caller
+            // already knew is left from an earlier stay: two such entries pointing at each
+            // other would bounce the call between their nodes until it gave up.
+            if h.epoch > stale.epoch {
+                self.locations.learn(id, &h);
+                return Ok(h);
+            }
+        }
+        let loc = self.locate_at_controller(id).await?;
+        if loc.node == stale.node && loc.epoch <= stale.epoch {
+            // The controller has not caught up with a move yet: back off a little.
+            tokio::time::sleep(Duration::from_micros((200 * hops as u64).min(5_000))).await;
+        }
+        Ok(loc)
+    }
+
+    /// The address of a node (from the membership, refreshed from the controller when
+    /// the node is not in it).
+    pub(crate) async fn addr_of(&self, node: NodeId) -> Result<String, CallError> {
+        if node == self.id {
+            return Ok(self.addr.clone());
+        }
+        if let Some(a) = self.peers.addr_of(node) {
+            return Ok(a);
+        }
+        let list = self.controller.list_nodes().await?;
+        for down in self.peers.update_members(list, 0) {
+            self.peers.on_node_down(self.id, down);
+        }
+        self.peers
+            .addr_of(node)
+            .ok_or_else(|| CallError::Refused(format!("there is no node {node} in this cluster")))
+    }
+}
+
+/// How far a call has chased a moving proclet.
+struct Chase {
+    hops: u32,
+    started: Instant,
+}
+
+impl Chase {
+    fn new() -> Chase {
+        Chase {
+            hops: 0,
+            started: Instant::now(),
+        }
+    }
+
+    /// Count one more hop; whether the chase should give up now (more than [`MAX_HOPS`]
+    /// hops and longer than [`HOP_PATIENCE`]).
+    fn exhausted(&mut self) -> bool {
+        self.hops += 1;
+        self.hops > MAX_HOPS && self.started.elapsed() > HOP_PATIENCE
     }
 }

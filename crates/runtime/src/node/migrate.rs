@@ -1,5 +1,5 @@
 //! The migration engine: moving a hosted proclet to another node while callers keep
-//! calling.
+//! calling, over a state stream (`stream.rs`).
 //!
 //! A move of proclet P from source S to destination D:
 //! 1. S marks P moving and asks code running on P to yield at its next item boundary
@@ -8,152 +8,78 @@
 //!    in place). Calls in flight that change the state finish first; from now on calls
 //!    that would change it queue on the lock: they are *held*. With a shared lock,
 //!    read-only calls keep being served at S meanwhile — nothing can change the state.
-//! 2. S streams P's encoded state to D in `Transfer` chunks over their connection, a
-//!    bounded window of chunks in flight. A plain byte-vector state is sent as is, sliced
-//!    without copying; any other state is encoded chunk by chunk while earlier chunks are
-//!    on the wire, so S never holds a second full copy. D appends the chunks and, at the
-//!    last one, decodes the state and installs P with the next epoch.
-//! 3. S records P's new location (and epoch) at the controller, remembers it as a
-//!    forwarding hint, marks P moved and releases the lock: every held call fails over to
-//!    D with a "not here, now at D" answer and is retried there by its caller's runtime.
-//!    Held calls never ran at S, so none runs twice and none is lost; callers see no error.
-//! 4. If anything fails before D confirmed the install (D unreachable or dying mid-way,
-//!    encoding error), S sends `TransferAbort` (D drops what arrived), puts the state
-//!    back and releases the lock: P stays usable at S and held calls run there.
+//! 2. S streams P's state to D in `Transfer` chunks over their connection. D appends the
+//!    chunks and, at the last one, decodes the state and installs P with the next epoch —
+//!    *provisionally*: its lock is held, so calls reaching D wait — and confirms.
+//! 3. On D's confirmation the move is decided: S tells D it is final (`TransferCommit`,
+//!    one-way: no extra round trip), remembers the new location as a forwarding hint,
+//!    marks P moved and releases the lock: every held call fails over to D with a "not
+//!    here, now at D" answer and is retried there by its caller's runtime. D serves P
+//!    from the commit on. Held calls never ran at S, so none runs twice and none is lost;
+//!    callers see no error. Both S and D record P's new location (and epoch) at the
+//!    controller, which keeps the newest.
+//! 4. If anything fails before D's confirmation reached S (D unreachable, dying or silent
+//!    for `migration.stall_timeout`, encoding error), S sends `TransferAbort`, puts the
+//!    state back and releases the lock: P stays usable at S and held calls run there. D
+//!    drops what arrived, or withdraws a provisional copy (calls waiting on it go back to
+//!    S). A commit or abort that never reaches D (a connection cut, a partition) is
+//!    resolved by D: it asks S whether the move committed, and, when S cannot answer,
+//!    the controller. So a lost confirmation can leave neither two live copies nor none.
 //!
 //! Cached locations catch up through epochs: a stale cache entry leads to S (or to a node
 //! that never had P), whose "not here" answer carries the newer location.
+//!
+//! Failpoints (see `granule-failpoints`) mark each step: `migrate.before_lock`,
+//! `migrate.locked`, `stream.chunk_sent`, `migrate.streamed`, `migrate.before_controller`
+//! at the source; `stream.chunk_received`, `migrate.before_install`, `migrate.installed`
+//! at the destination.
 
+use super::hosting::NewSlot;
+use super::stream::{self, ChunkPos, Inbound, Settings};
 use super::NodeInner;
 use crate::context;
 use crate::shipping::{self, Expect, StateOps};
-use crate::slot::{Guard, Slot, SlotStatus};
+use crate::slot::{Slot, SlotStatus};
 use bytes::Bytes;
-use granule_transport::{Connection, Responder, TransportError};
+use granule_transport::{Connection, Responder};
+use crate::slot::Guard;
+use dashmap::DashMap;
 use granule_wire::{
-    CallMode, ClusterEvent, EventKind, Frame, Kind, Location, MoveStats, Msg, ProcletId,
+    CallMode, ClusterEvent, EventKind, Frame, Kind, Location, MoveStats, Msg, NodeId, ProcletId,
     RemoteError,
 };
-use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a move waits for another move of the same proclet to finish.
 const MOVE_WAIT: Duration = Duration::from_secs(30);
-/// Size of one transfer chunk.
-pub(crate) const CHUNK: usize = 512 << 10;
-/// Chunks in flight at once (bounds the memory a move holds besides the state itself).
-const WINDOW: usize = 8;
-/// States whose last measured footprint is below this are encoded inline on the moving
-/// task; larger ones on a blocking thread, so sending overlaps with encoding.
-const INLINE_ENCODE: u64 = 256 << 10;
 
-/// Knobs of the engine (from the environment, so a driver passes them to its nodes).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct MigrationConfig {
-    /// Pace transfers to this many bytes per second (a slow-migration baseline).
-    pub throttle: Option<u64>,
-    /// Wait this long before starting each move (a slow-to-react baseline).
-    pub delay: Duration,
-    /// Nice value of the threads that decode arriving states.
-    pub nice: i32,
-    /// The share of the time a *shedding* move may keep the node's CPU busy encoding and
-    /// sending (`GRANULE_MIGRATION_DUTY`, default [`DEFAULT_SHED_DUTY`]; 1 = no pacing):
-    /// its encoder rests in proportion to its work after every chunk.
-    ///
-    /// Why: a node sheds because something else on its machine is taking memory, and
-    /// that something usually takes CPU too (a memory antagonist faulting in pages keeps
-    /// its core busy). The scheduler (EEVDF) shares a core by recent use: after a
-    /// millisecond-long burst of encoding, the node's group has had more than its share,
-    /// and a call arriving then waits while the other process runs its whole slice (here
-    /// 1.4 ms; traced: waits of 1–2 ms) — the node's workers ask for short slices, but
-    /// they cannot preempt a process that is owed time. Resting keeps the node under its
-    /// share, so its workers keep preempting on wake-up. Moves the program or an operator
-    /// asks for (`Cluster::move_proclet`, the admin API) are not paced; nor are
-    /// byte-vector states, which are not encoded (their transfer is a few socket writes). Measured in
-    /// `granule bench pressure` (README), two pairs of runs of 5 repetitions: disruption
-    /// p99 ÷ steady p99 1.96 and 2.44 with 0.5, 3.52 and 2.89 without; slow requests
-    /// about 30 % fewer. Each shedding move takes about twice as long to encode.
-    pub shed_duty: f64,
+/// Moves in both directions: the engine's settings, the states arriving, arrivals not
+/// yet committed, and what was moved.
+pub(crate) struct Migration {
+    pub config: granule_config::Migration,
+    inbound: Inbound<Arriving>,
+    provisional: DashMap<ProcletId, Provisional>,
+    pub moves_out: AtomicU64,
+    /// Bytes of state received by migration since the node started.
+    pub received_bytes: AtomicU64,
+    /// Bytes of state moved away and freed since the node started.
+    pub departed_bytes: AtomicU64,
 }
 
-/// Default of [`MigrationConfig::shed_duty`].
-pub(crate) const DEFAULT_SHED_DUTY: f64 = 0.5;
-
-/// Default nice value of the decoding threads (`GRANULE_MIGRATION_NICE`):
-/// below the node's workers, so a worker woken by a call preempts a decoder at once
-/// instead of queueing behind it for a scheduler slice (milliseconds on a busy core: the
-/// destination's own calls are the tail this protects), yet heavy enough (weight 335
-/// against 1024) that a CPU-bound neighbour cannot starve a move the source waits for.
-pub(crate) const DEFAULT_MIGRATION_NICE: i32 = 5;
-
-/// Run `f` on a blocking thread at the migration nice value, restoring the thread's own
-/// priority afterwards (blocking threads are pooled).
-fn in_background<T: Send + 'static>(
-    nice: i32,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> tokio::task::JoinHandle<T> {
-    tokio::task::spawn_blocking(move || {
-        let old = granule_host::os::swap_thread_nice(nice);
-        let out = f();
-        if let Some(old) = old {
-            granule_host::os::swap_thread_nice(old);
-        }
-        out
-    })
+/// An arrived proclet whose move is not committed yet: hosted, but its lock held.
+struct Provisional {
+    /// The connection it arrived on (commit and abort must come on it too).
+    conn: u64,
+    epoch: u64,
+    /// The node it came from, to ask when the commit does not come.
+    source: Option<NodeId>,
+    held: Guard,
 }
 
-impl MigrationConfig {
-    /// `GRANULE_MIGRATION_THROTTLE` (e.g. `600MB/s`) and `GRANULE_MIGRATION_DELAY`
-    /// (e.g. `200ms`); bad values are reported and ignored.
-    pub(crate) fn from_env() -> MigrationConfig {
-        let mut c = MigrationConfig {
-            nice: DEFAULT_MIGRATION_NICE,
-            shed_duty: DEFAULT_SHED_DUTY,
-            ..MigrationConfig::default()
-        };
-        if let Ok(v) = std::env::var("GRANULE_MIGRATION_THROTTLE") {
-            match crate::config::parse_rate(&v) {
-                Ok(b) => c.throttle = Some(b),
-                Err(e) => {
-                    tracing::warn!(
-                        "ignoring GRANULE_MIGRATION_THROTTLE: {e} (expected e.g. 600MB/s)"
-                    )
-                }
-            }
-        }
-        if let Ok(v) = std::env::var("GRANULE_MIGRATION_DELAY") {
-            match crate::config::parse_duration(&v) {
-                Ok(d) => c.delay = d,
-                Err(_) => {
-                    tracing::warn!("ignoring GRANULE_MIGRATION_DELAY={v}: expected e.g. 200ms")
-                }
-            }
-        }
-        if let Ok(v) = std::env::var("GRANULE_MIGRATION_DUTY") {
-            match v.trim().parse::<f64>() {
-                Ok(d) if d > 0.0 && d <= 1.0 => c.shed_duty = d,
-                _ => tracing::warn!(
-                    "ignoring GRANULE_MIGRATION_DUTY={v}: expected a share in (0, 1], e.g. 0.5"
-                ),
-            }
-        }
-        if let Ok(v) = std::env::var("GRANULE_MIGRATION_NICE") {
-            match v.trim().parse::<i32>() {
-                Ok(n) if (-20..=19).contains(&n) => c.nice = n,
-                _ => tracing::warn!("ignoring GRANULE_MIGRATION_NICE={v}: expected -20..=19"),
-            }
-        }
-        c
-    }
-}
-
-/// A state arriving at this node.
-pub(crate) struct Incoming {
-    buf: Vec<u8>,
+/// What the first chunk of an arriving state said.
+struct Arriving {
     ops: StateOps,
     desc: &'static shipping::Descriptor,
     kind: Kind,
@@ -163,66 +89,18 @@ pub(crate) struct Incoming {
     group: Option<String>,
 }
 
-type Reply = Pin<Box<dyn Future<Output = Result<Frame, TransportError>> + Send>>;
-
-/// Chunks sent and not yet confirmed, in order.
-struct Window {
-    replies: VecDeque<Reply>,
-    sent: u64,
-    started: Instant,
-    throttle: Option<u64>,
-}
-
-impl Window {
-    async fn wait_one(&mut self) -> Result<(), RemoteError> {
-        let Some(r) = self.replies.pop_front() else {
-            return Ok(());
-        };
-        match r.await {
-            Ok(Frame { msg: Msg::Done, .. }) => Ok(()),
-            Ok(Frame {
-                msg: Msg::Error(e), ..
-            }) => Err(e),
-            Ok(f) => Err(RemoteError::Protocol(format!(
-                "unexpected answer {} to a transfer",
-                f.msg.name()
-            ))),
-            Err(e) => Err(RemoteError::Internal(format!(
-                "the destination is unreachable: {e}"
-            ))),
+impl Migration {
+    pub(super) fn new(config: granule_config::Migration) -> Migration {
+        Migration {
+            config,
+            inbound: Inbound::default(),
+            provisional: DashMap::new(),
+            moves_out: AtomicU64::new(0),
+            received_bytes: AtomicU64::new(0),
+            departed_bytes: AtomicU64::new(0),
         }
     }
 
-    async fn send(
-        &mut self,
-        conn: &Arc<Connection>,
-        msg: Msg,
-        chunk: Bytes,
-    ) -> Result<(), RemoteError> {
-        while self.replies.len() >= WINDOW {
-            self.wait_one().await?;
-        }
-        if let Some(rate) = self.throttle {
-            let due = Duration::from_secs_f64(self.sent as f64 / rate as f64);
-            let at = self.started + due;
-            if at > Instant::now() {
-                tokio::time::sleep_until(at.into()).await;
-            }
-        }
-        self.sent += chunk.len() as u64;
-        let fut = conn
-            .start_request_bytes(&msg, chunk)
-            .map_err(|e| RemoteError::Internal(format!("the destination is unreachable: {e}")))?;
-        self.replies.push_back(Box::pin(fut));
-        Ok(())
-    }
-
-    async fn finish(&mut self) -> Result<(), RemoteError> {
-        while !self.replies.is_empty() {
-            self.wait_one().await?;
-        }
-        Ok(())
-    }
 }
 
 /// Clears a slot's "moving" mark when a move ends, however it ends.
@@ -235,21 +113,25 @@ impl Drop for MovingMark<'_> {
     }
 }
 
+fn failed_step(f: granule_failpoints::Fired) -> RemoteError {
+    RemoteError::Internal(f.to_string())
+}
+
 impl NodeInner {
     /// [`NodeInner::move_out`], run on the node's workers, where the connections' tasks
     /// live (no cross-thread wake-ups while streaming). A closure running on the proclet
     /// is asked to yield first, from here: it may be occupying the very worker the move
     /// needs.
     ///
-    /// `pace`: the share of the time the move may keep the node's CPU busy (a shedding
-    /// move: `MigrationConfig::shed_duty`); `None` for as fast as it can.
+    /// `duty`: the share of the time the move may keep the node's CPU busy (a shedding
+    /// move: `migration.duty`); `None` for as fast as it can.
     pub(crate) async fn move_out_on_workers(
         self: &Arc<Self>,
         proclet: ProcletId,
         to: Location,
-        pace: Option<f64>,
+        duty: Option<f64>,
     ) -> Result<MoveStats, RemoteError> {
-        let slot = self.local_slot(proclet);
+        let slot = self.hosting.get(proclet);
         let asked = slot.as_ref().filter(|s| {
             to.node != self.id
                 && !s.pinned.load(Ordering::Relaxed)
@@ -261,7 +143,7 @@ impl NodeInner {
         let node = self.clone();
         let out = self
             .handle
-            .spawn(async move { node.move_out(proclet, to, pace).await })
+            .spawn(async move { node.move_out(proclet, to, duty).await })
             .await
             .map_err(|e| RemoteError::Internal(format!("the move task failed: {e}")))?;
         // A move that ended early (refused, or the proclet left meanwhile) never reached
@@ -277,13 +159,13 @@ impl NodeInner {
 
     /// Move hosted proclet `proclet` to `to` (see the module doc). The epoch in `to` is a
     /// floor: the new epoch is always above the proclet's current one.
-    pub(crate) async fn move_out(
+    async fn move_out(
         self: &Arc<Self>,
         proclet: ProcletId,
         to: Location,
-        pace: Option<f64>,
+        duty: Option<f64>,
     ) -> Result<MoveStats, RemoteError> {
-        let Some(slot) = self.local_slot(proclet) else {
+        let Some(slot) = self.hosting.get(proclet) else {
             return Err(self.not_here(proclet));
         };
         if to.node == self.id {
@@ -307,15 +189,17 @@ impl NodeInner {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         if self
-            .local_slot(proclet)
+            .hosting
+            .get(proclet)
             .is_none_or(|s| !Arc::ptr_eq(&s, &slot))
         {
             slot.moving.store(false, Ordering::Release);
             return Err(self.not_here(proclet));
         }
         let _mark = MovingMark(&slot);
-        if !self.migration.delay.is_zero() {
-            tokio::time::sleep(self.migration.delay).await;
+        let cfg = &self.migration.config;
+        if !cfg.delay.is_zero() {
+            tokio::time::sleep(cfg.delay).await;
         }
         let ops = slot
             .state_desc
@@ -325,8 +209,8 @@ impl NodeInner {
         // exclusively. Any other state is encoded from a shared lock: calls that only read
         // (`run_ref`) keep being served here while it streams — nothing can change it —
         // and calls that would change it are held, then bounced to the new home.
-        let exclusive = (ops.from_raw)(Vec::new()).is_some();
-        let mode = if exclusive {
+        let raw = (ops.from_raw)(Vec::new()).is_some();
+        let mode = if raw {
             CallMode::Exclusive
         } else {
             CallMode::Shared
@@ -340,6 +224,9 @@ impl NodeInner {
             e.detail = why;
             crate::telemetry::record_move(self, e);
         };
+        granule_failpoints::hit("migrate.before_lock")
+            .await
+            .map_err(failed_step)?;
         crate::accounting::request_yield(slot.serial);
         let guard = match self.lock_slot(&slot, context::new_chain(), mode).await {
             Ok(g) => g,
@@ -350,7 +237,7 @@ impl NodeInner {
         };
         crate::accounting::clear_yield(slot.serial);
         let drain = t0.elapsed();
-        let conn = match self.conn_to(to.node, &to.addr).await {
+        let conn = match self.peers.connect(to.node, &to.addr).await {
             Ok(c) => c,
             Err(e) => {
                 let e = RemoteError::Refused(format!("cannot reach the destination: {e}"));
@@ -359,13 +246,54 @@ impl NodeInner {
             }
         };
         let epoch = slot.epoch.max(to.epoch.saturating_sub(1)) + 1;
+        let header = |p: ChunkPos| Msg::Transfer {
+            proclet,
+            kind: slot.kind(),
+            state: shipping::code_ref(slot.state_desc),
+            epoch,
+            offset: p.offset,
+            total: p.total,
+            last: p.last,
+            raw: p.raw,
+            pinned: false,
+            // Only the first chunk needs it (the receiver keeps the first one's).
+            group: (p.offset == 0)
+                .then(|| slot.group.as_deref().map(String::from))
+                .flatten(),
+        };
+        let settings = Settings::of(cfg, duty);
         let streaming = Instant::now();
-        let (bytes, sent_state) = match self
-            .stream_state(&conn, &guard, &slot, ops, epoch, pace)
-            .await
-        {
+        // A byte-vector state leaves the slot while it streams; it comes back on failure.
+        let taken: Option<Bytes> = if raw {
+            match (ops.into_raw)(guard.take_state()) {
+                Ok(v) => Some(Bytes::from(v)),
+                Err(back) => {
+                    guard.put_state(back);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let sent = async {
+            granule_failpoints::hit("migrate.locked")
+                .await
+                .map_err(failed_step)?;
+            let bytes = match &taken {
+                Some(b) => stream::send_bytes(&conn, b, &header, settings).await?,
+                None => stream::send_encoded(&conn, &slot, &guard, ops, &header, settings).await?,
+            };
+            granule_failpoints::hit("migrate.streamed")
+                .await
+                .map_err(failed_step)?;
+            Ok::<u64, RemoteError>(bytes)
+        }
+        .await;
+        let bytes = match sent {
             Ok(b) => {
-                tracing::debug!(%proclet, to = %to.node, bytes = b.0,
+                // The move is decided: the destination may serve from now on.
+                let _ = conn.notify(&Msg::TransferCommit { proclet, epoch }, &[]);
+                tracing::debug!(%proclet, to = %to.node, bytes = b,
                     drain_micros = drain.as_micros() as u64,
                     stream_micros = streaming.elapsed().as_micros() as u64,
                     "streamed a state (until the destination installed it)");
@@ -373,6 +301,12 @@ impl NodeInner {
             }
             Err(e) => {
                 let _ = conn.notify(&Msg::TransferAbort { proclet }, &[]);
+                if let Some(b) = taken {
+                    match (ops.from_raw)(Vec::from(b)) {
+                        Some(back) => guard.put_state(back),
+                        None => tracing::error!(%proclet, "cannot put a byte-vector state back"),
+                    }
+                }
                 tracing::warn!(%proclet, to = %to.node, "move abandoned, the proclet stays here: {e}");
                 failed(format!("abandoned, the proclet stays at its source: {e}"));
                 return Err(e);
@@ -388,15 +322,19 @@ impl NodeInner {
             addr: to.addr.clone(),
             epoch,
         };
-        self.forwarding.insert(proclet, loc.clone());
+        self.locations.forward(proclet, loc.clone());
         // From here no new call is granted here; readers still inside finish on the old
         // state, which is freed with the slot when the last of them is done.
         guard.set_status(SlotStatus::Moved(loc.clone()));
-        let old = exclusive.then(|| guard.take_state());
-        self.remove_hosted(&slot);
+        let old = raw.then(|| guard.take_state());
+        self.hosting.remove(&slot);
         drop(guard);
         let took = t0.elapsed();
-        if let Err(e) = self
+        if let Err(f) = granule_failpoints::hit("migrate.before_controller").await {
+            // The move is done; only the controller's record lags (callers follow the
+            // forwarding entry meanwhile, and the next move records a newer epoch).
+            tracing::warn!(%proclet, "moved, but the controller was not told: {f}");
+        } else if let Err(e) = self
             .controller
             .set_location(proclet, loc, slot.kind())
             .await
@@ -414,14 +352,16 @@ impl NodeInner {
         let node = self.clone();
         tokio::task::spawn_blocking(move || {
             drop(old);
-            drop(sent_state);
+            drop(taken);
             drop(slot);
             if trim {
                 granule_host::os::release_free_memory();
             }
-            node.departed_bytes.fetch_add(bytes, Ordering::Relaxed);
+            node.migration
+                .departed_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
         });
-        self.moves_out.fetch_add(1, Ordering::Relaxed);
+        self.migration.moves_out.fetch_add(1, Ordering::Relaxed);
         self.monitor.record_move(bytes, took - drain);
         let mut e = ClusterEvent::now(EventKind::Migration, self.id, proclet.to_string());
         e.to = Some(to.node);
@@ -433,168 +373,6 @@ impl NodeInner {
             micros: took.as_micros() as u64,
             drain_micros: drain.as_micros() as u64,
         })
-    }
-
-    /// Send the state under `guard` to the destination; returns the bytes sent, and the
-    /// byte-vector state itself when it was taken out to be sent as is (for the caller to
-    /// free off the critical path). On error the state is back in the slot.
-    async fn stream_state(
-        &self,
-        conn: &Arc<Connection>,
-        guard: &Guard,
-        slot: &Arc<Slot>,
-        ops: StateOps,
-        epoch: u64,
-        pace: Option<f64>,
-    ) -> Result<(u64, Option<Bytes>), RemoteError> {
-        let header = |offset: u64, total: u64, last: bool, raw: bool| Msg::Transfer {
-            proclet: slot.id,
-            kind: slot.kind(),
-            state: shipping::code_ref(slot.state_desc),
-            epoch,
-            offset,
-            total,
-            last,
-            raw,
-            pinned: false,
-            // Only the first chunk needs it (the receiver keeps the first one's).
-            group: (offset == 0)
-                .then(|| slot.group.as_deref().map(String::from))
-                .flatten(),
-        };
-        let mut window = Window {
-            replies: VecDeque::new(),
-            sent: 0,
-            started: Instant::now(),
-            throttle: self.migration.throttle,
-        };
-        // Plain bytes (under an exclusive lock): take the vector out and send slices of
-        // it, no copy, no encoding.
-        let taken = match guard.is_exclusive() {
-            true => (ops.into_raw)(guard.take_state()),
-            false => Err(Box::new(()) as Box<crate::shipping::ErasedState>),
-        };
-        match taken {
-            Ok(vec) => {
-                let all = Bytes::from(vec);
-                let total = all.len() as u64;
-                let r = async {
-                    let mut off = 0usize;
-                    loop {
-                        let end = (off + CHUNK).min(all.len());
-                        let last = end == all.len();
-                        window
-                            .send(
-                                conn,
-                                header(off as u64, total, last, true),
-                                all.slice(off..end),
-                            )
-                            .await?;
-                        off = end;
-                        if last {
-                            break;
-                        }
-                    }
-                    window.finish().await
-                }
-                .await;
-                if let Err(e) = r {
-                    drop(window);
-                    let back = (ops.from_raw)(Vec::from(all))
-                        .ok_or_else(|| RemoteError::Internal("cannot restore the state".into()))?;
-                    guard.put_state(back);
-                    return Err(e);
-                }
-                return Ok((total, Some(all)));
-            }
-            Err(state) => {
-                if guard.is_exclusive() {
-                    guard.put_state(state);
-                }
-            }
-        }
-        // Encoded states: their length is known only at the end; the footprint tells the
-        // destination roughly what to reserve (and whether it has room).
-        let hint = slot.stats.footprint.load(Ordering::Relaxed);
-        // Small states: encode inline into one chunk.
-        if hint < INLINE_ENCODE {
-            let mut chunks: Vec<Vec<u8>> = Vec::new();
-            guard.inspect(|s| {
-                (ops.encode)(s, CHUNK, &mut |c| {
-                    chunks.push(c);
-                    Ok(())
-                })
-            })?;
-            let n = chunks.len();
-            let mut off = 0u64;
-            for (i, c) in chunks.into_iter().enumerate() {
-                let len = c.len() as u64;
-                window
-                    .send(conn, header(off, hint, i + 1 == n, false), Bytes::from(c))
-                    .await?;
-                off += len;
-            }
-            if n == 0 {
-                window
-                    .send(conn, header(0, hint, true, false), Bytes::new())
-                    .await?;
-            }
-            window.finish().await?;
-            return Ok((off, None));
-        }
-        // Large states: encode on a blocking thread, chunk by chunk, while sending.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(WINDOW);
-        let enc_slot = slot.clone();
-        // At the worker's own priority, unlike decoding: this node is the one under
-        // pressure, and the sooner the state is out, the sooner it has relief.
-        // A shedding move paces its encoder (see `MigrationConfig::shed_duty`).
-        let rest = pace.filter(|d| *d < 1.0).map(|d| 1.0 / d - 1.0);
-        let encoder = tokio::task::spawn_blocking(move || {
-            let d = enc_slot.state_reader();
-            let mut since = Instant::now();
-            (ops.encode)(&**d, CHUNK, &mut |c| {
-                if let Some(rest) = rest {
-                    // Rest in proportion to the time since the last rest: encoding, and
-                    // waiting for the worker to take the last chunk (it sends meanwhile),
-                    // so the rests cover the sending too. Microsecond resolution.
-                    std::thread::sleep(since.elapsed().mul_f64(rest));
-                    since = Instant::now();
-                }
-                tx.blocking_send(c)
-                    .map_err(|_| RemoteError::Internal("transfer stopped".into()))
-            })
-        });
-        let mut off = 0u64;
-        let mut pending: Option<Vec<u8>> = None;
-        let sent: Result<(), RemoteError> = async {
-            loop {
-                let next = rx.recv().await;
-                if let Some(c) = pending.take() {
-                    let len = c.len() as u64;
-                    let last = next.is_none();
-                    window
-                        .send(conn, header(off, hint, last, false), Bytes::from(c))
-                        .await?;
-                    off += len;
-                }
-                match next {
-                    Some(c) => pending = Some(c),
-                    None => break,
-                }
-            }
-            window.finish().await
-        }
-        .await;
-        drop(rx);
-        let encoded = encoder
-            .await
-            .map_err(|e| RemoteError::Internal(format!("the encoder failed: {e}")))?;
-        encoded?;
-        sent?;
-        if off == 0 {
-            return Err(RemoteError::Internal("the state encoded to nothing".into()));
-        }
-        Ok((off, None))
     }
 
     /// A `Transfer` chunk arrived (called in arrival order by the connection's reader).
@@ -619,118 +397,282 @@ impl NodeInner {
         else {
             return;
         };
-        let key = (conn.id(), proclet);
-        if offset == 0 {
-            let desc = match shipping::resolve(state, Expect::State) {
-                Ok(d) => d,
-                Err(e) => return reply.error(e),
-            };
+        // On the connection's reader: `error` and `crash` are what this failpoint is for
+        // (a delay or a pause would stall the reader).
+        if let Err(f) = granule_failpoints::hit_blocking("stream.chunk_received") {
+            return reply.error(failed_step(f));
+        }
+        let open = || {
+            let desc = shipping::resolve(state, Expect::State)?;
             let Some(ops) = desc.state_ops() else {
-                return reply.error(RemoteError::CodeMismatch("not a state descriptor".into()));
+                return Err(RemoteError::CodeMismatch("not a state descriptor".into()));
             };
             if raw && (ops.from_raw)(Vec::new()).is_none() {
-                return reply.error(RemoteError::CodeMismatch(
+                return Err(RemoteError::CodeMismatch(
                     "raw transfer of a state that is not a byte vector".into(),
                 ));
             }
             let room = self.monitor.mem_room();
             if total > 0 && room < total as i64 {
-                return reply.error(RemoteError::NoCapacity(format!(
+                return Err(RemoteError::NoCapacity(format!(
                     "node {} has {} bytes of room, the proclet needs {total}",
                     self.id,
                     room.max(0)
                 )));
             }
-            let cap = if total > 0 {
-                total as usize
-            } else {
-                frame.tail.len()
-            };
-            self.incoming.insert(
-                key,
-                Incoming {
-                    buf: Vec::with_capacity(cap),
-                    ops,
-                    desc,
-                    kind,
-                    epoch,
-                    raw,
-                    pinned,
-                    group,
-                },
-            );
-        }
-        let Some(mut entry) = self.incoming.get_mut(&key) else {
-            return reply.error(RemoteError::Protocol(format!(
-                "transfer chunk at offset {offset} for proclet {proclet} without its start"
-            )));
+            Ok(Arriving {
+                ops,
+                desc,
+                kind,
+                epoch,
+                raw,
+                pinned,
+                group,
+            })
         };
-        if entry.buf.len() as u64 != offset {
-            let have = entry.buf.len();
-            drop(entry);
-            self.incoming.remove(&key);
-            return reply.error(RemoteError::Protocol(format!(
-                "transfer chunk at offset {offset}, expected {have}"
-            )));
-        }
-        entry.buf.extend_from_slice(&frame.tail);
-        drop(entry);
-        if !last {
-            let _ = reply.send(&Msg::Done, &[]);
-            return;
-        }
-        let Some((_, inc)) = self.incoming.remove(&key) else {
-            return;
+        let chunk = stream::Chunk {
+            conn,
+            proclet,
+            offset,
+            last,
+            bytes: &frame.tail,
         };
-        self.received_bytes
-            .fetch_add(inc.buf.len() as u64, Ordering::Relaxed);
+        let capacity = if total > 0 {
+            total as usize
+        } else {
+            frame.tail.len()
+        };
+        let (buf, arriving) = match self.migration.inbound.take(chunk, capacity, open) {
+            Err(e) => return reply.error(e),
+            Ok(None) => {
+                let _ = reply.send(&Msg::Done, &[]);
+                return;
+            }
+            Ok(Some(whole)) => whole,
+        };
+        self.migration
+            .received_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         let node = self.clone();
-        let finish = move |inc: Incoming| {
-            let state = if inc.raw {
-                (inc.ops.from_raw)(inc.buf)
+        let conn_id = conn.id();
+        let source = conn.peer().and_then(|p| p.node);
+        let finish = move |buf: Vec<u8>, a: Arriving| {
+            let state = if a.raw {
+                (a.ops.from_raw)(buf)
                     .ok_or_else(|| RemoteError::CodeMismatch("not a byte-vector state".into()))
             } else {
                 let t = Instant::now();
-                let len = inc.buf.len();
-                let s = (inc.ops.decode)(&inc.buf);
-                drop(inc.buf);
+                let len = buf.len();
+                let s = (a.ops.decode)(&buf);
+                drop(buf);
                 tracing::debug!(%proclet, bytes = len, decode_micros = t.elapsed().as_micros() as u64, "decoded an arriving state");
                 s
             };
-            match state {
-                Ok(s) => {
-                    let h = super::serve::Hosting {
-                        id: proclet,
-                        kind: inc.kind,
-                        state: inc.desc,
-                        epoch: inc.epoch,
-                        pinned: inc.pinned,
-                        group: inc.group,
-                    };
-                    node.install(h, s);
+            let epoch = a.epoch;
+            let installed = state.and_then(|s| {
+                granule_failpoints::hit_blocking("migrate.before_install").map_err(failed_step)?;
+                let slot = NewSlot {
+                    id: proclet,
+                    kind: a.kind,
+                    state: a.desc,
+                    epoch,
+                    pinned: a.pinned,
+                    group: a.group,
+                };
+                let held = node.install_held(slot, s)?;
+                node.migration.provisional.insert(
+                    proclet,
+                    Provisional {
+                        conn: conn_id,
+                        epoch,
+                        source,
+                        held,
+                    },
+                );
+                granule_failpoints::hit_blocking("migrate.installed").map_err(|f| {
+                    // Refused at the last moment: the copy must not stay here.
+                    node.withdraw_arrival(proclet, epoch);
+                    failed_step(f)
+                })
+            });
+            match installed {
+                Ok(()) => {
                     let _ = reply.send(&Msg::Done, &[]);
+                    // Should the commit not come, find out what happened.
+                    let n = node.clone();
+                    let wait = node.migration.config.stall_timeout;
+                    node.handle.spawn(async move {
+                        tokio::time::sleep(wait).await;
+                        n.resolve_arrival(proclet, epoch).await;
+                    });
                 }
                 Err(e) => reply.error(e),
             }
         };
-        if inc.raw {
+        if arriving.raw {
             // The bytes are the state: nothing to decode.
-            finish(inc);
+            finish(buf, arriving);
         } else {
             // Decoding takes a while (about 1 µs per small allocation it makes): not on
             // the node's workers, which keep serving calls meanwhile.
-            in_background(self.migration.nice, move || finish(inc));
+            stream::in_background(self.migration.config.nice, move || finish(buf, arriving));
+        }
+    }
+}
+
+impl NodeInner {
+    /// The source says the move of `proclet` at `epoch` is final.
+    pub(super) fn on_transfer_commit(&self, conn: &Arc<Connection>, proclet: ProcletId, epoch: u64) {
+        let ours = self
+            .migration
+            .provisional
+            .get(&proclet)
+            .is_some_and(|p| p.conn == conn.id() && p.epoch == epoch);
+        if ours {
+            self.commit_arrival(proclet, epoch);
         }
     }
 
-    /// Drop what arrived of a transfer the source gave up.
-    pub(super) fn abort_transfer(&self, conn: &Arc<Connection>, proclet: ProcletId) {
-        self.incoming.remove(&(conn.id(), proclet));
+    /// The source gave the move up: drop what arrived, or withdraw the copy.
+    pub(super) fn on_transfer_abort(&self, conn: &Arc<Connection>, proclet: ProcletId) {
+        self.migration.inbound.abort(conn, proclet);
+        let epoch = self
+            .migration
+            .provisional
+            .get(&proclet)
+            .filter(|p| p.conn == conn.id())
+            .map(|p| p.epoch);
+        if let Some(epoch) = epoch {
+            self.withdraw_arrival(proclet, epoch);
+        }
     }
 
-    /// A connection closed: transfers arriving on it will never finish.
-    pub(super) fn drop_transfers_of(&self, conn: &Arc<Connection>) {
-        let id = conn.id();
-        self.incoming.retain(|(c, _), _| *c != id);
+    /// A connection closed: moves arriving on it will never finish, and those installed
+    /// but not committed must be resolved.
+    pub(super) fn on_transfer_connection_closed(self: &Arc<Self>, conn: &Arc<Connection>) {
+        self.migration.inbound.drop_connection(conn);
+        let open: Vec<(ProcletId, u64)> = self
+            .migration
+            .provisional
+            .iter()
+            .filter(|p| p.conn == conn.id())
+            .map(|p| (*p.key(), p.epoch))
+            .collect();
+        for (proclet, epoch) in open {
+            let node = self.clone();
+            self.handle
+                .spawn(async move { node.resolve_arrival(proclet, epoch).await });
+        }
+    }
+
+    /// The arrival is final: calls waiting on it run, and the controller learns where it
+    /// lives (the source tells it too; it keeps the newest epoch).
+    fn commit_arrival(&self, proclet: ProcletId, epoch: u64) {
+        let Some((_, p)) = self
+            .migration
+            .provisional
+            .remove_if(&proclet, |_, p| p.epoch == epoch)
+        else {
+            return;
+        };
+        let slot = p.held.slot().clone();
+        drop(p.held);
+        self.monitor.measure_now(&slot);
+        let loc = Location {
+            node: self.id,
+            addr: self.addr.clone(),
+            epoch,
+        };
+        let client = self.controller.clone();
+        let kind = slot.kind();
+        self.handle.spawn(async move {
+            if let Err(e) = client.set_location(proclet, loc, kind).await {
+                tracing::debug!(%proclet, "arrived, but the controller was not told: {e}");
+            }
+        });
+    }
+
+    /// The arrival is not (or no longer) the proclet's home: calls waiting on it go to
+    /// wherever the proclet lives.
+    fn withdraw_arrival(&self, proclet: ProcletId, epoch: u64) {
+        let Some((_, p)) = self
+            .migration
+            .provisional
+            .remove_if(&proclet, |_, p| p.epoch == epoch)
+        else {
+            return;
+        };
+        tracing::info!(%proclet, epoch, "withdrew an arrived copy whose move did not commit");
+        p.held.set_status(SlotStatus::Withdrawn);
+        let state = p.held.take_state();
+        self.hosting.remove(p.held.slot());
+        drop(p.held);
+        drop(state);
+    }
+
+    /// An arrival whose commit did not come: ask its source whether the move committed;
+    /// when the source cannot say, the controller's record decides (where it lives there,
+    /// at this epoch or later, it is final).
+    async fn resolve_arrival(self: &Arc<Self>, proclet: ProcletId, epoch: u64) {
+        let patience = self.migration.config.stall_timeout * 2;
+        let started = Instant::now();
+        loop {
+            let source = match self.migration.provisional.get(&proclet) {
+                Some(p) if p.epoch == epoch => p.source,
+                _ => return, // decided meanwhile
+            };
+            let answer = match source {
+                Some(s) => self.ask_source(s, proclet, epoch).await,
+                None => None,
+            };
+            match answer {
+                Some(true) => return self.commit_arrival(proclet, epoch),
+                Some(false) => return self.withdraw_arrival(proclet, epoch),
+                None if started.elapsed() < patience => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                None => break,
+            }
+        }
+        match self.controller.locate(proclet).await {
+            Ok(Some((loc, _))) if loc.node == self.id && loc.epoch >= epoch => {
+                self.commit_arrival(proclet, epoch)
+            }
+            Ok(_) => self.withdraw_arrival(proclet, epoch),
+            Err(e) => {
+                // Without the controller this node is leaving the cluster anyway.
+                tracing::warn!(%proclet, "cannot resolve an uncommitted arrival: {e}");
+                self.withdraw_arrival(proclet, epoch)
+            }
+        }
+    }
+
+    /// The source's answer to `Resolve` (`None`: undecided, unknown, or unreachable).
+    async fn ask_source(&self, source: NodeId, proclet: ProcletId, epoch: u64) -> Option<bool> {
+        let addr = self.addr_of(source).await.ok()?;
+        let conn = self.peers.connect(source, &addr).await.ok()?;
+        match conn.request(&Msg::Resolve { proclet, epoch }, &[]).await {
+            Ok(Frame {
+                msg: Msg::Resolved { committed },
+                ..
+            }) => committed,
+            _ => None,
+        }
+    }
+
+    /// Answer a destination's `Resolve`: did the move of `proclet` to `epoch` commit?
+    pub(super) fn resolve_departure(&self, proclet: ProcletId, epoch: u64) -> Option<bool> {
+        if let Some(slot) = self.hosting.get(proclet) {
+            if slot.epoch >= epoch {
+                // It came back since: the move committed.
+                return Some(true);
+            }
+            // Still here at an older epoch: abandoned, unless the move is still deciding.
+            return (!slot.moving.load(Ordering::Acquire)).then_some(false);
+        }
+        match self.locations.forwarded_to(proclet) {
+            Some(l) if l.epoch >= epoch => Some(true),
+            _ => None,
+        }
     }
 }
