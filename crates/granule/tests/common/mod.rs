@@ -29,13 +29,15 @@ pub fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send 
 
 /// A cluster with `n` node processes of the given spec (plus the driver). Nodes do not
 /// shed proclets on their own here (tests that place and move proclets by hand must not
-/// race the pressure policy); the tests of shedding build their own clusters.
+/// race the pressure policy); the tests of shedding build their own clusters. They take
+/// fault orders (`Cluster::faults`).
 pub fn cluster(n: usize, spec: &str) -> (Cluster, Vec<NodeId>) {
     let specs = vec![spec; n].join(";");
     let c = Cluster::builder()
         .nodes(&specs)
         .expect("node specs")
         .shed(false)
+        .faults(true)
         .failure_timeout(Duration::from_millis(1000))
         .start()
         .expect("cluster starts");

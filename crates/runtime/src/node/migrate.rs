@@ -647,17 +647,24 @@ impl NodeInner {
         }
     }
 
-    /// The source's answer to `Resolve` (`None`: undecided, unknown, or unreachable).
+    /// The source's answer to `Resolve` (`None`: undecided, unknown, unreachable, or
+    /// silent for the stall timeout).
     async fn ask_source(&self, source: NodeId, proclet: ProcletId, epoch: u64) -> Option<bool> {
-        let addr = self.addr_of(source).await.ok()?;
-        let conn = self.peers.connect(source, &addr).await.ok()?;
-        match conn.request(&Msg::Resolve { proclet, epoch }, &[]).await {
-            Ok(Frame {
-                msg: Msg::Resolved { committed },
-                ..
-            }) => committed,
-            _ => None,
-        }
+        let ask = async {
+            let addr = self.addr_of(source).await.ok()?;
+            let conn = self.peers.connect(source, &addr).await.ok()?;
+            match conn.request(&Msg::Resolve { proclet, epoch }, &[]).await {
+                Ok(Frame {
+                    msg: Msg::Resolved { committed },
+                    ..
+                }) => committed,
+                _ => None,
+            }
+        };
+        tokio::time::timeout(self.migration.config.stall_timeout, ask)
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Answer a destination's `Resolve`: did the move of `proclet` to `epoch` commit?
