@@ -5,10 +5,16 @@
 //! layout.rs` checks it); the runtime, the libraries, the benchmarks and the command use
 //! this crate instead. What it owns:
 //!
-//! - [`proc`]: readings of this process and its threads (CPU time, resident memory,
-//!   per-thread schedstat, the task list) and of other processes (state, start time);
+//! - [`proc`]: readings of this process and its threads (CPU clocks, resident memory,
+//!   per-thread schedstat, the task list) and of other processes (state, start time,
+//!   CPU time);
 //! - [`os`]: thread nice values and scheduler slices, returning free memory to the
 //!   kernel, ignoring SIGPIPE, CPU affinity — the crate's only `unsafe` code;
+//! - [`mem`]: the machine's memory (`/proc/meminfo`, `/proc/vmstat`, `/proc/swaps`) and
+//!   zswap (parameters, two settings with their previous values returned, statistics
+//!   where debugfs is mounted);
+//! - [`psi`]: pressure stall information, system-wide and per v2 group;
+//! - [`machine`]: CPU model and count, memory, kernel release;
 //! - cgroup v1 groups *Granule creates for itself*: detecting whether cgroup v1 is usable
 //!   ([`Hierarchy::detect`], with a human reason when it is not, so callers can fall back
 //!   to budget accounting); one directory per local cluster,
@@ -32,11 +38,15 @@
 #![deny(unsafe_code)]
 
 pub mod antagonist;
+mod file;
 mod group;
 mod hierarchy;
+pub mod machine;
+pub mod mem;
 pub mod os;
 pub mod proc;
 mod procfs;
+pub mod psi;
 mod reader;
 
 pub use granule_wire::CgroupPaths;
@@ -98,6 +108,41 @@ pub enum CgroupError {
     BadPath { path: String, why: &'static str },
     #[error("cgroup {path} still has tasks {pids:?}; cannot remove it")]
     Busy { path: PathBuf, pids: Vec<u32> },
+    #[error(transparent)]
+    Host(#[from] HostError),
+}
+
+/// What can go wrong reading or writing a file under `/proc` or `/sys` outside cgroups.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unexpected content in {path}: {text:?}")]
+    Parse { path: PathBuf, text: String },
+    #[error("{value} is not a valid {what}")]
+    Invalid { what: &'static str, value: String },
+}
+
+impl HostError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        HostError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn parse(path: impl Into<PathBuf>, text: &str) -> Self {
+        HostError::Parse {
+            path: path.into(),
+            text: text.to_string(),
+        }
+    }
 }
 
 impl CgroupError {
