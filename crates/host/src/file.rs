@@ -83,6 +83,21 @@ pub(crate) fn write_text(path: &Path, value: &str) -> Result<(), HostError> {
     std::fs::write(path, value).map_err(|e| HostError::io("write", path, e))
 }
 
+/// The value of `key` in `key value` lines (`memory.stat`, `cpu.stat`, vmstat, zswap's
+/// debugfs-like files). `Err(line)` when the key is there but its value is no number.
+pub(crate) fn keyed<'t>(text: &'t str, key: &str) -> Result<Option<u64>, &'t str> {
+    for line in text.lines() {
+        let mut parts = line.split_ascii_whitespace();
+        if parts.next() == Some(key) {
+            return match parts.next().and_then(|v| v.parse().ok()) {
+                Some(v) => Ok(Some(v)),
+                None => Err(line),
+            };
+        }
+    }
+    Ok(None)
+}
+
 /// Every `key value` line whose value is a number, in order; other lines are skipped.
 pub(crate) fn pairs(text: &str) -> impl Iterator<Item = (&str, u64)> {
     text.lines().filter_map(|line| {
@@ -118,6 +133,9 @@ mod tests {
     #[test]
     fn keyed_lines() {
         let text = "a 1\nbb 22\nc x\n";
+        assert_eq!(keyed(text, "bb"), Ok(Some(22)));
+        assert_eq!(keyed(text, "b"), Ok(None));
+        assert_eq!(keyed(text, "c"), Err("c x"));
         let all: Vec<_> = pairs(text).collect();
         assert_eq!(all, vec![("a", 1), ("bb", 22)]);
     }

@@ -23,21 +23,25 @@
 //!   node's spec; removing those directories when the cluster ends, and those of
 //!   processes that died without removing theirs ([`cleanup_stale`]); moving processes
 //!   into groups ([`join_pid`], [`join_self`]) and naming the groups a process runs in
-//!   ([`current_paths`]); cheap repeated readings of a group's usage, limit, OOM kills and
-//!   throttling ([`Reader`]);
-//! - antagonists that put memory or CPU load into a node's groups ([`antagonist`]).
+//!   ([`current_paths`]); cpusets that pin processes to CPUs ([`CpusetGroup`]);
+//!   antagonists that put memory or CPU load into a node's groups ([`antagonist`]);
+//! - cgroup readings, v1 and v2: cheap repeated readings of a group's usage, limit, OOM
+//!   kills and throttling ([`Reader`]), `memory.stat` ([`MemoryStat`]), per-CPU usage
+//!   ([`cpuacct_usage_percpu`]), the unified hierarchy where one is mounted
+//!   ([`Unified`]);
 //!
 //! It must not touch cgroups it did not create through the API for its own groups: only
 //! directories below `granule/` and `granule-antagonists/` whose names it can parse are
-//! ever removed, and only tasks inside them are ever killed. It knows nothing of
-//! proclets, the controller or the transport; the runtime decides when to create and
-//! remove groups.
+//! ever removed, and only tasks inside them are ever killed (a cpuset's tasks are moved
+//! back where they came from instead). It knows nothing of proclets, the controller or
+//! the transport; the runtime decides when to create and remove groups.
 //!
 //! Processes are identified by pid within one pid namespace: a driver in another pid
 //! namespace that shares this cgroup file system would look dead to [`cleanup_stale`].
 #![deny(unsafe_code)]
 
 pub mod antagonist;
+mod cpuset;
 mod file;
 mod group;
 mod hierarchy;
@@ -48,12 +52,23 @@ pub mod proc;
 mod procfs;
 pub mod psi;
 mod reader;
+mod stat;
+mod unified;
 
+pub use cpuset::{Cpuset, CpusetGroup};
 pub use granule_wire::CgroupPaths;
 pub use group::{cleanup_stale, join_pid, join_self, ClusterGroups, NodeGroup};
 pub use hierarchy::{Controller, Hierarchy, Unavailable, DEFAULT_ROOT};
-pub use procfs::{current_paths, parse_proc_cgroup, paths_of, process_start_time};
+pub use procfs::{
+    current_paths, parse_proc_cgroup, paths_of, proc_cgroup_text, process_start_time, unified_path,
+    v1_path,
+};
 pub use reader::{CpuStat, Reader};
+pub use stat::{
+    cpuacct_usage, cpuacct_usage_percpu, memory_stat, parse_memory_stat, parse_percpu,
+    parse_unified_cpu_stat, CgroupVersion, MemoryStat, UnifiedCpuStat,
+};
+pub use unified::{parse_mounts, CgroupMounts, Unified};
 
 use std::path::PathBuf;
 
