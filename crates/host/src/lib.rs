@@ -29,12 +29,18 @@
 //!   kills and throttling ([`Reader`]), `memory.stat` ([`MemoryStat`]), per-CPU usage
 //!   ([`cpuacct_usage_percpu`]), the unified hierarchy where one is mounted
 //!   ([`Unified`]);
+//! - *foreign* groups, which Granule did not create and must leave as it found them:
+//!   adopting one, reading it, and adjusting its memory limit with an explicit restore
+//!   and a record that survives the adjuster's death ([`ForeignGroup`], module doc of
+//!   `foreign` for the contract). A separate API on purpose: nothing in it creates,
+//!   removes or kills.
 //!
 //! It must not touch cgroups it did not create through the API for its own groups: only
 //! directories below `granule/` and `granule-antagonists/` whose names it can parse are
-//! ever removed, and only tasks inside them are ever killed (a cpuset's tasks are moved
-//! back where they came from instead). It knows nothing of proclets, the controller or
-//! the transport; the runtime decides when to create and remove groups.
+//! ever removed, and only tasks inside them are ever killed; a foreign group's memory
+//! limit is the only thing written outside them (and the `cgroup.procs` a pinned process
+//! goes back to). It knows nothing of proclets, the controller or the transport; the
+//! runtime decides when to create and remove groups, the market when to harvest.
 //!
 //! Processes are identified by pid within one pid namespace: a driver in another pid
 //! namespace that shares this cgroup file system would look dead to [`cleanup_stale`].
@@ -43,6 +49,7 @@
 pub mod antagonist;
 mod cpuset;
 mod file;
+pub mod foreign;
 mod group;
 mod hierarchy;
 pub mod machine;
@@ -56,6 +63,7 @@ mod stat;
 mod unified;
 
 pub use cpuset::{Cpuset, CpusetGroup};
+pub use foreign::{restore_from_record, ForeignGroup, Limit, Restored};
 pub use granule_wire::CgroupPaths;
 pub use group::{cleanup_stale, join_pid, join_self, ClusterGroups, NodeGroup};
 pub use hierarchy::{Controller, Hierarchy, Unavailable, DEFAULT_ROOT};
@@ -123,6 +131,16 @@ pub enum CgroupError {
     BadPath { path: String, why: &'static str },
     #[error("cgroup {path} still has tasks {pids:?}; cannot remove it")]
     Busy { path: PathBuf, pids: Vec<u32> },
+    #[error(
+        "cgroup {path}: the kernel cannot get the usage ({usage} bytes) under a memory limit of {limit} bytes; the limit is unchanged"
+    )]
+    LimitRefused {
+        path: PathBuf,
+        limit: u64,
+        usage: u64,
+    },
+    #[error("limit record {path}: {why}")]
+    Record { path: PathBuf, why: String },
     #[error(transparent)]
     Host(#[from] HostError),
 }

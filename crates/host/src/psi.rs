@@ -1,6 +1,6 @@
 //! Pressure stall information (PSI): how much of the time tasks were stalled waiting for
 //! CPU, memory or I/O — system-wide from `/proc/pressure/{cpu,memory,io}`, and per group
-//! from a cgroup v2 `*.pressure` file.
+//! from a cgroup v2 `*.pressure` file (see [`crate::ForeignGroup::pressure`]).
 //!
 //! What it owns: parsing the format (pure, tested on fixed text), one-shot readings, a
 //! cheap repeated reader for monitors ([`PressureReader`]: opened once, re-read from

@@ -4,7 +4,7 @@
 //!
 //! Granule makes its own node groups with v1 only ([`crate::Hierarchy`]); v2 is read
 //! ([`crate::Reader::for_unified`]) and foreign v2 groups are adjusted
-//! (`ForeignGroup`). This module only finds the mount and names directories; it
+//! ([`crate::ForeignGroup`]). This module only finds the mount and names directories; it
 //! creates and writes nothing.
 
 use crate::hierarchy::join_group;
