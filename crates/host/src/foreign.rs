@@ -34,11 +34,14 @@
 //!   into place). A later process calls [`restore_from_record`] to put the limit back
 //!   after the adjusting process was killed; it refuses while the recorded adjuster is
 //!   still running, so it cannot undo a live harvester's work. A record that exists
-//!   already when a group is adopted is the truth about the original limit: adopting
-//!   continues from it instead of taking the (lowered) current limit as the found one.
-//!   [`ForeignGroup::restore`] deletes the record once the limit is back.
-//! - One adjuster per group: two `ForeignGroup`s adjusting one group would each restore
-//!   their own found limit.
+//!   already when a group is adopted is the truth about the original limit:
+//!   [`ForeignGroup::record_to`] continues from it instead of taking the (lowered)
+//!   current limit as the found one, and takes the record over — unless its adjuster
+//!   still runs, which is an error. [`ForeignGroup::restore`] deletes the record once the
+//!   limit is back.
+//! - One adjuster per group: records enforce it between processes that use the same
+//!   record file; without records, two `ForeignGroup`s adjusting one group would each
+//!   restore their own found limit.
 
 use crate::file::{read_text, write_text};
 use crate::hierarchy::{Controller, Hierarchy};
@@ -292,15 +295,34 @@ impl ForeignGroup {
     /// Keep a record of the found limit in the file `path` (written before the first
     /// change), so that [`restore_from_record`] can restore it if this process dies. If
     /// the file exists already and names this group, an earlier adjuster died without
-    /// restoring: its found limit becomes this one's. A record naming another group is an
-    /// error (one record file per group).
+    /// restoring: its found limit becomes this one's, and the record is rewritten to name
+    /// this process as the adjuster. A record naming another group, or one whose adjuster
+    /// still runs, is an error (one record file per group, one adjuster per record).
     pub fn record_to(&mut self, path: impl Into<PathBuf>) -> Result<(), CgroupError> {
         let path = path.into();
         match read_record(&path)? {
             Some(r) if r.dir == self.dir => {
+                let me = std::process::id();
+                if let Some((pid, start)) = r.adjuster.filter(|(pid, _)| *pid != me) {
+                    if process_start_time(pid) == Some(start) {
+                        return Err(CgroupError::Record {
+                            path,
+                            why: format!("process {pid} is adjusting this group"),
+                        });
+                    }
+                }
                 self.found = r.limit;
                 // The current limit may be the earlier adjuster's: restore must write.
                 self.changed = true;
+                // The record now speaks for this process, so that nobody restores behind
+                // its back while it runs.
+                write_record(
+                    &path,
+                    &Record {
+                        adjuster: process_start_time(me).map(|s| (me, s)),
+                        ..r
+                    },
+                )?;
             }
             Some(r) => {
                 return Err(CgroupError::Record {
@@ -498,12 +520,16 @@ fn check_foreign(version: CgroupVersion, dir: &Path) -> Result<(), CgroupError> 
         ));
     }
     // Only a v1 hierarchy's root has `release_agent`; a v2 root has no `memory.max`.
-    let root = match version {
-        CgroupVersion::V1 => dir.join("release_agent").exists(),
-        CgroupVersion::V2 => !dir.join("memory.max").exists(),
-    };
-    if root {
-        return Err(bad("a root group (its limit is the whole machine's)"));
+    match version {
+        CgroupVersion::V1 if dir.join("release_agent").exists() => {
+            return Err(bad("a root group (its limit is the whole machine's)"));
+        }
+        CgroupVersion::V2 if !dir.join("memory.max").exists() => {
+            return Err(bad(
+                "no memory.max: a root group, or one without the memory controller enabled",
+            ));
+        }
+        _ => {}
     }
     if !dir.is_dir() {
         return Err(bad("no such group"));
@@ -939,12 +965,25 @@ mod tests {
         r.adjuster = Some(dead_adjuster());
         write_record(&rec, &r).unwrap();
 
-        // A new adjuster adopting the group continues from the record's original limit.
+        // A new adjuster adopting the group continues from the record's original limit,
+        // and the record now names it.
         let mut g2 = ForeignGroup::adopt_dir(&dir).unwrap();
         assert_eq!(g2.found_limit(), Limit::Bytes(320 << 20));
         g2.record_to(&rec).unwrap();
         assert_eq!(g2.found_limit(), Limit::Bytes(512 << 20));
+        let r2 = read_record(&rec).unwrap().unwrap();
+        assert_eq!(r2.adjuster.map(|a| a.0), Some(std::process::id()));
+        assert_eq!(r2.limit, Limit::Bytes(512 << 20));
         g2.keep();
+        // ...and dies too.
+        write_record(
+            &rec,
+            &Record {
+                adjuster: Some(dead_adjuster()),
+                ..r2
+            },
+        )
+        .unwrap();
 
         // A later process restores from the record and removes it.
         assert_eq!(
@@ -988,6 +1027,19 @@ mod tests {
             g3.record_to(&rec),
             Err(CgroupError::Record { .. })
         ));
+        // A record of this group held by another live adjuster is not taken over either.
+        let mut live = Command::new("sleep").arg("5").spawn().unwrap();
+        let held = Record {
+            version: CgroupVersion::V1,
+            dir: dir.clone(),
+            limit: Limit::Unlimited,
+            adjuster: process_start_time(live.id()).map(|s| (live.id(), s)),
+        };
+        write_record(&rec, &held).unwrap();
+        let e = g3.record_to(&rec).unwrap_err();
+        let _ = live.kill();
+        let _ = live.wait();
+        assert!(e.to_string().contains("is adjusting"), "{e}");
         fs::write(&rec, "limit 1\n").unwrap();
         assert!(restore_from_record(&rec).is_err());
         let own = fake_v1(t.path(), "/granule/c1-2-3");

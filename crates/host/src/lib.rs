@@ -31,9 +31,8 @@
 //!   ([`Unified`]);
 //! - *foreign* groups, which Granule did not create and must leave as it found them:
 //!   adopting one, reading it, and adjusting its memory limit with an explicit restore
-//!   and a record that survives the adjuster's death ([`ForeignGroup`], module doc of
-//!   `foreign` for the contract). A separate API on purpose: nothing in it creates,
-//!   removes or kills.
+//!   and a record that survives the adjuster's death ([`ForeignGroup`]; the contract is
+//!   in [`foreign`]). A separate API on purpose: nothing in it creates, removes or kills.
 //!
 //! It must not touch cgroups it did not create through the API for its own groups: only
 //! directories below `granule/` and `granule-antagonists/` whose names it can parse are
