@@ -7,7 +7,7 @@
 //!
 //! - idle time of the CPUs the node may run on (its affinity mask, i.e. its cpuset),
 //!   from the root cpu accounting group's per-CPU nanoseconds, which count every task
-//!   on the machine, not only Granule's;
+//!   on the machine, not only Granule's (read through `granule_host`);
 //! - the node's own CPU use (process CPU clock), against the cores its spec gives it.
 //!
 //! Spare cores = min(idle CPU time of its CPUs, spec cores − its own use): the first says
@@ -18,8 +18,6 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
-/// Where the kernel keeps per-CPU busy nanoseconds of every task (cgroup v1 cpuacct root).
-const PERCPU: &str = "/sys/fs/cgroup/cpuacct/cpuacct.usage_percpu";
 /// Shortest interval a reading is taken over; a first reading waits this long.
 const MIN_INTERVAL: Duration = Duration::from_millis(2);
 /// A previous sample older than this is not used (the answer would average too long).
@@ -42,28 +40,20 @@ struct Sample {
 static LAST: Mutex<Option<Sample>> = Mutex::new(None);
 
 fn allowed_cpus() -> Vec<usize> {
-    match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
-        Ok(set) => (0..nix::sched::CpuSet::count())
-            .filter(|&c| set.is_set(c).unwrap_or(false))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    granule_host::os::affinity(0).unwrap_or_default()
 }
 
 fn sample() -> Sample {
-    let cpus = std::fs::read_to_string(PERCPU).ok().map(|text| {
-        let all: Vec<u64> = text
-            .split_whitespace()
-            .filter_map(|v| v.parse().ok())
-            .collect();
-        allowed_cpus()
-            .into_iter()
-            .map(|c| all.get(c).copied().unwrap_or(0))
-            .collect()
-    });
-    let own = nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID)
-        .map(Duration::from)
-        .unwrap_or_default();
+    // The root cpuacct group counts every task on the machine, per CPU.
+    let cpus = granule_host::cpuacct_usage_percpu(&granule_host::Hierarchy::default(), "/")
+        .ok()
+        .map(|all| {
+            allowed_cpus()
+                .into_iter()
+                .map(|c| all.get(c).copied().unwrap_or(0))
+                .collect()
+        });
+    let own = granule_host::proc::process_cpu_time();
     Sample {
         at: Instant::now(),
         cpus,

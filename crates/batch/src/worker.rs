@@ -15,6 +15,7 @@
 //! a steal only lowers `end`, never below what the worker has claimed, so claimed
 //! chunks stay contiguous and nothing is computed twice.
 
+use granule_host::proc::{thread_cpu_time as thread_cpu, OwnSchedstat};
 use granule_runtime::{should_yield, Wire};
 use granule_sharded::{Element, ShardError, ShardedVec};
 use parking_lot::Mutex;
@@ -165,19 +166,12 @@ pub(crate) struct WorkReply<O> {
     pub wall_s: f64,
 }
 
-/// CPU time of the calling thread.
-fn thread_cpu() -> Duration {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
-        .map(Duration::from)
-        .unwrap_or_default()
-}
-
 /// Judges whether the worker's core is busy with other work, from the kernel's account
 /// of the worker thread (`/proc/thread-self/schedstat`): the share of the last window it
 /// spent waiting to run, and its CPU time over the time it was not blocked on its own
 /// fetches.
 struct ShareMeter {
-    file: Option<std::fs::File>,
+    schedstat: OwnSchedstat,
     /// (when, CPU ns, run-queue delay ns, ns blocked on our own fetches).
     samples: std::collections::VecDeque<(Instant, u64, u64, u64)>,
     last: Option<Instant>,
@@ -196,9 +190,8 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(1);
 
 impl ShareMeter {
     fn new() -> Self {
-        let file = std::fs::File::open("/proc/thread-self/schedstat").ok();
         let mut m = ShareMeter {
-            file,
+            schedstat: OwnSchedstat::open(),
             samples: std::collections::VecDeque::new(),
             last: None,
             waited: Duration::ZERO,
@@ -212,13 +205,8 @@ impl ShareMeter {
 
     /// CPU time and run-queue delay of the thread so far, nanoseconds.
     fn read(&mut self) -> Option<(u64, u64)> {
-        use std::os::unix::fs::FileExt;
-        let f = self.file.as_ref()?;
-        let mut buf = [0u8; 96];
-        let n = f.read_at(&mut buf, 0).ok()?;
-        let text = std::str::from_utf8(&buf[..n]).ok()?;
-        let mut fields = text.split_whitespace();
-        Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+        let s = self.schedstat.read()?;
+        Some((s.cpu_ns, s.runq_delay_ns))
     }
 
     /// Whether the core has been contended for [`LOW_READINGS`] readings in a row.

@@ -1,16 +1,16 @@
 //! CPU placement of the benchmark processes: pinning every thread of a process to a vCPU,
 //! and restoring the driver's affinity after a benchmark (so `granule bench all` does not
-//! carry one benchmark's pinning into the next).
+//! carry one benchmark's pinning into the next). The affinity calls and the task lists
+//! are `granule_host`'s.
 
-use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
-use nix::unistd::Pid;
+use granule_host::os::{affinity, allow_all_cpus, set_affinity};
+use granule_host::proc::{tasks_of, thread_ids};
 
-/// Every thread of this process gets `set` (threads and processes created later inherit
-/// it). Threads that exit during the walk are skipped.
-pub fn set_process_affinity(set: &CpuSet) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir("/proc/self/task")? {
-        let tid: i32 = entry?.file_name().to_string_lossy().parse()?;
-        let _ = sched_setaffinity(Pid::from_raw(tid), set);
+/// Every thread of this process may run on `cpus` only (threads and processes created
+/// later inherit it). Threads that exit during the walk are skipped.
+pub fn set_process_affinity(cpus: &[usize]) -> anyhow::Result<()> {
+    for tid in thread_ids() {
+        let _ = set_affinity(tid, cpus);
     }
     Ok(())
 }
@@ -18,42 +18,42 @@ pub fn set_process_affinity(set: &CpuSet) -> anyhow::Result<()> {
 /// Pin every thread of process `pid` to vCPU `cpu` (threads it creates later inherit it).
 /// Threads that exit during the walk are skipped.
 pub fn pin_pid(pid: u32, cpu: usize) -> anyhow::Result<()> {
-    let mut set = CpuSet::new();
-    set.set(cpu)?;
-    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let tid: i32 = entry?.file_name().to_string_lossy().parse()?;
-        let _ = sched_setaffinity(Pid::from_raw(tid), &set);
+    let tasks = tasks_of(pid);
+    if tasks.is_empty() {
+        anyhow::bail!("process {pid} has no threads to pin (is it gone?)");
+    }
+    for tid in tasks {
+        let _ = set_affinity(tid, &[cpu]);
     }
     Ok(())
 }
 
 /// Pin every thread of this process to vCPU `cpu`.
 pub fn pin_process(cpu: usize) -> anyhow::Result<()> {
-    let mut set = CpuSet::new();
-    set.set(cpu)?;
-    set_process_affinity(&set)
+    set_process_affinity(&[cpu])
+}
+
+/// Pin the calling thread (only it) to vCPU `cpu`.
+pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    set_affinity(0, &[cpu])
 }
 
 /// The driver's affinity when this was made; restored when it is dropped.
-pub struct SavedAffinity(Option<CpuSet>);
+pub struct SavedAffinity(Option<Vec<usize>>);
 
 impl SavedAffinity {
     /// Remember the current affinity.
     pub fn save() -> SavedAffinity {
-        SavedAffinity(sched_getaffinity(Pid::from_raw(0)).ok())
+        SavedAffinity(affinity(0).ok())
     }
 
     /// Remember the current affinity, then let every thread float over all vCPUs (node
     /// processes started now inherit that).
     pub fn unpin() -> SavedAffinity {
         let saved = SavedAffinity::save();
-        let mut all = CpuSet::new();
-        for cpu in 0..CpuSet::count() {
-            let _ = all.set(cpu);
-        }
         // The kernel keeps only CPUs that exist and that the cgroup allows.
-        if let Err(e) = set_process_affinity(&all) {
-            eprintln!("bench: cannot reset the driver's CPU affinity: {e}");
+        for tid in thread_ids() {
+            let _ = allow_all_cpus(tid);
         }
         saved
     }

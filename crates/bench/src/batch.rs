@@ -19,6 +19,8 @@ use anyhow::{bail, Context};
 use granule::batch::{Batch, JobLog, Trigger};
 use granule::sharded::ShardedVec;
 use granule::{Cluster, NodeId};
+use granule_host::antagonist::ThreadCpuGroup;
+use granule_host::{CpusetGroup, Hierarchy};
 use granule_report::{Cell, Meta, Plot, Report, Table};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -169,38 +171,15 @@ fn digest(c: &Counts) -> (u64, u64, u64) {
 
 // ---- CPU time of processes ----
 
-fn clock_ticks() -> f64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64
-}
-
 /// User + system CPU seconds of process `pid` (all its threads, living and exited).
 fn process_cpu_s(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After the command: state is field 3, utime 14 and stime 15 (1-based).
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / clock_ticks()
+    granule_host::proc::process_cpu_time_of(pid).map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Nanoseconds on CPU of every living thread of `pid` (schedstat: fine-grained, for
 /// the timeline).
 fn process_cpu_ns(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
+    granule_host::proc::threads_cpu_ns(pid)
 }
 
 fn nodes_cpu_s(cluster: &Cluster) -> f64 {
@@ -253,10 +232,7 @@ fn throughput(
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .start_handler(|i| {
-            let mut set = nix::sched::CpuSet::new();
-            if set.set(i % 2).is_ok() {
-                let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
-            }
+            let _ = crate::affinity::pin_current_thread(i % 2);
         })
         .build()?;
     let local: Vec<u64> = (0..p.items).collect();
@@ -466,62 +442,22 @@ fn ray(p: &Params, quick: bool) -> Result<serde_json::Value, String> {
 
 // ---- part (c): shrink and grow under a CPU antagonist ----
 
-/// cpuset groups that pin the node processes one per vCPU; removed on drop.
-struct Cpusets {
-    dirs: Vec<PathBuf>,
-    pids: Vec<u32>,
-}
-
-const CPUSET_ROOT: &str = "/sys/fs/cgroup/cpuset";
-
-impl Cpusets {
-    /// Pin process `pids[k]` to vCPU `k` through a cpuset of its own.
-    fn pin(pids: &[u32]) -> anyhow::Result<Cpusets> {
-        let base = Path::new(CPUSET_ROOT).join(format!("granule-bench-{}", std::process::id()));
-        let mems = std::fs::read_to_string(Path::new(CPUSET_ROOT).join("cpuset.effective_mems"))
-            .or_else(|_| std::fs::read_to_string(Path::new(CPUSET_ROOT).join("cpuset.mems")))
-            .context("reading the root cpuset's memory nodes")?;
-        let mut sets = Cpusets {
-            dirs: Vec::new(),
-            pids: pids.to_vec(),
-        };
-        std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-        sets.dirs.push(base.clone());
-        std::fs::write(base.join("cpuset.mems"), mems.trim())?;
-        std::fs::write(base.join("cpuset.cpus"), format!("0-{}", pids.len() - 1))?;
-        for (k, pid) in pids.iter().enumerate() {
-            let dir = base.join(format!("vcpu{k}"));
-            std::fs::create_dir_all(&dir)?;
-            sets.dirs.push(dir.clone());
-            std::fs::write(dir.join("cpuset.mems"), mems.trim())?;
-            std::fs::write(dir.join("cpuset.cpus"), k.to_string())?;
-            std::fs::write(dir.join("cgroup.procs"), pid.to_string())
-                .with_context(|| format!("moving node process {pid} into {}", dir.display()))?;
-        }
-        Ok(sets)
+/// Pin process `pids[k]` to vCPU `k` through a cpuset of its own, below one group of
+/// all of them. On drop the processes go back to the cpuset they came from and the
+/// groups are removed.
+fn pin_cpusets(pids: &[u32]) -> anyhow::Result<CpusetGroup> {
+    let group = CpusetGroup::create(
+        &Hierarchy::default(),
+        &format!("0-{}", pids.len().saturating_sub(1)),
+        None,
+    )
+    .context("creating the benchmark's cpuset group")?;
+    for (k, pid) in pids.iter().enumerate() {
+        let set = group.child(&format!("vcpu{k}"), &k.to_string())?;
+        set.join(*pid)
+            .with_context(|| format!("moving node process {pid} into {}", set.rel()))?;
     }
-}
-
-impl Drop for Cpusets {
-    fn drop(&mut self) {
-        for pid in &self.pids {
-            let _ = std::fs::write(Path::new(CPUSET_ROOT).join("cgroup.procs"), pid.to_string());
-        }
-        for d in self.dirs.iter().rev() {
-            let _ = std::fs::remove_dir(d);
-        }
-    }
-}
-
-/// The cpu cgroup directory of process `pid` (cgroup v1), if it is in one.
-fn cpu_group_of(pid: u32) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    text.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
-        (ctrls.split(',').any(|c| c == "cpu") && path != "/")
-            .then(|| Path::new("/sys/fs/cgroup/cpu").join(path.trim_start_matches('/')))
-    })
+    Ok(group)
 }
 
 /// When the antagonist spun: (started, stopped).
@@ -529,8 +465,8 @@ type Spans = Arc<parking_lot::Mutex<Vec<(Instant, Option<Instant>)>>>;
 
 /// Pin node process k to vCPU k: a cpuset each, or thread affinity when cpusets cannot
 /// be made. Returns the cpusets (removed on drop) and a sentence saying which.
-fn pin_nodes(pids: &[u32]) -> anyhow::Result<(Option<Cpusets>, String)> {
-    Ok(match Cpusets::pin(pids) {
+fn pin_nodes(pids: &[u32]) -> anyhow::Result<(Option<CpusetGroup>, String)> {
+    Ok(match pin_cpusets(pids) {
         Ok(c) => (
             Some(c),
             "node 1 in a cpuset of vCPU 0, node 2 in a cpuset of vCPU 1".to_string(),
@@ -563,21 +499,20 @@ struct Antagonist {
 }
 
 impl Antagonist {
-    fn start(cpu: usize, group: Option<PathBuf>) -> anyhow::Result<Antagonist> {
+    fn start(cpu: usize, group: Option<Arc<ThreadCpuGroup>>) -> anyhow::Result<Antagonist> {
         let on = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let spans = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let (o, s, sp) = (on.clone(), stop.clone(), spans.clone());
-        let mut set = nix::sched::CpuSet::new();
-        set.set(cpu)?;
         let thread = std::thread::Builder::new()
             .name("cpu-antagonist".into())
             .spawn(move || {
-                let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+                if let Err(e) = crate::affinity::pin_current_thread(cpu) {
+                    eprintln!("the antagonist could not pin itself to vCPU {cpu}: {e}");
+                }
                 if let Some(g) = &group {
-                    let tid = nix::unistd::gettid().as_raw();
-                    if let Err(e) = std::fs::write(g.join("tasks"), tid.to_string()) {
-                        eprintln!("the antagonist could not join {}: {e}", g.display());
+                    if let Err(e) = g.join_current_thread() {
+                        eprintln!("the antagonist could not join {}: {e}", g.dir().display());
                     }
                 }
                 while !s.load(Ordering::Acquire) {
@@ -644,18 +579,23 @@ fn reaction(p: &Params, per_us: f64) -> anyhow::Result<Reaction> {
     let (_cpusets, placement) = pin_nodes(&pids)?;
     // The antagonist gets a cpu group of its own next to node 2's (same parent, same
     // weight, no quota): another tenant's container on node 2's vCPU.
-    let sibling = cpu_group_of(pids[1])
-        .and_then(|g| {
-            g.parent()
-                .map(|p| p.join(format!("antagonist-{}", std::process::id())))
-        })
-        .filter(|g| std::fs::create_dir_all(g).is_ok());
+    let sibling = granule_host::paths_of(pids[1])
+        .and_then(|p| p.cpu)
+        .and_then(
+            |cpu| match ThreadCpuGroup::beside(&Hierarchy::default(), &cpu) {
+                Ok(g) => Some(Arc::new(g)),
+                Err(e) => {
+                    eprintln!("batch: no cpu group for the antagonist beside node 2's: {e}");
+                    None
+                }
+            },
+        );
     let ant_where = match &sibling {
         Some(g) => format!(
             "runs in a cpu group of its own next to node 2's ({}, same weight, no quota)",
-            g.display()
+            g.dir().display()
         ),
-        None => "runs at the root cpu group (node 2 has none)".to_string(),
+        None => "runs at the root cpu group (node 2 has no cpu group of its own)".to_string(),
     };
     let node2_group = sibling.clone();
     let placement = format!(
@@ -749,9 +689,12 @@ fn reaction(p: &Params, per_us: f64) -> anyhow::Result<Reaction> {
         .join()
         .map_err(|_| anyhow::anyhow!("the sampler panicked"))?;
     let spans = ant.spans.lock().clone();
+    // The antagonist's thread (and its handle on the group) is gone once it is joined.
     drop(ant);
-    if let Some(g) = &sibling {
-        let _ = std::fs::remove_dir(g);
+    if let Some(g) = sibling.and_then(|g| Arc::try_unwrap(g).ok()) {
+        if let Err(e) = g.remove() {
+            eprintln!("batch: {e}");
+        }
     }
     input.destroy()?;
     crate::print_cluster_usage(&cluster);

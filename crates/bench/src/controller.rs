@@ -36,7 +36,7 @@ use granule_controller::{ControllerClient, ControllerConfig, ControllerHandle};
 use granule_report::{Cell, Latency, Meta, Plot, Report, Summary, Table};
 use granule_transport::{Connection, Handler, Identity, Responder};
 use granule_wire::{Frame, Kind, Location, NodeId, NodeSpec, ProcletId, RemoteError, Role, Usage};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,7 +51,7 @@ const ID_BLOCK: u32 = 1024;
 /// The fake executable hash every load client presents (the first fixes the cluster's).
 const BINARY: [u8; 32] = [7; 32];
 const PROGRAM: &str = "granule-bench-controller";
-/// The controller thread's name as `/proc/.../comm` shows it (cut to 15 bytes).
+/// The controller thread's name as the kernel shows it (`comm`: cut to 15 bytes).
 const CONTROLLER_THREAD: &str = "granule-control";
 const SPEC: NodeSpec = NodeSpec {
     cores: 1.0,
@@ -179,35 +179,27 @@ struct Sample {
     load_cpu: Option<Duration>,
 }
 
-/// CPU time a thread has used so far: the first field of `/proc/.../task/TID/schedstat`
-/// (nanoseconds on the CPU).
-fn thread_cpu(task_dir: &Path) -> Option<Duration> {
-    let s = std::fs::read_to_string(task_dir.join("schedstat")).ok()?;
-    Some(Duration::from_nanos(
-        s.split_whitespace().next()?.parse().ok()?,
-    ))
+/// CPU time thread `tid` of this process has used so far (its schedstat: nanoseconds on
+/// a CPU).
+fn thread_cpu(tid: i32) -> Option<Duration> {
+    granule_host::proc::thread_schedstat(tid).map(|s| Duration::from_nanos(s.cpu_ns))
 }
 
-/// `/proc/self/task/TID` of this process's threads whose name (`comm`) is `comm`.
-fn threads_named(comm: &str) -> Vec<PathBuf> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .map(|e| e.path())
-        .filter(|p| std::fs::read_to_string(p.join("comm")).is_ok_and(|c| c.trim_end() == comm))
+/// The ids of this process's threads whose name (`comm`) is `comm`.
+fn threads_named(comm: &str) -> Vec<i32> {
+    granule_host::proc::thread_ids()
+        .into_iter()
+        .filter(|&tid| granule_host::proc::thread_name(tid).is_some_and(|n| n == comm))
         .collect()
 }
 
-/// The `/proc` directory of the calling thread.
-fn this_thread() -> Option<PathBuf> {
-    std::fs::read_link("/proc/thread-self")
-        .ok()
-        .map(|p| Path::new("/proc").join(p))
+/// The calling thread's id.
+fn this_thread() -> Option<i32> {
+    Some(granule_host::proc::current_tid())
 }
 
-fn cpu_delta(dir: &Option<PathBuf>, before: Option<Duration>) -> Option<Duration> {
-    let now = thread_cpu(dir.as_ref()?)?;
+fn cpu_delta(tid: &Option<i32>, before: Option<Duration>) -> Option<Duration> {
+    let now = thread_cpu((*tid)?)?;
     Some(now.saturating_sub(before?))
 }
 
@@ -357,16 +349,16 @@ struct Load {
     sync_client: Arc<Client>,
     ids: Arc<Vec<ProcletId>>,
     seed: u64,
-    /// `/proc` directories of the controller's thread and of this load thread.
-    controller_thread: Option<PathBuf>,
-    load_thread: Option<PathBuf>,
+    /// Thread ids (in this process) of the controller's thread and of this load thread.
+    controller_thread: Option<i32>,
+    load_thread: Option<i32>,
 }
 
 impl Load {
     async fn setup(
         addr: String,
         prepopulate: usize,
-        controller_thread: Option<PathBuf>,
+        controller_thread: Option<i32>,
     ) -> Result<Load> {
         let mut clients = Vec::new();
         for i in 0..=CONNECTIONS {
@@ -433,8 +425,8 @@ impl Load {
 
     /// One timed window of `op`.
     async fn measure(&mut self, op: Op, window: Duration) -> Result<Sample> {
-        let ctl0 = self.controller_thread.as_deref().and_then(thread_cpu);
-        let load0 = self.load_thread.as_deref().and_then(thread_cpu);
+        let ctl0 = self.controller_thread.and_then(thread_cpu);
+        let load0 = self.load_thread.and_then(thread_cpu);
         let start = Instant::now();
         let deadline = start + window;
         let mut tasks = Vec::new();
@@ -527,11 +519,7 @@ impl Measured {
 }
 
 /// Runs on the load runtime's worker thread.
-async fn drive(
-    addr: String,
-    p: Params,
-    controller_thread: Option<PathBuf>,
-) -> Result<Vec<Measured>> {
+async fn drive(addr: String, p: Params, controller_thread: Option<i32>) -> Result<Vec<Measured>> {
     let mut load = Load::setup(addr, p.prepopulate, controller_thread).await?;
     for op in Op::ALL {
         load.measure(op, p.warmup).await?;
@@ -599,7 +587,7 @@ pub fn run(opts: &BenchOpts) -> Result<PathBuf> {
     // A new thread names itself once it runs: give it a moment.
     let mut controller_thread = None;
     for _ in 0..100 {
-        let new: Vec<PathBuf> = threads_named(CONTROLLER_THREAD)
+        let new: Vec<i32> = threads_named(CONTROLLER_THREAD)
             .into_iter()
             .filter(|t| !before.contains(t))
             .collect();

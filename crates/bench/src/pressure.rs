@@ -69,7 +69,7 @@ use granule_wire::Role;
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -486,7 +486,11 @@ fn mem_of(n: &NodeInfo) -> u64 {
     }
 }
 
-fn sample_nodes(cluster: &Cluster, t0: Instant, cgroup_usage: Option<&Path>) -> Option<Sample> {
+fn sample_nodes(
+    cluster: &Cluster,
+    t0: Instant,
+    victim_cgroup: Option<&granule_host::Reader>,
+) -> Option<Sample> {
     let nodes = cluster.nodes().ok()?;
     let t_ns = u64::try_from(Instant::now().saturating_duration_since(t0).as_nanos()).ok()?;
     let mut v: Vec<NodeSample> = nodes
@@ -502,9 +506,7 @@ fn sample_nodes(cluster: &Cluster, t0: Instant, cgroup_usage: Option<&Path>) -> 
         })
         .collect();
     v.sort_by_key(|n| n.id);
-    let victim_cgroup = cgroup_usage
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .and_then(|s| s.trim().parse().ok());
+    let victim_cgroup = victim_cgroup.and_then(|r| r.memory_usage().ok());
     Some(Sample {
         t_ns,
         nodes: v,
@@ -558,7 +560,8 @@ fn run_antagonist(
         "--controller".into(),
         controller.into(),
     ];
-    eprintln!("pressure: starting /proc/self/exe {}", args.join(" "));
+    let exe = granule_host::proc::SELF_EXE;
+    eprintln!("pressure: starting {exe} {}", args.join(" "));
     let start_ns = now_ns();
     let spawned = std::fs::File::create(&log_path).and_then(|f| {
         let f2 = f.try_clone()?;
@@ -568,7 +571,7 @@ fn run_antagonist(
             c.args(["-c", "1"]).arg(std::env::current_exe()?);
             c
         } else {
-            std::process::Command::new("/proc/self/exe")
+            std::process::Command::new(exe)
         };
         cmd.args(&args)
             .stdin(std::process::Stdio::null())
@@ -639,23 +642,14 @@ fn run_antagonist(
     }
 }
 
-/// `oom_kill` of a v1 memory cgroup's `memory.oom_control` (kills inside that cgroup).
-fn cgroup_oom_kills(dir: &Path) -> Option<u64> {
-    let s = std::fs::read_to_string(dir.join("memory.oom_control")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("oom_kill "))
-        .and_then(|v| v.trim().parse().ok())
+/// Kills inside the victim's memory cgroup so far (`None` if unreadable).
+fn cgroup_oom_kills(reader: &granule_host::Reader) -> Option<u64> {
+    reader.oom_kills().ok()
 }
 
 /// Whether process `pid` is gone or a zombie.
 fn process_dead(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s
-            .rfind(')')
-            .and_then(|i| s[i + 1..].split_ascii_whitespace().next())
-            .is_none_or(|state| state == "Z" || state == "X"),
-        Err(_) => true,
-    }
+    granule_host::proc::process_gone(pid)
 }
 
 // ----- one run ------------------------------------------------------------------------
@@ -1019,20 +1013,31 @@ fn run_once(p: &Params, label: &'static str, baseline: bool) -> anyhow::Result<R
         std::thread::sleep(Duration::from_millis(50));
         info = victim_info()?;
     }
-    let victim_cgroup_dir = info
+    // The victim's memory cgroup, read through the host crate; its files stay open (the
+    // sampler reads the usage every few milliseconds).
+    let victim_cgroup = info
         .cgroups
         .as_ref()
-        .and_then(|c| c.memory.as_ref())
-        .map(|rel| PathBuf::from("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/')))
-        .filter(|d| d.join("memory.limit_in_bytes").is_file());
+        .and_then(|c| c.memory.clone())
+        .and_then(|rel| {
+            let h = granule_host::Hierarchy::default();
+            let dir = h.group_dir(granule_host::Controller::Memory, &rel).ok()?;
+            let paths = granule_host::CgroupPaths {
+                memory: Some(rel),
+                cpu: None,
+            };
+            let reader = granule_host::Reader::for_paths(&h, &paths).ok()?;
+            Some((dir, reader))
+        });
+    let victim_cgroup_dir = victim_cgroup.as_ref().map(|(d, _)| d.clone());
     // The antagonist needs the node's *own* memory cgroup with its spec as the limit; a node
     // of a cluster started without cgroups still reports the (unlimited, shared) cgroup it
     // inherited, and an antagonist there would press on everything but the node.
-    let file_limit = victim_cgroup_dir
+    // (0: no limit.)
+    let file_limit = victim_cgroup
         .as_ref()
-        .and_then(|d| std::fs::read_to_string(d.join("memory.limit_in_bytes")).ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    let limited = file_limit.is_some_and(|l| l <= info.spec.mem_bytes.saturating_mul(2));
+        .and_then(|(_, r)| r.memory_limit().ok());
+    let limited = file_limit.is_some_and(|l| l > 0 && l <= info.spec.mem_bytes.saturating_mul(2));
     let cgroups = victim_cgroup_dir.is_some() && limited;
     let cgroup_reported = limited && info.usage.cgroup_mem_limit > 0;
     let victim_limit = if cgroup_reported {
@@ -1047,10 +1052,15 @@ fn run_once(p: &Params, label: &'static str, baseline: bool) -> anyhow::Result<R
             info.cgroups
         );
     } else if !limited {
+        let limit = match file_limit {
+            None => "unreadable".to_string(),
+            Some(0) => "none".to_string(),
+            Some(l) => format!("{l} bytes"),
+        };
         eprintln!(
-            "pressure[{label}]: NOTE: node {victim} reports the memory cgroup {:?}, whose limit is {:?} bytes, \
+            "pressure[{label}]: NOTE: node {victim} reports the memory cgroup {:?}, whose limit is {limit}, \
              not its spec's {}: not a cgroup of its own (cluster without cgroups), so the antagonist phase is skipped",
-            victim_cgroup_dir, file_limit, info.spec.mem_bytes
+            victim_cgroup_dir, info.spec.mem_bytes
         );
     } else if !cgroup_reported {
         eprintln!(
@@ -1060,11 +1070,10 @@ fn run_once(p: &Params, label: &'static str, baseline: bool) -> anyhow::Result<R
         );
     }
     // From here on only a cgroup of the node's own counts (a shared one says nothing).
-    let victim_cgroup_dir = victim_cgroup_dir.filter(|_| limited);
-    let oom_before = victim_cgroup_dir.as_deref().and_then(cgroup_oom_kills);
-    let cgroup_usage_file = victim_cgroup_dir
-        .as_ref()
-        .map(|d| d.join("memory.usage_in_bytes"));
+    let victim_cgroup = victim_cgroup.filter(|_| limited);
+    let victim_cgroup_dir = victim_cgroup.as_ref().map(|(d, _)| d.clone());
+    let victim_reader = victim_cgroup.map(|(_, r)| r);
+    let oom_before = victim_reader.as_ref().and_then(cgroup_oom_kills);
 
     let nshards = p.shards;
     let shared = Arc::new(Shared {
@@ -1096,7 +1105,7 @@ fn run_once(p: &Params, label: &'static str, baseline: bool) -> anyhow::Result<R
             let mut next = t0;
             std::thread::sleep(t0.saturating_duration_since(Instant::now()));
             while sampling.load(Ordering::Acquire) {
-                if let Some(s) = sample_nodes(&cluster, t0, cgroup_usage_file.as_deref()) {
+                if let Some(s) = sample_nodes(&cluster, t0, victim_reader.as_ref()) {
                     if let Some(v) = s.nodes.iter().find(|n| n.id == victim) {
                         if prev_moves.is_some_and(|m| v.moves_out > m) {
                             last_move_ns.store(s.t_ns, Ordering::Release);
@@ -1177,7 +1186,7 @@ fn run_once(p: &Params, label: &'static str, baseline: bool) -> anyhow::Result<R
         })
         .map(|(id, _)| id)
         .collect();
-    let oom_after = victim_cgroup_dir.as_deref().and_then(cgroup_oom_kills);
+    let oom_after = victim_reader.as_ref().and_then(cgroup_oom_kills);
     let victim_oom_kills = match (oom_before, oom_after) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
         _ => None,
@@ -1416,10 +1425,7 @@ fn dump_requests(label: &str, t0: Instant, recs: &[Rec], shard_home: &[NodeId], 
         return;
     };
     // `Instant` is CLOCK_MONOTONIC on Linux: anchor t0 through the current reading.
-    let now_mono = match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
-        Ok(ts) => ts.tv_sec() as f64 + ts.tv_nsec() as f64 * 1e-9,
-        Err(e) => return eprintln!("pressure: cannot read CLOCK_MONOTONIC: {e}"),
-    };
+    let now_mono = granule_host::proc::monotonic_clock().as_secs_f64();
     let t0_mono = now_mono - t0.elapsed().as_secs_f64();
     use std::fmt::Write as _;
     let mut out = String::from("start_mono_s,latency_us,lag_us,shard,read,on_victim,ok\n");
@@ -1468,13 +1474,11 @@ fn dump_moves(label: &str, controller: &str) {
         Ok(e) => e,
         Err(e) => return eprintln!("pressure: cannot fetch the cluster's events: {e:#}"),
     };
-    let mono = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC);
-    let real = nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME);
-    let offset = match (mono, real) {
-        (Ok(m), Ok(r)) => {
-            (m.tv_sec() - r.tv_sec()) as f64 + (m.tv_nsec() - r.tv_nsec()) as f64 * 1e-9
-        }
-        _ => f64::NAN,
+    // `SystemTime` is CLOCK_REALTIME.
+    let mono = granule_host::proc::monotonic_clock().as_secs_f64();
+    let offset = match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(real) => mono - real.as_secs_f64(),
+        Err(_) => f64::NAN,
     };
     use std::fmt::Write as _;
     let mut out =

@@ -224,7 +224,8 @@ fn hierarchy() -> anyhow::Result<Hierarchy> {
     Hierarchy::detect().map_err(|e| {
         anyhow::anyhow!(
             "cannot use cgroups here: {e} (antagonists run as root on the node's machine, \
-             with the cgroup v1 memory and cpu controllers mounted under /sys/fs/cgroup)"
+             with the cgroup v1 memory and cpu controllers mounted under {})",
+            granule_host::DEFAULT_ROOT
         )
     })
 }

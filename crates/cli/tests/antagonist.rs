@@ -152,8 +152,8 @@ fn memory_antagonist_is_charged_to_the_nodes_memory_group() {
         inside.cpu, paths.cpu,
         "the memory antagonist has a cpu group of its own"
     );
-    let adj = std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap();
-    assert_eq!(adj.trim(), "1000", "it volunteers for the OOM killer");
+    let adj = granule_host::proc::oom_score_adj(pid);
+    assert_eq!(adj, Some(1000), "it volunteers for the OOM killer");
     assert!(
         during >= before + (24 << 20),
         "the node's memory.usage_in_bytes went from {before} to {during} only"

@@ -193,19 +193,23 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
     // `granule/c<its pid>-<start>-<n>/node0`, with its spec's limits.
     let own_groups = cgroups_usable().then(|| {
         let pid = nodes[0].0.id();
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-        let line = |c: &str| {
-            text.lines()
-                .find_map(|l| l.split_once(&format!(":{c}:")).map(|(_, p)| p.to_string()))
-                .unwrap_or_default()
+        let paths = granule_host::paths_of(pid).expect("the node runs in cgroups");
+        let (mem, cpu) = (
+            paths.memory.clone().unwrap_or_default(),
+            paths.cpu.clone().unwrap_or_default(),
+        );
+        assert!(mem.starts_with(&format!("/granule/c{pid}-")), "{paths:?}");
+        assert!(mem.ends_with("/node0") && cpu == mem, "{paths:?}");
+        let h = granule_host::Hierarchy::default();
+        let memory_only = granule_host::CgroupPaths {
+            memory: Some(mem.clone()),
+            cpu: None,
         };
-        let (mem, cpu) = (line("memory"), line("cpu"));
-        assert!(mem.starts_with(&format!("/granule/c{pid}-")), "{text}");
-        assert!(mem.ends_with("/node0") && cpu == mem, "{text}");
-        let dir = format!("/sys/fs/cgroup/memory{mem}");
-        let limit = std::fs::read_to_string(format!("{dir}/memory.limit_in_bytes")).unwrap();
-        assert_eq!(limit.trim(), (256u64 << 20).to_string());
-        dir
+        let limit = granule_host::Reader::for_paths(&h, &memory_only)
+            .and_then(|r| r.memory_limit())
+            .unwrap();
+        assert_eq!(limit, 256u64 << 20);
+        h.group_dir(granule_host::Controller::Memory, &mem).unwrap()
     });
     // Ctrl-C on a hand-started node: it leaves cleanly too.
     let mut nodes = nodes;
@@ -226,7 +230,7 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
     assert!(status.success(), "{status:?}");
     // ...and removed its cgroups on the way out.
     if let Some(dir) = own_groups {
-        let cluster = std::path::Path::new(&dir).parent().unwrap().to_path_buf();
+        let cluster = dir.parent().unwrap().to_path_buf();
         assert!(!cluster.exists(), "{} is left behind", cluster.display());
     }
     let out = Command::new(GRANULE)

@@ -173,14 +173,7 @@ fn a_binary_mismatch_says_to_run_the_drivers_build() {
 /// they need. Needs root (to drop to an unprivileged user) and `setpriv`.
 #[test]
 fn cgroups_not_writable_is_explained() {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false);
+    let root = granule_host::proc::is_root();
     let setpriv = std::path::Path::new("/usr/bin/setpriv");
     if !root || !setpriv.exists() {
         eprintln!("skipped: needs root and /usr/bin/setpriv to run granule as another user");

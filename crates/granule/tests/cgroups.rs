@@ -10,7 +10,7 @@ mod common;
 use common::{bounded, cgroups_usable, process_gone};
 use granule::config::CgroupsMode;
 use granule::{Cluster, NodeId};
-use granule_host::{paths_of, CgroupPaths, Controller, Hierarchy, Reader};
+use granule_host::{paths_of, CgroupPaths, ClusterGroups, Controller, Hierarchy, Reader};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -36,18 +36,14 @@ fn cluster_dirs(h: &Hierarchy, paths: &CgroupPaths) -> Vec<PathBuf> {
 #[test]
 fn nodes_run_in_their_groups_with_their_specs_as_limits() {
     let Some(h) = cgroups_usable() else { return };
-    // A group left by an earlier driver: this test's pid, but another start time.
+    // A group left by an earlier driver: this test's pid, but another start time. Made
+    // with the API a driver uses, then forgotten as a driver killed with SIGKILL would
+    // forget it (its drop would remove it).
     let me = std::process::id();
-    let planted: Vec<PathBuf> = Controller::ALL
-        .iter()
-        .map(|&c| {
-            let d = h
-                .group_dir(c, &format!("/granule/c{me}-1-0/node0"))
-                .unwrap();
-            std::fs::create_dir_all(&d).unwrap();
-            d.parent().unwrap().to_path_buf()
-        })
-        .collect();
+    let stale = ClusterGroups::named(&h, format!("c{me}-1-0")).unwrap();
+    stale.node("node0", 1.0, 64 << 20).unwrap();
+    let planted: Vec<PathBuf> = Controller::ALL.iter().map(|&c| stale.dir(c)).collect();
+    std::mem::forget(stale);
     let h2 = h.clone();
     bounded(LIMIT, move || {
         let h = h2;

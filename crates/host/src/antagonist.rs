@@ -6,7 +6,8 @@
 //! sits in a group of its own ([`OwnCpuGroup`]) so that its page faulting is not billed to
 //! the node's CPU quota: next to the node's own cpu group when the node has one, so the
 //! two compete as a node and a co-tenant on one machine would. A CPU antagonist joins the
-//! node's cpu group and [`spin`]s.
+//! node's cpu group and [`spin`]s. An antagonist that is a thread of a benchmark driver
+//! rather than a process gets a [`ThreadCpuGroup`] beside the node's.
 
 use crate::group::{join_pid, remove_tree, sweep};
 use crate::hierarchy::{Controller, Hierarchy};
@@ -160,6 +161,74 @@ impl Drop for OwnCpuGroup {
     }
 }
 
+/// Names of [`ThreadCpuGroup`]s made by this process (`a<pid>-<start>-<n>`).
+static THREAD_GROUP_SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A cpu group, beside a node's own cpu group, for threads of this process: another
+/// tenant on the node's CPU, with the same weight and no quota, for an antagonist that is
+/// a thread of a benchmark driver. Named `a<pid>-<start>-<n>` in the node group's parent,
+/// so a dead process's group is swept like an [`OwnCpuGroup`]. Removed on drop, once the
+/// threads that joined it have exited (a thread cannot be moved out of a v1 group it
+/// joined except by another write, so the group is made for threads that end before it).
+#[derive(Debug)]
+pub struct ThreadCpuGroup {
+    dir: PathBuf,
+    removed: bool,
+}
+
+impl ThreadCpuGroup {
+    /// Create the group beside `node_cpu` (a node's cpu group as it reports it, e.g.
+    /// `/granule/c1-2-0/node0`), which must be a group Granule made for a node (under
+    /// `granule/`, with a CPU quota).
+    pub fn beside(h: &Hierarchy, node_cpu: &str) -> Result<ThreadCpuGroup, CgroupError> {
+        let parent =
+            OwnCpuGroup::cluster_group_of(h, node_cpu).ok_or_else(|| CgroupError::BadPath {
+                path: node_cpu.to_string(),
+                why: "not a node's own cpu group (under granule/, with a quota)",
+            })?;
+        let pid = std::process::id();
+        let start = process_start_time(pid).ok_or_else(|| CgroupError::Parse {
+            path: PathBuf::from("/proc/self/stat"),
+            text: "no start time".into(),
+        })?;
+        let n = THREAD_GROUP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = h
+            .group_dir(Controller::Cpu, &parent)?
+            .join(format!("a{pid}-{start}-{n}"));
+        std::fs::create_dir_all(&dir).map_err(|e| CgroupError::io("create", &dir, e))?;
+        Ok(ThreadCpuGroup {
+            dir,
+            removed: false,
+        })
+    }
+
+    /// The group's directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// Move the calling thread (only it) into the group.
+    pub fn join_current_thread(&self) -> Result<(), CgroupError> {
+        crate::group::write_value(&self.dir.join("tasks"), crate::proc::current_tid())
+    }
+
+    /// Delete the group (its threads must have exited).
+    pub fn remove(mut self) -> Result<(), CgroupError> {
+        self.removed = true;
+        remove_tree(&self.dir)
+    }
+}
+
+impl Drop for ThreadCpuGroup {
+    fn drop(&mut self) {
+        if !self.removed {
+            if let Err(e) = remove_tree(&self.dir) {
+                tracing::warn!("cannot remove {}: {e}", self.dir.display());
+            }
+        }
+    }
+}
+
 /// Memory held by [`allocate_paced`]; freed (unmapped) on drop.
 #[derive(Debug, Default)]
 pub struct Hog {
@@ -304,6 +373,26 @@ mod tests {
         let inside = paths_of(me).and_then(|p| p.cpu).unwrap_or_default();
         assert!(inside.starts_with(&format!("{cluster}/a{me}-")), "{inside}");
         g.remove().unwrap();
+        // A thread's group beside the node's: a spawned thread joins, exits, the group goes.
+        let tg = ThreadCpuGroup::beside(&h, &node).unwrap();
+        assert_eq!(tg.dir().parent(), Some(cluster_dir.as_path()));
+        let joined = std::thread::scope(|s| {
+            s.spawn(|| {
+                tg.join_current_thread().unwrap();
+                std::fs::read_to_string(tg.dir().join("tasks")).unwrap()
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(joined.split_whitespace().count(), 1, "{joined}");
+        let tdir = tg.dir().to_path_buf();
+        tg.remove().unwrap();
+        assert!(!tdir.exists());
+        assert_eq!(
+            paths_of(me).and_then(|p| p.cpu),
+            before,
+            "the process stayed put"
+        );
         // A group without a quota is not a node's own: the shared place instead.
         std::fs::write(node_dir.join("cpu.cfs_quota_us"), "-1").unwrap();
         let g = OwnCpuGroup::enter_beside(&h, Some(&node)).unwrap();
@@ -313,6 +402,7 @@ mod tests {
             "{inside}"
         );
         g.remove().unwrap();
+        assert!(ThreadCpuGroup::beside(&h, &node).is_err());
         // Nor is a group outside granule/, or none at all.
         for other in [Some("/"), Some("/user.slice"), None] {
             let g = OwnCpuGroup::enter_beside(&h, other).unwrap();

@@ -220,7 +220,9 @@ pub fn join_self(paths: &CgroupPaths) -> Result<(), CgroupError> {
 /// Remove the groups of clusters whose driver is gone (and of antagonists that died
 /// without removing theirs, e.g. OOM-killed ones): for every `granule/c<pid>-<start>...`
 /// whose pid is not a process started at `<start>`, kill what still runs inside and
-/// remove it. Returns the directories removed. Names it cannot parse are left alone.
+/// remove it. Cpusets of a process that is gone (`cpuset/granule/s<pid>-<start>-<n>`) are
+/// removed too, their tasks moved out rather than killed. Returns the directories
+/// removed. Names it cannot parse are left alone.
 pub fn cleanup_stale(h: &Hierarchy) -> Vec<String> {
     let mut removed = Vec::new();
     for c in Controller::ALL {
@@ -231,6 +233,7 @@ pub fn cleanup_stale(h: &Hierarchy) -> Vec<String> {
         'a',
         &mut removed,
     );
+    crate::cpuset::sweep_stale(h, &mut removed);
     removed
 }
 
@@ -270,7 +273,7 @@ pub(crate) fn parse_owner(name: &str, prefix: char) -> Option<(u32, u64)> {
 }
 
 /// A group name must be one directory name.
-fn check_name(name: &str) -> Result<(), CgroupError> {
+pub(crate) fn check_name(name: &str) -> Result<(), CgroupError> {
     let why = if name.is_empty() {
         "empty name"
     } else if name == "." || name == ".." || name.contains('/') || name.contains('\0') {

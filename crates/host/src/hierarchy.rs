@@ -1,4 +1,5 @@
-//! The cgroup v1 mount root and whether Granule may use it.
+//! The cgroup v1 mount root, whether Granule may make its own groups in it, and where a
+//! group's directory is.
 
 use crate::CgroupError;
 use nix::unistd::AccessFlags;
@@ -8,14 +9,18 @@ use std::path::{Path, PathBuf};
 /// Where cgroup v1 controllers are mounted on every mainstream distribution.
 pub const DEFAULT_ROOT: &str = "/sys/fs/cgroup";
 
-/// The two controllers Granule limits nodes with.
+/// The cgroup v1 controllers Granule uses: memory and cpu limit its node groups; cpuset
+/// pins processes to CPUs (benchmarks); cpuacct counts CPU time per CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Controller {
     Memory,
     Cpu,
+    Cpuset,
+    Cpuacct,
 }
 
 impl Controller {
+    /// The controllers every node group has (and [`Hierarchy::detect`] requires).
     pub const ALL: [Controller; 2] = [Controller::Memory, Controller::Cpu];
 
     /// The controller's name, as in `/proc/<pid>/cgroup` and as its mount directory.
@@ -23,6 +28,8 @@ impl Controller {
         match self {
             Controller::Memory => "memory",
             Controller::Cpu => "cpu",
+            Controller::Cpuset => "cpuset",
+            Controller::Cpuacct => "cpuacct",
         }
     }
 
@@ -32,6 +39,8 @@ impl Controller {
         match self {
             Controller::Memory => "memory.limit_in_bytes",
             Controller::Cpu => "cpu.cfs_quota_us",
+            Controller::Cpuset => "cpuset.cpus",
+            Controller::Cpuacct => "cpuacct.usage",
         }
     }
 }
@@ -93,9 +102,11 @@ impl Hierarchy {
             )));
         }
         // A unified (v2) mount at the root has this file; v1 roots are a tmpfs of mounts.
+        // Granule makes its node groups with v1 only; v2 groups can still be read, and
+        // adjusted as foreign groups (`ForeignGroup`).
         if h.root.join("cgroup.controllers").exists() {
             return Err(Unavailable::new(format!(
-                "{} is a cgroup v2 (unified) hierarchy; Granule needs the cgroup v1 memory and cpu controllers",
+                "{} is a cgroup v2 (unified) hierarchy; Granule makes its node groups with the cgroup v1 memory and cpu controllers",
                 h.root.display()
             )));
         }
@@ -142,29 +153,39 @@ impl Hierarchy {
         self.root.join(c.name())
     }
 
+    /// Whether controller `c` is mounted here (readable; says nothing of writing).
+    pub fn has(&self, c: Controller) -> bool {
+        self.controller_dir(c).join(c.probe_file()).is_file()
+    }
+
     /// The directory of the group `rel` (as `/proc/<pid>/cgroup` names it, e.g.
     /// `/granule/c1-2-0/node0`) in controller `c`. Refuses paths that could leave the
     /// hierarchy: they may come from the network (a node's reported cgroups).
     pub fn group_dir(&self, c: Controller, rel: &str) -> Result<PathBuf, CgroupError> {
-        let bad = |why| CgroupError::BadPath {
-            path: rel.to_string(),
-            why,
-        };
-        if !rel.starts_with('/') {
-            return Err(bad("not absolute"));
-        }
-        if rel.contains('\0') {
-            return Err(bad("contains NUL"));
-        }
-        let mut dir = self.controller_dir(c);
-        for part in rel.split('/').filter(|p| !p.is_empty()) {
-            if part == "." || part == ".." {
-                return Err(bad("contains . or .."));
-            }
-            dir.push(part);
-        }
-        Ok(dir)
+        join_group(self.controller_dir(c), rel)
     }
+}
+
+/// `base` joined with a group path as `/proc/<pid>/cgroup` names it, refusing paths that
+/// could leave `base` (they may come from the network or a record file).
+pub(crate) fn join_group(mut dir: PathBuf, rel: &str) -> Result<PathBuf, CgroupError> {
+    let bad = |why| CgroupError::BadPath {
+        path: rel.to_string(),
+        why,
+    };
+    if !rel.starts_with('/') {
+        return Err(bad("not absolute"));
+    }
+    if rel.contains('\0') {
+        return Err(bad("contains NUL"));
+    }
+    for part in rel.split('/').filter(|p| !p.is_empty()) {
+        if part == "." || part == ".." {
+            return Err(bad("contains . or .."));
+        }
+        dir.push(part);
+    }
+    Ok(dir)
 }
 
 #[cfg(test)]

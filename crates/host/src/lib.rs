@@ -5,10 +5,16 @@
 //! layout.rs` checks it); the runtime, the libraries, the benchmarks and the command use
 //! this crate instead. What it owns:
 //!
-//! - [`proc`]: readings of this process and its threads (CPU time, resident memory,
-//!   per-thread schedstat, the task list) and of other processes (state, start time);
+//! - [`proc`]: readings of this process and its threads (CPU clocks, resident memory,
+//!   per-thread schedstat, the task list) and of other processes (state, start time,
+//!   CPU time);
 //! - [`os`]: thread nice values and scheduler slices, returning free memory to the
 //!   kernel, ignoring SIGPIPE, CPU affinity — the crate's only `unsafe` code;
+//! - [`mem`]: the machine's memory (`/proc/meminfo`, `/proc/vmstat`, `/proc/swaps`) and
+//!   zswap (parameters, two settings with their previous values returned, statistics
+//!   where debugfs is mounted);
+//! - [`psi`]: pressure stall information, system-wide and per v2 group;
+//! - [`machine`]: CPU model and count, memory, kernel release;
 //! - cgroup v1 groups *Granule creates for itself*: detecting whether cgroup v1 is usable
 //!   ([`Hierarchy::detect`], with a human reason when it is not, so callers can fall back
 //!   to budget accounting); one directory per local cluster,
@@ -17,33 +23,59 @@
 //!   node's spec; removing those directories when the cluster ends, and those of
 //!   processes that died without removing theirs ([`cleanup_stale`]); moving processes
 //!   into groups ([`join_pid`], [`join_self`]) and naming the groups a process runs in
-//!   ([`current_paths`]); cheap repeated readings of a group's usage, limit, OOM kills and
-//!   throttling ([`Reader`]);
-//! - antagonists that put memory or CPU load into a node's groups ([`antagonist`]).
+//!   ([`current_paths`]); cpusets that pin processes to CPUs ([`CpusetGroup`]);
+//!   antagonists that put memory or CPU load into a node's groups ([`antagonist`]);
+//! - cgroup readings, v1 and v2: cheap repeated readings of a group's usage, limit, OOM
+//!   kills and throttling ([`Reader`]), `memory.stat` ([`MemoryStat`]), per-CPU usage
+//!   ([`cpuacct_usage_percpu`]), the unified hierarchy where one is mounted
+//!   ([`Unified`]);
+//! - *foreign* groups, which Granule did not create and must leave as it found them:
+//!   adopting one, reading it, and adjusting its memory limit with an explicit restore
+//!   and a record that survives the adjuster's death ([`ForeignGroup`]; the contract is
+//!   in [`foreign`]). A separate API on purpose: nothing in it creates, removes or kills.
 //!
 //! It must not touch cgroups it did not create through the API for its own groups: only
 //! directories below `granule/` and `granule-antagonists/` whose names it can parse are
-//! ever removed, and only tasks inside them are ever killed. It knows nothing of
-//! proclets, the controller or the transport; the runtime decides when to create and
-//! remove groups.
+//! ever removed, and only tasks inside them are ever killed; a foreign group's memory
+//! limit is the only thing written outside them (and the `cgroup.procs` a pinned process
+//! goes back to). It knows nothing of proclets, the controller or the transport; the
+//! runtime decides when to create and remove groups, the market when to harvest.
 //!
 //! Processes are identified by pid within one pid namespace: a driver in another pid
 //! namespace that shares this cgroup file system would look dead to [`cleanup_stale`].
 #![deny(unsafe_code)]
 
 pub mod antagonist;
+mod cpuset;
+mod file;
+pub mod foreign;
 mod group;
 mod hierarchy;
+pub mod machine;
+pub mod mem;
 pub mod os;
 pub mod proc;
 mod procfs;
+pub mod psi;
 mod reader;
+mod stat;
+mod unified;
 
+pub use cpuset::{Cpuset, CpusetGroup};
+pub use foreign::{restore_from_record, ForeignGroup, Limit, Restored};
 pub use granule_wire::CgroupPaths;
 pub use group::{cleanup_stale, join_pid, join_self, ClusterGroups, NodeGroup};
 pub use hierarchy::{Controller, Hierarchy, Unavailable, DEFAULT_ROOT};
-pub use procfs::{current_paths, parse_proc_cgroup, paths_of, process_start_time};
+pub use procfs::{
+    current_paths, parse_proc_cgroup, paths_of, proc_cgroup_text, process_start_time, unified_path,
+    v1_path,
+};
 pub use reader::{CpuStat, Reader};
+pub use stat::{
+    cpuacct_usage, cpuacct_usage_percpu, memory_stat, parse_memory_stat, parse_percpu,
+    parse_unified_cpu_stat, CgroupVersion, MemoryStat, UnifiedCpuStat,
+};
+pub use unified::{parse_mounts, CgroupMounts, Unified};
 
 use std::path::PathBuf;
 
@@ -80,6 +112,51 @@ pub enum CgroupError {
     BadPath { path: String, why: &'static str },
     #[error("cgroup {path} still has tasks {pids:?}; cannot remove it")]
     Busy { path: PathBuf, pids: Vec<u32> },
+    #[error(
+        "cgroup {path}: the kernel cannot get the usage ({usage} bytes) under a memory limit of {limit} bytes; the limit is unchanged"
+    )]
+    LimitRefused {
+        path: PathBuf,
+        limit: u64,
+        usage: u64,
+    },
+    #[error("limit record {path}: {why}")]
+    Record { path: PathBuf, why: String },
+    #[error(transparent)]
+    Host(#[from] HostError),
+}
+
+/// What can go wrong reading or writing a file under `/proc` or `/sys` outside cgroups.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unexpected content in {path}: {text:?}")]
+    Parse { path: PathBuf, text: String },
+    #[error("{value} is not a valid {what}")]
+    Invalid { what: &'static str, value: String },
+}
+
+impl HostError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        HostError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn parse(path: impl Into<PathBuf>, text: &str) -> Self {
+        HostError::Parse {
+            path: path.into(),
+            text: text.to_string(),
+        }
+    }
 }
 
 impl CgroupError {

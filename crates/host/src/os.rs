@@ -1,7 +1,9 @@
-//! Scheduling and allocator requests to the operating system that no safe wrapper
-//! covers: a thread's nice value and scheduler slice, returning the allocator's free
-//! memory, ignoring SIGPIPE. The host crate's only `unsafe` code (each block carries a
-//! `// SAFETY:` note), and with `shipping.rs` in the runtime, the workspace's.
+//! Scheduling and allocator requests to the operating system: a thread's nice value and
+//! scheduler slice, returning the allocator's free memory, ignoring SIGPIPE (which no
+//! safe wrapper covers), and CPU affinity (which nix covers; it lives here so that every
+//! affinity call of the workspace goes through one place). The host crate's only
+//! `unsafe` code (each block carries a `// SAFETY:` note), and with `shipping.rs` in the
+//! runtime, the workspace's; a test (`crates/granule/tests/layout.rs`) keeps it so.
 #![allow(unsafe_code)]
 
 use std::time::Duration;
@@ -112,6 +114,13 @@ pub fn set_affinity(tid: i32, cpus: &[usize]) -> std::io::Result<()> {
         .map_err(std::io::Error::from)
 }
 
+/// Let the calling thread (0) or thread `tid` run on any CPU (the kernel keeps those
+/// that exist and that its cpuset allows).
+pub fn allow_all_cpus(tid: i32) -> std::io::Result<()> {
+    let all: Vec<usize> = (0..nix::sched::CpuSet::count()).collect();
+    set_affinity(tid, &all)
+}
+
 /// The CPUs the calling thread (0) or thread `tid` may run on.
 pub fn affinity(tid: i32) -> std::io::Result<Vec<usize>> {
     let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(tid))
@@ -163,6 +172,9 @@ mod tests {
         std::thread::spawn(move || {
             set_affinity(0, &all[..1]).unwrap();
             assert_eq!(affinity(0).unwrap(), all[..1].to_vec());
+            allow_all_cpus(0).unwrap();
+            let after = affinity(0).unwrap();
+            assert!(all.iter().all(|c| after.contains(c)), "{after:?}");
         })
         .join()
         .unwrap();

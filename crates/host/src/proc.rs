@@ -68,6 +68,23 @@ pub fn process_cpu_time() -> Duration {
     clock(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID)
 }
 
+/// `CLOCK_MONOTONIC` now, as time since boot (not counting suspend): the clock `Instant`
+/// reads and `perf` can stamp events with, for lining up a trace with our timings.
+pub fn monotonic_clock() -> Duration {
+    clock(nix::time::ClockId::CLOCK_MONOTONIC)
+}
+
+/// CPU time on a CPU of every living thread of process `pid`, summed from each thread's
+/// schedstat (nanosecond resolution, unlike the tick-based [`process_cpu_time_of`]; exited
+/// threads are not counted). 0 if the process is gone.
+pub fn threads_cpu_ns(pid: u32) -> u64 {
+    tasks_of(pid)
+        .into_iter()
+        .filter_map(|tid| task_schedstat(pid, tid))
+        .map(|s| s.cpu_ns)
+        .sum()
+}
+
 fn clock(id: nix::time::ClockId) -> Duration {
     nix::time::clock_gettime(id)
         .map(|t| Duration::new(t.tv_sec() as u64, t.tv_nsec() as u32))
@@ -167,9 +184,10 @@ pub fn process_state(pid: u32) -> Option<char> {
     stat_fields(&stat)?.first()?.chars().next()
 }
 
-/// Whether a process is gone: no such process, or a zombie nobody reaped yet.
+/// Whether a process is gone: no such process, a zombie nobody reaped yet, or dead
+/// (`X`, seen only for an instant).
 pub fn process_gone(pid: u32) -> bool {
-    matches!(process_state(pid), None | Some('Z'))
+    matches!(process_state(pid), None | Some('Z') | Some('X'))
 }
 
 /// A process's resident memory, bytes (field 24 of `/proc/PID/stat`, in pages).
@@ -235,6 +253,10 @@ mod tests {
         assert!(!process_gone(std::process::id()));
         assert!(process_resident_bytes(std::process::id()).unwrap() > 1 << 20);
         assert!(thread_name(me).is_some());
+        assert!(threads_cpu_ns(std::process::id()) > 0);
+        assert_eq!(threads_cpu_ns(u32::MAX), 0);
+        let a = monotonic_clock();
+        assert!(monotonic_clock() >= a && a > Duration::ZERO);
     }
 
     #[test]

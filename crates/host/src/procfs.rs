@@ -1,4 +1,5 @@
-//! What `/proc` says about a process: the cgroups it runs in and when it started.
+//! What `/proc` says about a process: the cgroups it runs in (v1 and v2) and when it
+//! started.
 
 use granule_wire::CgroupPaths;
 
@@ -41,6 +42,33 @@ pub fn paths_of(pid: u32) -> Option<CgroupPaths> {
     parse_proc_cgroup(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?)
 }
 
+/// The path of the v1 group of controller `name` (`memory`, `cpuacct`, ...) in the text
+/// of a `/proc/<pid>/cgroup` file, the root `/` included; `None` if no v1 hierarchy with
+/// that controller is listed.
+pub fn v1_path(text: &str, name: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let path = path.trim();
+        (path.starts_with('/') && controllers.split(',').any(|c| c == name))
+            .then(|| path.to_string())
+    })
+}
+
+/// The path of the unified (v2) group in the text of a `/proc/<pid>/cgroup` file (the
+/// `0::/...` line), the root `/` included; `None` where no v2 hierarchy is mounted.
+pub fn unified_path(text: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let path = line.strip_prefix("0::")?.trim();
+        path.starts_with('/').then(|| path.to_string())
+    })
+}
+
+/// The text of a process's `/proc/<pid>/cgroup` (`None` if there is no such process).
+pub fn proc_cgroup_text(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
+}
+
 /// When a process started, in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
 /// Together with the pid it names one process for the life of the machine: a pid reused
 /// by a later process has a later start time. `None` if there is no such process (a
@@ -78,6 +106,21 @@ mod tests {
         assert_eq!(parse_proc_cgroup("0::/user.slice/session-1.scope\n"), None);
         assert_eq!(parse_proc_cgroup("4:memory:/\n1:cpu,cpuacct:/\n"), None);
         assert_eq!(parse_proc_cgroup("garbage\n\n::\n"), None);
+    }
+
+    #[test]
+    fn v1_and_v2_paths_by_controller() {
+        let text =
+            "9:name=systemd:/\n4:memory:/producer\n2:cpu,cpuacct:/x/y\n0::/user.slice/a.scope\n";
+        assert_eq!(v1_path(text, "memory").as_deref(), Some("/producer"));
+        assert_eq!(v1_path(text, "cpuacct").as_deref(), Some("/x/y"));
+        assert_eq!(v1_path(text, "cpuset"), None);
+        assert_eq!(v1_path(text, "name=systemd").as_deref(), Some("/"));
+        assert_eq!(unified_path(text).as_deref(), Some("/user.slice/a.scope"));
+        assert_eq!(unified_path("4:memory:/a\n"), None);
+        assert_eq!(unified_path("0::/\n").as_deref(), Some("/"));
+        let mine = proc_cgroup_text(std::process::id()).unwrap();
+        assert!(!mine.is_empty());
     }
 
     #[test]

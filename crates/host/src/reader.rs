@@ -1,11 +1,14 @@
-//! Cheap repeated readings of one process's (or node's) groups.
+//! Cheap repeated readings of one process's (or node's) groups, v1 or v2.
 //!
 //! Monitors sample these every few milliseconds, so the files are opened once and re-read
 //! from offset 0 with `pread`: cgroup files regenerate their content on every read at
 //! offset 0, and this costs one system call instead of open + read + close.
 
+use crate::file::keyed;
 use crate::hierarchy::{Controller, Hierarchy};
-use crate::procfs::current_paths;
+use crate::procfs::{current_paths, proc_cgroup_text, unified_path};
+use crate::stat::CgroupVersion;
+use crate::unified::Unified;
 use crate::CgroupError;
 use granule_wire::CgroupPaths;
 use std::fs::File;
@@ -69,6 +72,16 @@ impl Opened {
         text.parse().map_err(|_| self.bad(text))
     }
 
+    /// A v2 limit: a number, or `max` (no limit: `None`).
+    fn read_max(&self) -> Result<Option<u64>, CgroupError> {
+        let mut buf = [0u8; 64];
+        let text = self.read(&mut buf)?.trim();
+        if text == "max" {
+            return Ok(None);
+        }
+        text.parse().map(Some).map_err(|_| self.bad(text))
+    }
+
     /// The value of `key` in a `key value` per line file (`None` if the key is absent).
     fn read_key(&self, key: &str) -> Result<Option<u64>, CgroupError> {
         let mut buf = [0u8; 1024];
@@ -84,32 +97,29 @@ impl Opened {
     }
 }
 
-/// The value of `key` in `key value` lines; `Err(line)` if its value is not a number.
-fn keyed<'t>(text: &'t str, key: &str) -> Result<Option<u64>, &'t str> {
-    for line in text.lines() {
-        let mut parts = line.split_whitespace();
-        if parts.next() == Some(key) {
-            return match parts.next().and_then(|v| v.parse().ok()) {
-                Some(v) => Ok(Some(v)),
-                None => Err(line),
-            };
-        }
-    }
-    Ok(None)
-}
-
 #[derive(Debug)]
 struct MemoryFiles {
+    version: CgroupVersion,
+    /// v1 `memory.usage_in_bytes`, v2 `memory.current`.
     usage: Opened,
+    /// v1 `memory.limit_in_bytes`, v2 `memory.max`.
     limit: Opened,
+    /// v1 `memory.oom_control`, v2 `memory.events`: both have an `oom_kill` line.
     oom_control: Opened,
 }
 
 #[derive(Debug)]
-struct CpuFiles {
-    stat: Opened,
-    quota: Opened,
-    period: Opened,
+enum CpuFiles {
+    V1 {
+        stat: Opened,
+        quota: Opened,
+        period: Opened,
+    },
+    V2 {
+        stat: Opened,
+        /// `cpu.max`: `<quota|max> <period>`.
+        max: Opened,
+    },
 }
 
 /// Open files of a memory group and/or a cpu group, for repeated readings.
@@ -126,6 +136,7 @@ impl Reader {
             Some(rel) => {
                 let dir = h.group_dir(Controller::Memory, rel)?;
                 Some(MemoryFiles {
+                    version: CgroupVersion::V1,
                     usage: Opened::open(&dir, "memory.usage_in_bytes")?,
                     limit: Opened::open(&dir, "memory.limit_in_bytes")?,
                     oom_control: Opened::open(&dir, "memory.oom_control")?,
@@ -136,7 +147,7 @@ impl Reader {
         let cpu = match &paths.cpu {
             Some(rel) => {
                 let dir = h.group_dir(Controller::Cpu, rel)?;
-                Some(CpuFiles {
+                Some(CpuFiles::V1 {
                     stat: Opened::open(&dir, "cpu.stat")?,
                     quota: Opened::open(&dir, "cpu.cfs_quota_us")?,
                     period: Opened::open(&dir, "cpu.cfs_period_us")?,
@@ -147,12 +158,53 @@ impl Reader {
         Ok(Reader { memory, cpu })
     }
 
-    /// Readings of this process's own groups in the system hierarchy; `None` when it
-    /// runs in no (non-root) v1 memory or cpu group, or their files cannot be opened.
-    /// Opening needs no write access, so this works without root.
+    /// Readings of the v2 group `rel` of a unified hierarchy: its memory files where the
+    /// memory controller is enabled for it (`memory.current`, `memory.max`,
+    /// `memory.events`), its cpu files where the cpu controller is (`cpu.stat`,
+    /// `cpu.max`). Fails with [`CgroupError::NoController`] when it has neither.
+    pub fn for_unified(u: &Unified, rel: &str) -> Result<Reader, CgroupError> {
+        let dir = u.group_dir(rel)?;
+        let memory = if dir.join("memory.current").is_file() {
+            Some(MemoryFiles {
+                version: CgroupVersion::V2,
+                usage: Opened::open(&dir, "memory.current")?,
+                limit: Opened::open(&dir, "memory.max")?,
+                oom_control: Opened::open(&dir, "memory.events")?,
+            })
+        } else {
+            None
+        };
+        let cpu = if dir.join("cpu.max").is_file() {
+            Some(CpuFiles::V2 {
+                stat: Opened::open(&dir, "cpu.stat")?,
+                max: Opened::open(&dir, "cpu.max")?,
+            })
+        } else {
+            None
+        };
+        if memory.is_none() && cpu.is_none() {
+            return Err(CgroupError::NoController(Controller::Memory));
+        }
+        Ok(Reader { memory, cpu })
+    }
+
+    /// Readings of this process's own groups: its v1 memory and cpu groups in the system
+    /// hierarchy; where it runs in none (a pure v2 system, e.g. inside a container), its
+    /// v2 group if that has memory or cpu files. `None` when there is nothing of its own
+    /// to read (root groups only) or the files cannot be opened. Opening needs no write
+    /// access, so this works without root.
     pub fn for_self() -> Option<Reader> {
-        let paths = current_paths()?;
-        match Reader::for_paths(&Hierarchy::default(), &paths) {
+        let opened = match current_paths() {
+            Some(paths) => Reader::for_paths(&Hierarchy::default(), &paths),
+            None => {
+                let rel = unified_path(&proc_cgroup_text(std::process::id())?)?;
+                if rel == "/" {
+                    return None;
+                }
+                Reader::for_unified(&Unified::detect()?, &rel)
+            }
+        };
+        match opened {
             Ok(r) => Some(r),
             Err(e) => {
                 tracing::debug!("not reading this process's cgroups: {e}");
@@ -183,56 +235,102 @@ impl Reader {
             .ok_or(CgroupError::NoController(Controller::Cpu))
     }
 
-    /// Memory charged to the group (`memory.usage_in_bytes`: resident pages and page
-    /// cache of its tasks, and kernel memory they caused), bytes.
+    /// Memory charged to the group (v1 `memory.usage_in_bytes`, v2 `memory.current`:
+    /// resident pages and page cache of its tasks, and kernel memory they caused), bytes.
     pub fn memory_usage(&self) -> Result<u64, CgroupError> {
         self.mem()?.usage.read_u64()
     }
 
     /// The group's memory limit in bytes; 0 when it has none.
     pub fn memory_limit(&self) -> Result<u64, CgroupError> {
-        let v = self.mem()?.limit.read_u64()?;
-        Ok(if v >= UNLIMITED { 0 } else { v })
+        let m = self.mem()?;
+        let v = match m.version {
+            CgroupVersion::V1 => Some(m.limit.read_u64()?),
+            CgroupVersion::V2 => m.limit.read_max()?,
+        };
+        Ok(v.filter(|&v| v < UNLIMITED).unwrap_or(0))
     }
 
-    /// How many tasks the OOM killer has killed in the group (the `oom_kill` line of
-    /// `memory.oom_control`; kernels before 4.13 lack it and read as 0).
+    /// Which interface the memory files follow (`None` without a memory group).
+    pub fn memory_version(&self) -> Option<CgroupVersion> {
+        self.memory.as_ref().map(|m| m.version)
+    }
+
+    /// How many tasks the OOM killer has killed in the group (the `oom_kill` line of v1
+    /// `memory.oom_control` or v2 `memory.events`; v1 kernels before 4.13 lack it and read
+    /// as 0).
     pub fn oom_kills(&self) -> Result<u64, CgroupError> {
         Ok(self.mem()?.oom_control.read_key("oom_kill")?.unwrap_or(0))
     }
 
     /// The group's CFS throttling counters.
     pub fn cpu_stat(&self) -> Result<CpuStat, CgroupError> {
-        let f = &self.cpu()?.stat;
+        let (f, version) = match self.cpu()? {
+            CpuFiles::V1 { stat, .. } => (stat, CgroupVersion::V1),
+            CpuFiles::V2 { stat, .. } => (stat, CgroupVersion::V2),
+        };
         let mut buf = [0u8; 1024];
         let text = f.read(&mut buf)?;
-        parse_cpu_stat(text).map_err(|line| f.bad(line))
+        parse_cpu_stat(text, version).map_err(|line| f.bad(line))
     }
 
-    /// The group's CPU quota in cores (`cfs_quota_us / cfs_period_us`); `None` when it
-    /// has no quota.
+    /// The group's CPU quota in cores (v1 `cfs_quota_us / cfs_period_us`, v2 `cpu.max`);
+    /// `None` when it has no quota.
     pub fn cfs_quota_cores(&self) -> Result<Option<f64>, CgroupError> {
-        let c = self.cpu()?;
-        let quota = c.quota.read_i64()?;
-        if quota <= 0 {
-            return Ok(None);
+        match self.cpu()? {
+            CpuFiles::V1 { quota, period, .. } => {
+                let quota = quota.read_i64()?;
+                if quota <= 0 {
+                    return Ok(None);
+                }
+                let period_us = period.read_u64()?;
+                if period_us == 0 {
+                    return Err(period.bad("0"));
+                }
+                Ok(Some(quota as f64 / period_us as f64))
+            }
+            CpuFiles::V2 { max, .. } => {
+                let mut buf = [0u8; 64];
+                let text = max.read(&mut buf)?.trim();
+                parse_cpu_max(text).map_err(|t| max.bad(t))
+            }
         }
-        let period = c.period.read_u64()?;
-        if period == 0 {
-            return Err(c.period.bad("0"));
-        }
-        Ok(Some(quota as f64 / period as f64))
     }
 }
 
-/// `cpu.stat` counters (`nr_periods`, `nr_throttled`, `throttled_time`; other lines, such
-/// as `nr_bursts` on newer kernels, are ignored).
-fn parse_cpu_stat(text: &str) -> Result<CpuStat, &str> {
+/// `cpu.stat` throttling counters: v1 `nr_periods`, `nr_throttled`, `throttled_time`
+/// (ns); v2 the same counts and `throttled_usec`. Other lines (`nr_bursts`, v2's usage)
+/// are ignored.
+fn parse_cpu_stat(text: &str, version: CgroupVersion) -> Result<CpuStat, &str> {
+    let throttled_time_ns = match version {
+        CgroupVersion::V1 => keyed(text, "throttled_time")?.unwrap_or(0),
+        CgroupVersion::V2 => keyed(text, "throttled_usec")?
+            .unwrap_or(0)
+            .saturating_mul(1000),
+    };
     Ok(CpuStat {
         nr_periods: keyed(text, "nr_periods")?.unwrap_or(0),
         nr_throttled: keyed(text, "nr_throttled")?.unwrap_or(0),
-        throttled_time_ns: keyed(text, "throttled_time")?.unwrap_or(0),
+        throttled_time_ns,
     })
+}
+
+/// A v2 `cpu.max` (`max 100000` or `50000 100000`) as cores; `None` without a quota.
+fn parse_cpu_max(text: &str) -> Result<Option<f64>, &str> {
+    let mut parts = text.split_ascii_whitespace();
+    let quota = parts.next().ok_or(text)?;
+    if quota == "max" {
+        return Ok(None);
+    }
+    let quota: u64 = quota.parse().map_err(|_| text)?;
+    let period: u64 = match parts.next() {
+        Some(p) => p.parse().map_err(|_| text)?,
+        None => 100_000,
+    };
+    if period == 0 {
+        return Err(text);
+    }
+    Ok(Some(quota as f64 / period as f64))
 }
 
 #[cfg(test)]
@@ -343,12 +441,73 @@ mod tests {
     #[test]
     fn cpu_stat_lines() {
         assert_eq!(
-            parse_cpu_stat("nr_periods 1\n"),
+            parse_cpu_stat("nr_periods 1\n", CgroupVersion::V1),
             Ok(CpuStat {
                 nr_periods: 1,
                 ..Default::default()
             })
         );
-        assert_eq!(parse_cpu_stat("nr_periods x\n"), Err("nr_periods x"));
+        assert_eq!(
+            parse_cpu_stat("nr_periods x\n", CgroupVersion::V1),
+            Err("nr_periods x")
+        );
+        assert_eq!(
+            parse_cpu_stat(
+                "usage_usec 5\nnr_periods 3\nnr_throttled 1\nthrottled_usec 7\n",
+                CgroupVersion::V2
+            ),
+            Ok(CpuStat {
+                nr_periods: 3,
+                nr_throttled: 1,
+                throttled_time_ns: 7000
+            })
+        );
+        assert_eq!(parse_cpu_max("max 100000"), Ok(None));
+        assert_eq!(parse_cpu_max("50000 100000"), Ok(Some(0.5)));
+        assert_eq!(parse_cpu_max("150000"), Ok(Some(1.5)));
+        assert!(parse_cpu_max("x 1").is_err());
+        assert!(parse_cpu_max("1 0").is_err());
+        assert!(parse_cpu_max("").is_err());
+    }
+
+    /// A fake v2 group: the same readings from v2 files.
+    #[test]
+    fn readings_from_a_fake_v2_group() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("prod.slice/a");
+        fs::create_dir_all(&dir).unwrap();
+        for (f, v) in [
+            ("memory.current", "1048576\n"),
+            ("memory.max", "max\n"),
+            ("memory.events", "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n"),
+            (
+                "cpu.stat",
+                "usage_usec 10\nnr_periods 5\nnr_throttled 2\nthrottled_usec 30\n",
+            ),
+            ("cpu.max", "200000 100000\n"),
+        ] {
+            fs::write(dir.join(f), v).unwrap();
+        }
+        let u = Unified::at(t.path());
+        let r = Reader::for_unified(&u, "/prod.slice/a").unwrap();
+        assert_eq!(r.memory_version(), Some(CgroupVersion::V2));
+        assert_eq!(r.memory_usage().unwrap(), 1 << 20);
+        assert_eq!(r.memory_limit().unwrap(), 0, "max is no limit");
+        fs::write(dir.join("memory.max"), "268435456\n").unwrap();
+        assert_eq!(r.memory_limit().unwrap(), 256 << 20);
+        assert_eq!(r.oom_kills().unwrap(), 1);
+        assert_eq!(r.cpu_stat().unwrap().throttled_time_ns, 30_000);
+        assert_eq!(r.cfs_quota_cores().unwrap(), Some(2.0));
+        // A group with neither controller enabled has nothing to read.
+        fs::create_dir_all(t.path().join("bare")).unwrap();
+        fs::write(t.path().join("bare/cpu.stat"), "usage_usec 1\n").unwrap();
+        assert!(matches!(
+            Reader::for_unified(&u, "/bare"),
+            Err(CgroupError::NoController(_))
+        ));
+        // Only memory: cpu readings say so.
+        fs::remove_file(dir.join("cpu.max")).unwrap();
+        let r = Reader::for_unified(&u, "/prod.slice/a").unwrap();
+        assert!(r.has_memory() && !r.has_cpu());
     }
 }

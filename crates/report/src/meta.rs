@@ -1,6 +1,6 @@
 //! Provenance stamped into every report: [`Meta`] (git commit, machine, UTC time,
-//! thread placement, quick mode, notes) and how it is collected from git, `/proc` and
-//! the clock.
+//! thread placement, quick mode, notes) and how it is collected from git, the host
+//! (`granule_host::machine`, which reads `/proc`) and the clock.
 
 use std::path::Path;
 use std::process::Command;
@@ -20,7 +20,7 @@ pub struct Meta {
     pub commit: String,
     /// Whether `git status --porcelain` (outside `docs/results`) was non-empty.
     pub dirty: bool,
-    /// CPU model name from `/proc/cpuinfo`.
+    /// CPU model name (from `/proc/cpuinfo`, through `granule_host::machine`).
     pub cpu_model: String,
     /// Logical CPUs listed in `/proc/cpuinfo`.
     pub vcpus: usize,
@@ -43,24 +43,20 @@ pub struct Meta {
 }
 
 impl Meta {
-    /// Collects provenance now: runs `git` in the current directory, reads `/proc`, and
-    /// reads the clock. Never fails: anything unavailable becomes `"unknown"` or 0.
+    /// Collects provenance now: runs `git` in the current directory, asks the host what
+    /// machine this is, and reads the clock. Never fails: anything unavailable becomes
+    /// `"unknown"` or 0.
     pub fn collect(placement: impl Into<String>, quick: bool) -> Meta {
         let (commit, dirty) = git_commit(Path::new("."));
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let (cpu_model, listed) = parse_cpuinfo(&cpuinfo);
+        let granule_host::machine::Machine {
+            cpu_model,
+            cpus: listed,
+            mem_total_bytes,
+            kernel,
+        } = granule_host::machine::Machine::read();
         let available_parallelism = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let mem_total_bytes = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|s| parse_meminfo_total(&s))
-            .unwrap_or(0);
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_owned())
-            .ok()
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "unknown".to_owned());
         let unix_time = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -156,44 +152,6 @@ fn git_commit(dir: &Path) -> (String, bool) {
     }
 }
 
-/// `(model name, number of "processor" entries)` from the text of `/proc/cpuinfo`.
-pub(crate) fn parse_cpuinfo(text: &str) -> (String, usize) {
-    let mut model = None;
-    let mut count = 0;
-    for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else {
-            continue;
-        };
-        let key = key.trim();
-        let value = value.trim();
-        if key == "processor" {
-            count += 1;
-        }
-        // x86 says "model name"; some ARM kernels "Model", "Hardware" or "cpu model".
-        if model.is_none()
-            && matches!(key, "model name" | "Model" | "Hardware" | "cpu model")
-            && !value.is_empty()
-        {
-            model = Some(value.split_whitespace().collect::<Vec<_>>().join(" "));
-        }
-    }
-    (model.unwrap_or_else(|| "unknown CPU".to_owned()), count)
-}
-
-/// `MemTotal` in bytes from the text of `/proc/meminfo`.
-pub(crate) fn parse_meminfo_total(text: &str) -> Option<u64> {
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let mut parts = line["MemTotal:".len()..].split_whitespace();
-    let n: u64 = parts.next()?.parse().ok()?;
-    let mult = match parts.next().map(str::to_ascii_lowercase).as_deref() {
-        Some("kb") | None => 1024,
-        Some("mb") => 1024 * 1024,
-        Some("b") => 1,
-        Some(_) => return None,
-    };
-    n.checked_mul(mult)
-}
-
 /// RFC 3339 UTC for seconds since the Unix epoch (proleptic Gregorian calendar).
 pub fn format_utc(unix_secs: u64) -> String {
     let days = (unix_secs / 86_400) as i64;
@@ -232,24 +190,6 @@ mod tests {
         assert_eq!(format_utc(1_700_000_000), "2023-11-14T22:13:20Z");
         assert_eq!(format_utc(1_798_761_599), "2026-12-31T23:59:59Z");
         assert_eq!(format_utc(4_107_542_400), "2100-03-01T00:00:00Z");
-    }
-
-    #[test]
-    fn cpuinfo_parsing() {
-        let text = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  7B13 64-Core Processor\n\n\
-                    processor\t: 1\nmodel name\t: AMD EPYC 7B13 64-Core Processor\n";
-        assert_eq!(
-            parse_cpuinfo(text),
-            ("AMD EPYC 7B13 64-Core Processor".to_owned(), 2)
-        );
-        assert_eq!(parse_cpuinfo(""), ("unknown CPU".to_owned(), 0));
-    }
-
-    #[test]
-    fn meminfo_parsing() {
-        let text = "MemTotal:       24568320 kB\nMemFree:        1000 kB\n";
-        assert_eq!(parse_meminfo_total(text), Some(24_568_320 * 1024));
-        assert_eq!(parse_meminfo_total("MemFree: 1 kB\n"), None);
     }
 
     #[test]

@@ -48,13 +48,7 @@ pub fn cluster(n: usize, spec: &str) -> (Cluster, Vec<NodeId>) {
 
 /// Whether a process is gone (or a zombie nobody reaped yet).
 pub fn process_gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-            .unwrap_or(false),
-    }
+    granule_host::proc::process_gone(pid)
 }
 
 /// A checksum of a byte state that also depends on positions (a state that moved must
