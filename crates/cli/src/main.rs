@@ -135,7 +135,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let mut c = load_config(config.as_deref())?;
             for (key, flag, v) in [
-                ("cluster.failure_timeout", "--failure-timeout", &failure_timeout),
+                (
+                    "cluster.failure_timeout",
+                    "--failure-timeout",
+                    &failure_timeout,
+                ),
                 ("cluster.heartbeat", "--heartbeat", &heartbeat),
                 ("cluster.dashboard", "--dashboard", &dashboard),
             ] {

@@ -69,7 +69,10 @@ fn bad_node_specs_name_the_setting_and_show_an_example() {
     fails_with(
         &["demo"],
         &[("GRANULE_CGROUPS", "yes")],
-        &["cluster.cgroups (GRANULE_CGROUPS=yes)", "accepts auto or off"],
+        &[
+            "cluster.cgroups (GRANULE_CGROUPS=yes)",
+            "accepts auto or off",
+        ],
     );
 }
 

@@ -48,7 +48,13 @@ impl ControllerClient {
         identity: Arc<Identity>,
         handler: Arc<dyn Handler>,
     ) -> Result<ControllerClient, ControllerError> {
-        Self::connect_with(addr, identity, Arc::new(TransportConfig::default()), handler).await
+        Self::connect_with(
+            addr,
+            identity,
+            Arc::new(TransportConfig::default()),
+            handler,
+        )
+        .await
     }
 
     /// [`ControllerClient::connect`] with the connection's settings (a node's own: its
@@ -61,13 +67,13 @@ impl ControllerClient {
     ) -> Result<ControllerClient, ControllerError> {
         let conn = Connection::connect(addr, identity, config, handler)
             .await
-        .map_err(|e| match e {
-            TransportError::BinaryMismatch(m) => ControllerError::BinaryMismatch(m),
-            other => ControllerError::Unreachable {
-                addr: addr.to_string(),
-                reason: other.to_string(),
-            },
-        })?;
+            .map_err(|e| match e {
+                TransportError::BinaryMismatch(m) => ControllerError::BinaryMismatch(m),
+                other => ControllerError::Unreachable {
+                    addr: addr.to_string(),
+                    reason: other.to_string(),
+                },
+            })?;
         Ok(ControllerClient {
             conn,
             addr: addr.to_string(),

@@ -97,14 +97,22 @@ impl Log {
     fn render(&self) -> String {
         let mut out = String::new();
         for e in self.0.lock().unwrap().iter() {
-            let _ = writeln!(out, "  {:<7} #{:<4} {:<48} {}", e.thread, e.step, e.what, e.outcome);
+            let _ = writeln!(
+                out,
+                "  {:<7} #{:<4} {:<48} {}",
+                e.thread, e.step, e.what, e.outcome
+            );
         }
         out
     }
 }
 
 /// The faults of one phase of the mover's schedule.
-fn fault_phase(rng: &mut StdRng, seed: u64, nodes: &[NodeId]) -> (String, FaultRules, Vec<(NodeId, String)>) {
+fn fault_phase(
+    rng: &mut StdRng,
+    seed: u64,
+    nodes: &[NodeId],
+) -> (String, FaultRules, Vec<(NodeId, String)>) {
     let mut rules = FaultRules::seeded(seed);
     let mut what = Vec::new();
     let pick = |rng: &mut StdRng| nodes[rng.random_range(0..nodes.len())];
@@ -113,9 +121,8 @@ fn fault_phase(rng: &mut StdRng, seed: u64, nodes: &[NodeId]) -> (String, FaultR
         1 => {
             let ms = rng.random_range(1..4);
             let p = rng.random_range(0.05..0.3);
-            rules = rules.rule(
-                FaultRule::new(FaultAction::Delay(Duration::from_millis(ms))).probability(p),
-            );
+            rules = rules
+                .rule(FaultRule::new(FaultAction::Delay(Duration::from_millis(ms))).probability(p));
             what.push(format!("delay {ms}ms p={p:.2} (any frame between nodes)"));
         }
         2 => {
@@ -244,7 +251,8 @@ fn run_seed(seed: u64) {
             });
         }
         {
-            let (map, model, log, max_shards) = (&map, map_model.clone(), log.clone(), max_shards.clone());
+            let (map, model, log, max_shards) =
+                (&map, map_model.clone(), log.clone(), max_shards.clone());
             let ctx = granule::thread_context();
             s.spawn(move || {
                 ctx.enter();
@@ -308,7 +316,8 @@ fn run_seed(seed: u64) {
                 let mut r = StdRng::seed_from_u64(mover_seed);
                 for step in 0..MOVER_STEPS {
                     if step % 5 == 0 {
-                        let (what, rules, points) = fault_phase(&mut r, seed ^ step as u64, workers);
+                        let (what, rules, points) =
+                            fault_phase(&mut r, seed ^ step as u64, workers);
                         let mut outcome = String::new();
                         for n in everyone {
                             if let Err(e) = cluster.faults().filter(*n, &rules) {
@@ -385,7 +394,9 @@ fn run_seed(seed: u64) {
             }
         }
         if sum != total {
-            failures.push(format!("ledger {k}: total {total}, applied ops sum to {sum}"));
+            failures.push(format!(
+                "ledger {k}: total {total}, applied ops sum to {sum}"
+            ));
         }
         applied.push(seen);
     }
@@ -397,10 +408,12 @@ fn run_seed(seed: u64) {
                 answered += 1;
                 match at {
                     Some((_, after)) if after == v => {}
-                    Some((_, after)) => failures.push(format!(
-                        "op {op:#x} answered {v}, the ledger says {after}"
+                    Some((_, after)) => {
+                        failures.push(format!("op {op:#x} answered {v}, the ledger says {after}"))
+                    }
+                    None => failures.push(format!(
+                        "op {op:#x} answered {v} but was not applied (lost)"
                     )),
-                    None => failures.push(format!("op {op:#x} answered {v} but was not applied (lost)")),
                 }
             }
             Outcome::NotRun => {
@@ -435,7 +448,10 @@ fn run_seed(seed: u64) {
                     failures.push(format!(
                         "map key {key} holds {:?}, expected one of {:?}",
                         got.as_ref().map(|v| v[0]),
-                        options.iter().map(|o| o.as_ref().map(|v| v[0])).collect::<Vec<_>>()
+                        options
+                            .iter()
+                            .map(|o| o.as_ref().map(|v| v[0]))
+                            .collect::<Vec<_>>()
                     ));
                 }
             }
@@ -462,7 +478,11 @@ fn run_seed(seed: u64) {
             failures.push(format!("map remove {key} after the faults: {e}"));
         }
     }
-    let end_shards = map.sharder().shards().map(|s| s.len()).unwrap_or(usize::MAX);
+    let end_shards = map
+        .sharder()
+        .shards()
+        .map(|s| s.len())
+        .unwrap_or(usize::MAX);
     match map.len() {
         Ok(0) => {}
         other => failures.push(format!("the drained map holds {other:?} entries")),
@@ -482,7 +502,10 @@ fn run_seed(seed: u64) {
             let _ = writeln!(
                 reports,
                 "--- {n}:\n{}",
-                cluster.faults().report(*n).unwrap_or_else(|e| e.to_string())
+                cluster
+                    .faults()
+                    .report(*n)
+                    .unwrap_or_else(|e| e.to_string())
             );
         }
         panic!(

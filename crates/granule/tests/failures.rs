@@ -68,7 +68,10 @@ fn node_killed_mid_call_returns_unreachable() {
         );
         // The crash closes the node's sockets: no waiting for the failure timeout.
         let waited = started.elapsed();
-        assert!(waited <= Duration::from_secs(2), "answered after {waited:?}");
+        assert!(
+            waited <= Duration::from_secs(2),
+            "answered after {waited:?}"
+        );
         // Later calls to the dead node's proclets fail the same way, fast.
         let t = Instant::now();
         assert!(matches!(add(&q, 1), Err(CallError::NodeUnreachable { .. })));

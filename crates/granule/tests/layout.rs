@@ -20,10 +20,6 @@ const PATH_LITERALS_ALLOWED: &[(&str, &str)] = &[
     // stays in one module with the unsafe code it protects.
     ("crates/runtime/src/shipping.rs", "proc/self/maps"),
     ("crates/runtime/src/shipping.rs", "proc/self/exe"),
-    // TODO(main): the cluster starts node processes with Command::new of this literal;
-    // it is being changed on main to use granule_host::proc::SELF_EXE. Remove this entry
-    // once that lands.
-    ("crates/runtime/src/cluster.rs", "proc/self/exe"),
 ];
 
 /// Files whose code may contain `unsafe`: (file, `None` for any line, or the one line of
@@ -33,11 +29,6 @@ const UNSAFE_ALLOWED: &[(&str, Option<&str>)] = &[
     ("crates/host/src/os.rs", None),
     // Code shipping: jumping to a trampoline by offset.
     ("crates/runtime/src/shipping.rs", None),
-    // TODO(main): the ctor crate asks `#[ctor::ctor(unsafe)]` to acknowledge that the
-    // boot hook runs before main. Not unsafe code in the sense of this rule, but the
-    // keyword is there; the runtime is owned on main, where the hook may move into
-    // shipping.rs or this entry may stay with its reason. Only this one line is allowed.
-    ("crates/runtime/src/boot.rs", Some("#[ctor::ctor(unsafe)]")),
 ];
 
 /// The workspace root (two levels above this crate).

@@ -104,10 +104,18 @@ fn destination_crashing_mid_transfer_leaves_the_proclet_at_its_source() {
         let t = Instant::now();
         let outcome = cluster.move_proclet(p.id(), dst);
         assert_move_failed(outcome, "destination crashed");
-        assert!(t.elapsed() < Duration::from_secs(5), "failed in {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "failed in {:?}",
+            t.elapsed()
+        );
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let calls = caller.join().unwrap().expect("no call failed");
-        assert_eq!(p.location().unwrap(), src, "the proclet stayed at its source");
+        assert_eq!(
+            p.location().unwrap(),
+            src,
+            "the proclet stayed at its source"
+        );
         let (sum, first) = p
             .run_ref((), |v: &Vec<u8>, ()| (checksum(&v[1..]), v[0]))
             .unwrap();
@@ -176,7 +184,10 @@ fn reads_are_served_during_a_move_and_writes_land_at_the_new_home() {
             // Wait until the move holds the lock (its failpoint fired), not for a time.
             let t = Instant::now();
             while !c.faults().report(src).unwrap().contains("migrate.locked") {
-                assert!(t.elapsed() < Duration::from_secs(20), "the move never paused");
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "the move never paused"
+                );
                 std::thread::sleep(Duration::from_millis(5));
             }
             for _ in 0..10 {
@@ -272,8 +283,16 @@ fn a_partition_during_a_move_is_survived_and_healed() {
             let id = p.id();
             let mover = s.spawn(move || c.move_proclet(id, dst));
             let t = Instant::now();
-            while !c.faults().report(src).unwrap().contains("stream.chunk_sent") {
-                assert!(t.elapsed() < Duration::from_secs(20), "the stream never began");
+            while !c
+                .faults()
+                .report(src)
+                .unwrap()
+                .contains("stream.chunk_sent")
+            {
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "the stream never began"
+                );
                 std::thread::sleep(Duration::from_millis(5));
             }
             let cut = FaultRules::seeded(1).partition(Partition::nodes([vec![src], vec![dst]]));
@@ -283,11 +302,17 @@ fn a_partition_during_a_move_is_survived_and_healed() {
             assert_move_failed(mover.join().unwrap(), "partitioned");
         });
         assert_eq!(p.location().unwrap(), src);
-        assert_eq!(p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap(), before);
+        assert_eq!(
+            p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap(),
+            before
+        );
         cluster.faults().clear().unwrap();
         cluster.move_proclet(p.id(), dst).unwrap();
         assert_eq!(p.location().unwrap(), dst);
-        assert_eq!(p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap(), before);
+        assert_eq!(
+            p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap(),
+            before
+        );
     });
 }
 
@@ -315,7 +340,10 @@ fn a_connection_cut_mid_frame_fails_the_move_and_a_retry_succeeds() {
         );
         assert_eq!(p.location().unwrap(), src);
         cluster.move_proclet(p.id(), dst).unwrap();
-        assert_eq!(p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap(), before);
+        assert_eq!(
+            p.run_ref((), |v: &Vec<u8>, ()| checksum(v)).unwrap(),
+            before
+        );
     });
 }
 

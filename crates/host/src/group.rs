@@ -398,7 +398,8 @@ mod tests {
     fn node_limits_in_a_fake_tree() {
         let t = tempfile::tempdir().unwrap();
         let h = Hierarchy::at(t.path());
-        let g = NodeGroup::create(&h, "c1-2-0", "node0", 1.5, 256 << 20, crate::CFS_PERIOD_US).unwrap();
+        let g =
+            NodeGroup::create(&h, "c1-2-0", "node0", 1.5, 256 << 20, crate::CFS_PERIOD_US).unwrap();
         let read = |p: &str| std::fs::read_to_string(t.path().join(p)).unwrap();
         assert_eq!(
             read("memory/granule/c1-2-0/node0/memory.limit_in_bytes"),
@@ -407,7 +408,9 @@ mod tests {
         assert_eq!(read("cpu/granule/c1-2-0/node0/cpu.cfs_period_us"), "20000");
         assert_eq!(read("cpu/granule/c1-2-0/node0/cpu.cfs_quota_us"), "30000");
         assert_eq!(g.paths().memory.as_deref(), Some("/granule/c1-2-0/node0"));
-        assert!(NodeGroup::create(&h, "c1-2-0", "../x", 1.0, 1 << 20, crate::CFS_PERIOD_US).is_err());
+        assert!(
+            NodeGroup::create(&h, "c1-2-0", "../x", 1.0, 1 << 20, crate::CFS_PERIOD_US).is_err()
+        );
         assert!(NodeGroup::create(&h, "c1-2-0", "n", 0.0, 1 << 20, crate::CFS_PERIOD_US).is_err());
     }
 

@@ -8,6 +8,30 @@
 
 use std::time::Duration;
 
+#[doc(hidden)]
+pub use ctor as __ctor;
+
+/// Run a function before `main` (at program start, as a C constructor would), in any
+/// executable that links the crate using it: `before_main! { fn hook() { ... } }`.
+///
+/// This is how a Granule executable becomes a node when its driver starts it in node
+/// mode — integration tests too, whose `main` belongs to libtest.
+///
+/// SAFETY (the contract of the expansion, which the `ctor` crate asks to acknowledge
+/// with `unsafe`): the function runs before Rust's runtime start-up, when only libc is
+/// guaranteed initialised. It must not rely on anything `main`'s start-up sets up (std's
+/// SIGPIPE disposition, panics unwinding out of it, other constructors having run) and
+/// must not return control in a state `main` cannot start from; the runtime's hook only
+/// reads one environment variable and, when it is set, runs the node loop and exits.
+#[macro_export]
+macro_rules! before_main {
+    ($(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $(#[$meta])*
+        #[$crate::os::__ctor::ctor(unsafe, crate_path = $crate::os::__ctor)]
+        fn $name() $body
+    };
+}
+
 /// Give memory the allocator holds but no longer uses back to the kernel. After a large
 /// proclet moves away, glibc keeps its freed pages in its arenas; the node's cgroup is
 /// still charged for them and a node shedding under memory pressure would see no relief.

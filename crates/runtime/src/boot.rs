@@ -267,18 +267,19 @@ fn run_node_process_from_env(raw: OsString) -> ! {
     std::process::exit(code)
 }
 
-/// The pre-`main` hook that turns any executable linking Granule into a node when its
-/// driver starts it in node mode: that is what lets integration tests, whose `main`
-/// belongs to libtest, spawn node processes of their own binary.
-///
-/// Sound before `main` because it reads one environment variable and, only when a
-/// Granule driver started this process in node mode, hands the process over to the node
-/// loop, which never returns (it ends with `exit`). Nothing here touches std state that
-/// `main`'s start-up would set up, except SIGPIPE, which the node loop sets exactly as
-/// std would.
-#[ctor::ctor(unsafe)]
-fn boot_node_before_main() {
-    if let Some(boot) = std::env::var_os(BOOT_ENV) {
-        run_node_process_from_env(boot);
+granule_host::before_main! {
+    /// The pre-`main` hook that turns any executable linking Granule into a node when
+    /// its driver starts it in node mode: that is what lets integration tests, whose
+    /// `main` belongs to libtest, spawn node processes of their own binary.
+    ///
+    /// It keeps `before_main!`'s contract: it reads one environment variable and, only
+    /// when a Granule driver started this process in node mode, hands the process over
+    /// to the node loop, which never returns (it ends with `exit`). Nothing here touches
+    /// std state that `main`'s start-up would set up, except SIGPIPE, which the node loop
+    /// sets exactly as std would.
+    fn boot_node_before_main() {
+        if let Some(boot) = std::env::var_os(BOOT_ENV) {
+            run_node_process_from_env(boot);
+        }
     }
 }

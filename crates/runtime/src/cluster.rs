@@ -75,7 +75,10 @@ fn config_error(e: ConfigError) -> ClusterError {
 }
 
 impl ClusterBuilder {
-    fn edit(mut self, f: impl Fn(&mut Config) -> Result<(), ConfigError> + Send + Sync + 'static) -> Self {
+    fn edit(
+        mut self,
+        f: impl Fn(&mut Config) -> Result<(), ConfigError> + Send + Sync + 'static,
+    ) -> Self {
         self.edits.push(Box::new(f));
         self
     }
@@ -83,9 +86,7 @@ impl ClusterBuilder {
     /// Any setting by key (`"migration.throttle"`, `"pressure.shed"`, ...: see
     /// `docs/guide/configuration.md`), from its text form; checked now.
     pub fn set(self, key: &str, value: &str) -> Result<Self, ClusterError> {
-        Config::default()
-            .set(key, value)
-            .map_err(config_error)?;
+        Config::default().set(key, value).map_err(config_error)?;
         let (key, value) = (key.to_string(), value.to_string());
         Ok(self.edit(move |c| c.set_with_origin(&key, &value, Origin::Code)))
     }

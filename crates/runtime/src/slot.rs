@@ -618,9 +618,11 @@ mod tests {
                     let chain = t * 1_000_000 + i + 1;
                     let g = match s.lock(chain, CallMode::Exclusive).unwrap() {
                         TryLock::Granted(g) => g,
-                        TryLock::Wait(w) => crate::context::block_on(w, None, std::time::Duration::ZERO)
-                            .unwrap()
-                            .unwrap(),
+                        TryLock::Wait(w) => {
+                            crate::context::block_on(w, None, std::time::Duration::ZERO)
+                                .unwrap()
+                                .unwrap()
+                        }
                     };
                     assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
                     g.with_mut(|st| *st.downcast_mut::<u64>().unwrap() += 1);

@@ -137,8 +137,9 @@ fn scrape(node: &NodeInner) -> String {
     granule_telemetry::install();
     let n = node.id.to_string();
     let r = node.monitor.reading();
-    metrics::gauge!("granule_node_cores_busy", "node" => n.clone())
-        .set(f64::from_bits(node.metrics.cores_busy.load(Ordering::Relaxed)));
+    metrics::gauge!("granule_node_cores_busy", "node" => n.clone()).set(f64::from_bits(
+        node.metrics.cores_busy.load(Ordering::Relaxed),
+    ));
     metrics::gauge!("granule_node_memory_used_bytes", "node" => n.clone()).set(r.rss as f64);
     metrics::gauge!("granule_node_memory_budget_bytes", "node" => n.clone())
         .set(node.monitor.budget() as f64);

@@ -217,8 +217,8 @@ impl NodeInner {
                     ..
                 }) => {
                     if chase.exhausted() {
-                    return Err(CallError::ProcletGone(id));
-                }
+                        return Err(CallError::ProcletGone(id));
+                    }
                     next = Some(self.relocate(id, &loc, hint, chase.hops).await?);
                 }
                 Ok(Frame {

@@ -173,9 +173,12 @@ impl NodeInner {
         let slot = Slot::new(n.id, n.kind, n.state, n.epoch, s, n.group.map(Arc::from));
         slot.pinned.store(n.pinned, Ordering::Relaxed);
         // A slot nobody else has seen yet grants at once.
-        let Ok(TryLock::Granted(held)) = slot.lock(crate::context::new_chain(), CallMode::Exclusive)
+        let Ok(TryLock::Granted(held)) =
+            slot.lock(crate::context::new_chain(), CallMode::Exclusive)
         else {
-            return Err(RemoteError::Internal("a new slot's lock was not free".into()));
+            return Err(RemoteError::Internal(
+                "a new slot's lock was not free".into(),
+            ));
         };
         self.locations.hosted_here(n.id);
         self.hosting.insert(slot);

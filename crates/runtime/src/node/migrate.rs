@@ -39,11 +39,11 @@ use super::stream::{self, ChunkPos, Inbound, Settings};
 use super::NodeInner;
 use crate::context;
 use crate::shipping::{self, Expect, StateOps};
+use crate::slot::Guard;
 use crate::slot::{Slot, SlotStatus};
 use bytes::Bytes;
-use granule_transport::{Connection, Responder};
-use crate::slot::Guard;
 use dashmap::DashMap;
+use granule_transport::{Connection, Responder};
 use granule_wire::{
     CallMode, ClusterEvent, EventKind, Frame, Kind, Location, MoveStats, Msg, NodeId, ProcletId,
     RemoteError,
@@ -100,7 +100,6 @@ impl Migration {
             departed_bytes: AtomicU64::new(0),
         }
     }
-
 }
 
 /// Clears a slot's "moving" mark when a move ends, however it ends.
@@ -522,7 +521,12 @@ impl NodeInner {
 
 impl NodeInner {
     /// The source says the move of `proclet` at `epoch` is final.
-    pub(super) fn on_transfer_commit(&self, conn: &Arc<Connection>, proclet: ProcletId, epoch: u64) {
+    pub(super) fn on_transfer_commit(
+        &self,
+        conn: &Arc<Connection>,
+        proclet: ProcletId,
+        epoch: u64,
+    ) {
         let ours = self
             .migration
             .provisional

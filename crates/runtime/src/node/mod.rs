@@ -276,8 +276,7 @@ impl Node {
         let joined = context::block_on(
             control.handle().spawn(async move {
                 let client =
-                    ControllerClient::connect_with(&ctl_addr, ctl_identity, ctl_tconfig, h)
-                        .await?;
+                    ControllerClient::connect_with(&ctl_addr, ctl_identity, ctl_tconfig, h).await?;
                 let reg = client
                     .register(
                         role,
@@ -322,7 +321,11 @@ impl Node {
             locations: Locations::default(),
             hosting: Hosting::new(busy),
             migration: Migration::new(config.migration.clone()),
-            monitor: Monitor::new(opts.spec.mem_bytes, opts.spec.cores, config.pressure.clone()),
+            monitor: Monitor::new(
+                opts.spec.mem_bytes,
+                opts.spec.cores,
+                config.pressure.clone(),
+            ),
             faults,
             metrics: Default::default(),
             config,

@@ -180,5 +180,4 @@ mod tests {
         };
         assert_eq!(ArgmaxPolicy::default().decide(&n), None);
     }
-
 }

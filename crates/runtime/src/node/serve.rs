@@ -96,9 +96,7 @@ impl Handler for NodeHandler {
             Msg::NodeDown { node: n } if from_controller => node.peers.on_node_down(node.id, n),
             Msg::Shutdown { reason } if from_controller => node.trigger_shutdown(reason),
             Msg::TransferAbort { proclet } => node.on_transfer_abort(conn, proclet),
-            Msg::TransferCommit { proclet, epoch } => {
-                node.on_transfer_commit(conn, proclet, epoch)
-            }
+            Msg::TransferCommit { proclet, epoch } => node.on_transfer_commit(conn, proclet, epoch),
             other => tracing::debug!("ignored notification {}", other.name()),
         }
     }

@@ -346,10 +346,7 @@ impl<M> Inbound<M> {
         if !c.last {
             return Ok(None);
         }
-        Ok(self
-            .arriving
-            .remove(&key)
-            .map(|(_, a)| (a.buf, a.meta)))
+        Ok(self.arriving.remove(&key).map(|(_, a)| (a.buf, a.meta)))
     }
 
     /// Drop what arrived of a stream its sender gave up.
