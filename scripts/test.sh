@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
 # Granule's whole test suite: formatting, lints, unit + multi-process integration tests,
 # doc tests, and a --quick smoke run of every benchmark. Run from anywhere.
+#
+# It starts by installing what the suite needs besides crates (scripts/deps.txt, through
+# scripts/deps.sh): without root it names what is missing and how to get it, and stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
+
+step "system dependencies (scripts/deps.txt)"
+bash scripts/deps.sh || exit 1
+# PyPI packages live in the project's venv: tests that need one run $GRANULE_PYTHON.
+export GRANULE_VENV=${GRANULE_VENV:-$PWD/target/ray-venv}
+if [ -x "$GRANULE_VENV/bin/python" ]; then
+    export GRANULE_PYTHON="$GRANULE_VENV/bin/python"
+fi
 
 step "rustfmt"
 cargo fmt --all -- --check
