@@ -132,7 +132,8 @@ impl fmt::Display for Direction {
 }
 
 /// Which of the frames a rule selects it acts on. Counted per stream (see the module
-/// doc), from 1, from the moment the rules were set.
+/// doc), from 1, from the moment the rules were set; a selected frame counts even when
+/// an earlier rule fired on it, so one rule's count does not depend on the others.
 #[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Debug, Default)]
 pub enum Frames {
     /// Every selected frame.
@@ -182,7 +183,8 @@ pub struct FaultRule {
     #[serde(default)]
     pub peer: Option<Endpoint>,
     /// Only frames whose message has this name ([`granule_wire::Msg::name`], e.g.
-    /// `"Call"`, `"Transfer"`, `"Heartbeat"`); `None`: any message.
+    /// `"Call"`, `"Transfer"`, `"Heartbeat"`); `None`: any message. Names are compared
+    /// exactly. Rules never see the handshake (`Hello`, `HelloOk`): partitions judge it.
     #[serde(default)]
     pub kind: Option<String>,
     #[serde(default)]
