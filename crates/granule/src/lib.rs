@@ -30,6 +30,13 @@
 /// [`batch::filter`], [`batch::reduce`], run by compute proclets that scale with the
 /// cluster's idle cores.
 pub use granule_batch as batch;
+/// The key-range router sharded structures and services share: [`router::Router`] over
+/// a versioned [`router::RangeTable`] kept as a compacted [`router::ChangeLog`], and the
+/// split/merge [`router::Trigger`]s ([`router::Bounds`]: bytes held; [`router::CpuLoad`]:
+/// CPU used). For libraries of your own that spread keys over proclets.
+pub use granule_router as router;
+/// Fault injection for tests: the transport's fault filter and failpoints, driven
+/// through [`Cluster::faults`].
 pub use granule_runtime::faults;
 pub use granule_runtime::{
     binary_hash, block_on, cluster_nodes, config, cpu_bound, footprint, here, init_logging, run,

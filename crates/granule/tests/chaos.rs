@@ -72,6 +72,10 @@ fn classify(e: &CallError) -> Outcome {
     }
 }
 
+/// What the map should hold: each key's value, and for keys whose last operations
+/// failed, every value they may hold.
+type MapModel = (BTreeMap<u64, Vec<u8>>, HashMap<u64, Vec<Option<Vec<u8>>>>);
+
 /// One line of the schedule, with what happened.
 #[derive(Clone, Debug)]
 struct Entry {
@@ -215,8 +219,7 @@ fn run_seed(seed: u64) {
 
     type Result = (u64, usize, u64, Outcome);
     let results: Arc<Mutex<Vec<Result>>> = Arc::default();
-    let map_model: Arc<Mutex<(BTreeMap<u64, Vec<u8>>, HashMap<u64, Vec<Option<Vec<u8>>>>)>> =
-        Arc::default();
+    let map_model: Arc<Mutex<MapModel>> = Arc::default();
     let max_shards = Arc::new(Mutex::new(0usize));
 
     std::thread::scope(|s| {

@@ -10,8 +10,9 @@
 //!   to compute+memory proclet pairs, one per key range, split and merged together.
 //!
 //! What this crate owns:
-//! - `pool`: the compute proclets of a service, the table of their key ranges, routing
-//!   with a cached table, and the **scaler**: every window (5 ms by default,
+//! - `pool`: the compute proclets of a service, their key ranges (a table of
+//!   `granule-router`, the key-range router sharded structures use too), routing with a
+//!   cached copy of it, and the **scaler**: every window (5 ms by default,
 //!   [`ScaleConfig::window`]) it reads each compute proclet's load (CPU its handlers
 //!   used per wall second, over all threads that ran them at once); a proclet over one
 //!   core is split (its key range halved, the upper half to a new compute proclet the

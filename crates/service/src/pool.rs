@@ -11,11 +11,14 @@
 //! *sticky* (the same key goes to the same worker while the table stands), never a
 //! correctness condition.
 //!
-//! **The table** lives in a small memory proclet, written only by the scaler of the
-//! process that started the service. Clients cache it; every reply of a worker carries
-//! the table version the scaler last told that worker (it does so every window, when it
-//! reads the worker's load), so a client learns of a split within a window and re-reads
-//! the table once.
+//! **The table** is `granule-router`'s: a compacted log of changes
+//! ([`granule_router::ChangeLog`]) in a small memory proclet, written only by the scaler
+//! of the process that started the service, and cached by every client
+//! ([`granule_router::Router`]), which catches up by the changes it missed. Every reply of
+//! a worker carries the table version the scaler last told that worker (it does so every
+//! window, when it reads the worker's load), so a client learns of a split within a
+//! window and catches up once. The scaler's decisions are the router's CPU-used trigger
+//! ([`granule_router::CpuLoad`], set from [`ScaleConfig`]).
 //!
 //! **Exactly once.** A call is sent again only when it provably did not run: a worker
 //! merged away answers *retired* without running the handler (retirement takes the
@@ -23,17 +26,24 @@
 //! turned away), a worker whose context no longer serves the key (a stateful pair whose
 //! memory half gave those clients away) turns the call away unrun, and a destroyed
 //! worker refuses calls before running anything (`CallError::ProcletGone`). Any other
-//! failure is returned to the caller, never retried.
+//! failure is returned to the caller, never retried. Workers answer with the router's
+//! [`granule_router::Answer`] (served, or not run), and the router's loop re-sends only
+//! what provably did not run.
 //!
-//! **Load** is the thread CPU time (`CLOCK_THREAD_CPUTIME_ID`) spent inside the user's
-//! handler, summed over every thread that ran it, per wall second of the window: a
-//! worker runs handlers on several of its node's worker threads at once (`run_ref`), so
-//! its load can exceed one core. The scaler reads every worker once per window
+//! **Load** is the thread CPU time (`CLOCK_THREAD_CPUTIME_ID`, read through
+//! `granule_host::proc::thread_cpu_time`) spent inside the user's handler, summed over
+//! every thread that ran it, per wall second of the window: a worker runs handlers on
+//! several of its node's worker threads at once (`run_ref`), so its load can exceed one
+//! core. The scaler reads every worker once per window
 //! ([`ScaleConfig::window`], 5 ms by default).
 
 use crate::ServiceError;
+use granule_router::{
+    Action, Answer, Change, ChangeLog, CpuLoad, Done, Limits, RangeTable, Reading, Replica,
+    RetryPolicy, RouteError, Router, Trigger,
+};
 use granule_runtime::{CallError, Kind, NodeId, Proclet, ProcletId, ProcletState, Wire};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -213,14 +223,10 @@ impl<C: ProcletState> Worker<C> {
     }
 }
 
-/// The calling thread's CPU time in nanoseconds.
+/// The calling thread's CPU time in nanoseconds (read through the host crate, the only
+/// one that reads the OS's clocks and files).
 fn thread_cpu_ns() -> u64 {
-    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID) {
-        Ok(t) => (t.tv_sec() as u64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(t.tv_nsec() as u64),
-        Err(_) => 0,
-    }
+    u64::try_from(granule_host::proc::thread_cpu_time().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Nanoseconds on this process's monotonic clock (what a worker's readings are timed
@@ -231,89 +237,75 @@ fn mono_ns() -> u64 {
     EPOCH.elapsed().as_nanos() as u64
 }
 
-/// What a worker answers a routed call.
-#[derive(Serialize, Deserialize)]
-enum Reply<R, A> {
-    /// Done: the result and the table version the worker knows.
-    Done(R, u64),
-    /// Merged away: nothing ran, the argument comes back.
-    Retired(A, u64),
-}
+/// What a worker answers a routed call: served (the result and the table version the
+/// worker knows), or not run (retired, or its context no longer serves the key: the
+/// argument comes back). Workers never answer stale, busy or moved: a stale client
+/// still reaches a live worker, which serves or turns the call away unrun.
+type Reply<R, A, C> = Answer<(R, u64), A, Proclet<Worker<C>>>;
 
 /// The wrapper every routed call runs in on a worker. `via` runs the call, or hands the
 /// argument back unrun (`Err`) when the worker's context no longer serves its key.
-fn on_worker<C, A, R, F, W>(w: &Worker<C>, a: A, (f, via): &(F, W)) -> Reply<R, A>
+fn on_worker<C, A, R, F, W>(w: &Worker<C>, a: A, (f, via): &(F, W)) -> Reply<R, A, C>
 where
     C: ProcletState,
     W: Fn(&Worker<C>, A, &F) -> Result<R, A>,
 {
     let version = w.meter.version.load(Ordering::Relaxed);
     if w.meter.retired.load(Ordering::Acquire) {
-        return Reply::Retired(a, version);
+        return Answer::NotRun(a);
     }
     match via(w, a, f) {
-        Ok(r) => Reply::Done(r, version),
-        Err(a) => Reply::Retired(a, version),
+        Ok(r) => Answer::Served((r, version)),
+        Err(a) => Answer::NotRun(a),
     }
 }
 
 // ----- the table -----------------------------------------------------------------------
 
-/// A worker and where its range starts.
-type Range<C> = (u64, Proclet<Worker<C>>);
+/// The table of a pool, as its memory proclet holds it: routing-key ranges → workers, a
+/// compacted log of changes ([`granule_router::ChangeLog`]). The first range starts at
+/// `None`, which is routing key 0.
+type WorkerLog<C> = ChangeLog<u64, Proclet<Worker<C>>>;
 
-/// The ranges: `ranges[i]` serves keys from its start up to the next one's start.
-#[derive(Serialize, Deserialize)]
-#[serde(bound = "")]
-pub struct Table<C: ProcletState> {
-    version: u64,
-    ranges: Vec<Range<C>>,
+/// A worker and where its range starts (`None`: routing key 0).
+type Range<C> = (Option<u64>, Proclet<Worker<C>>);
+
+/// Where a range starting at `lo` begins, as a routing key.
+fn first_key(lo: &Option<u64>) -> u64 {
+    lo.unwrap_or(0)
 }
 
-impl<C: ProcletState> Clone for Table<C> {
-    fn clone(&self) -> Self {
-        Table {
-            version: self.version,
-            ranges: self.ranges.clone(),
-        }
-    }
-}
-
-impl<C: ProcletState> Table<C> {
-    fn lookup(&self, key: u64) -> Option<&Proclet<Worker<C>>> {
-        let i = self.ranges.partition_point(|(lo, _)| *lo <= key);
-        self.ranges.get(i.checked_sub(1)?).map(|(_, w)| w)
-    }
-
-    /// Where range `i` ends (exclusive; `None`: past `u64::MAX`).
-    fn end(&self, i: usize) -> Option<u64> {
-        self.ranges.get(i + 1).map(|(lo, _)| *lo)
-    }
+/// Where the range starting at `lo` ends (exclusive), past `u64::MAX` for the last one.
+fn end_key<T>(table: &RangeTable<u64, T>, lo: &Option<u64>) -> u128 {
+    table.end(lo).map_or(u64::MAX as u128 + 1, |h| *h as u128)
 }
 
 // ----- the client ----------------------------------------------------------------------
 
-/// How long a routed call keeps retrying (workers merged away under it) before it fails.
-const ROUTE_PATIENCE: Duration = Duration::from_secs(30);
+/// How a routed call retries: for 30 s, calling again at once after the first unrun
+/// answer (the table has the news: the scaler records a merge before it retires the
+/// worker), then every 100 µs (a stateful pair hands clients over before the table
+/// names their new worker). Workers are never busy.
+const ROUTE: RetryPolicy = RetryPolicy {
+    patience: Duration::from_secs(30),
+    busy_patience: Duration::from_secs(30),
+    min_wait: Duration::from_micros(100),
+    max_wait: Duration::from_micros(100),
+};
 
 /// A handle to a pool: routes calls. Serializable (front doors on other nodes get one;
 /// they start with an empty cache). Clones share the cache.
 #[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
 pub struct Pool<C: ProcletState> {
-    table: Proclet<Table<C>>,
-    #[serde(skip)]
-    cache: Arc<RwLock<Option<Table<C>>>>,
-    #[serde(skip)]
-    refreshing: Arc<AtomicBool>,
+    /// The table's client: its memory proclet and the cached copy.
+    router: Router<WorkerLog<C>, u64, Proclet<Worker<C>>>,
 }
 
 impl<C: ProcletState> Clone for Pool<C> {
     fn clone(&self) -> Self {
         Pool {
-            table: self.table.clone(),
-            cache: self.cache.clone(),
-            refreshing: self.refreshing.clone(),
+            router: self.router.clone(),
         }
     }
 }
@@ -331,49 +323,24 @@ impl<C: ProcletState + Clone> Pool<C> {
             b = b.on(n);
         }
         let first = b.create(ctx, |c: C| Worker::new(c))?;
-        let table =
-            Proclet::builder(Kind::Memory).create(first, |w: Proclet<Worker<C>>| Table {
-                version: 1,
-                ranges: vec![(0, w)],
-            })?;
+        let table = Proclet::builder(Kind::Memory)
+            .create(first, |w: Proclet<Worker<C>>| WorkerLog::<C>::whole(w))?;
         Ok(Pool {
-            table,
-            cache: Default::default(),
-            refreshing: Default::default(),
+            router: Router::new(table),
         })
     }
 }
 
+/// A routing failure as a service error.
+fn route_error(e: RouteError) -> ServiceError {
+    match e {
+        RouteError::Call(e) => ServiceError::Call(e),
+        RouteError::Unmapped => ServiceError::Unmapped,
+        RouteError::Stuck(_) => ServiceError::Stuck,
+    }
+}
+
 impl<C: ProcletState> Pool<C> {
-    async fn refresh(&self) -> Result<(), ServiceError> {
-        let t = self
-            .table
-            .run_ref_async((), |t: &Table<C>, ()| t.clone())
-            .await?;
-        let mut c = self.cache.write();
-        if c.as_ref().is_none_or(|old| old.version < t.version) {
-            *c = Some(t);
-        }
-        Ok(())
-    }
-
-    fn cached_version(&self) -> u64 {
-        self.cache.read().as_ref().map_or(0, |t| t.version)
-    }
-
-    async fn lookup(&self, key: u64) -> Result<Proclet<Worker<C>>, ServiceError> {
-        if let Some(w) = self.cache.read().as_ref().and_then(|t| t.lookup(key)) {
-            return Ok(w.clone());
-        }
-        self.refresh().await?;
-        self.cache
-            .read()
-            .as_ref()
-            .and_then(|t| t.lookup(key))
-            .cloned()
-            .ok_or(ServiceError::Unmapped)
-    }
-
     /// Run `via(&worker, arg, &f)` on the worker serving `key` (both capture nothing);
     /// `via` hands the argument back (`Err`) to have the call routed again.
     pub(crate) async fn call<A, R, F, W>(
@@ -389,47 +356,30 @@ impl<C: ProcletState> Pool<C> {
         F: Copy + Send + Sync + 'static,
         W: Fn(&Worker<C>, A, &F) -> Result<R, A> + Copy + Send + Sync + 'static,
     {
-        let started = Instant::now();
-        let mut arg = arg;
-        loop {
-            let w = self.lookup(key).await?;
-            let backup = arg.clone();
-            match w
-                .run_ref_with_async(arg, (f, via), on_worker::<C, A, R, F, W>)
-                .await
-            {
-                Ok(Reply::Done(r, v)) => {
-                    if v > self.cached_version() && !self.refreshing.swap(true, Ordering::AcqRel) {
-                        let r = self.refresh().await;
-                        self.refreshing.store(false, Ordering::Release);
-                        if let Err(e) = r {
-                            tracing::debug!("refreshing a service's table failed: {e}");
-                        }
-                    }
-                    return Ok(r);
-                }
-                Ok(Reply::Retired(a, _)) => arg = a,
-                // Destroyed after a merge: it refused before running anything.
-                Err(CallError::ProcletGone(_)) => arg = backup,
-                Err(e) => return Err(e.into()),
-            }
-            if started.elapsed() > ROUTE_PATIENCE {
-                return Err(ServiceError::Stuck);
-            }
-            tokio::time::sleep(Duration::from_micros(100)).await;
-            self.refresh().await?;
+        let ((r, version), _) = self
+            .router
+            .route_async(
+                &key,
+                arg,
+                ROUTE,
+                |w: &Proclet<Worker<C>>, a| {
+                    w.run_ref_with_async(a, (f, via), on_worker::<C, A, R, F, W>)
+                },
+                // Workers never answer busy: there is no change to finish.
+                |_: &Proclet<Worker<C>>| std::future::ready(Ok::<(), RouteError>(())),
+            )
+            .await
+            .map_err(route_error)?;
+        // The worker knows a newer table: learn of the split or merge now, once.
+        if let Err(e) = self.router.catch_up_to(version).await {
+            tracing::debug!("refreshing a service's table failed: {e}");
         }
+        Ok(r)
     }
 
     /// The workers in key order, with where their ranges start, as the table says now.
     pub(crate) fn workers(&self) -> Result<Vec<Range<C>>, ServiceError> {
-        granule_runtime::block_on(self.refresh())?;
-        Ok(self
-            .cache
-            .read()
-            .as_ref()
-            .map(|t| t.ranges.clone())
-            .unwrap_or_default())
+        Ok(self.router.ranges()?)
     }
 
     /// Destroy every worker (and what its context owns) and the table.
@@ -451,7 +401,7 @@ impl<C: ProcletState> Pool<C> {
                 c.release()?;
             }
         }
-        self.table.destroy()?;
+        self.router.map().destroy()?;
         Ok(())
     }
 }
@@ -467,18 +417,49 @@ pub struct WorkerInfo {
 
 // ----- the scaler ----------------------------------------------------------------------
 
-/// The scaler's own view: the authoritative table (it is the only writer) and what it
-/// measured last window.
+/// The scaler's own view: the authoritative table (it is the only writer), what it
+/// measured last window, and the trigger that decides splits and merges.
 struct ScalerState<C: ProcletState> {
-    table: Table<C>,
+    /// The table as of the scaler's latest change, kept in step with the table proclet.
+    table: Replica<u64, Proclet<Worker<C>>>,
     /// Per worker (by id): cpu ns, calls and the worker's clock at the last reading, and
     /// the (load, calls) measured then.
     last: std::collections::HashMap<ProcletId, (u64, u64, u64, (f64, u64))>,
-    /// Per worker: windows of cooldown left.
-    cool: std::collections::HashMap<ProcletId, u32>,
-    /// Per left worker of a pair: windows watched, and the pair's summed load averaged
-    /// over the last `merge_after` of them.
-    low: std::collections::HashMap<ProcletId, (u32, f64)>,
+    /// Splits and merges by CPU used (cooldowns and the pairs' moving averages inside).
+    trigger: Box<dyn Trigger<Load = f64> + Send>,
+}
+
+impl<C: ProcletState> ScalerState<C> {
+    /// The ranges now, in key order.
+    fn ranges(&self) -> Vec<Range<C>> {
+        self.table.table().to_vec()
+    }
+}
+
+impl ScaleConfig {
+    /// The CPU-used trigger these settings describe, for workers whose handlers run at
+    /// once (`serial` false) or take turns on a pair's state (`serial` true: split by
+    /// the share of time the state was busy).
+    fn trigger(&self, serial: bool) -> CpuLoad {
+        let split_above = if serial {
+            self.split_busy
+        } else {
+            self.split_above
+        };
+        CpuLoad::new(
+            split_above,
+            self.merge_below,
+            self.merge_after,
+            self.cooldown,
+        )
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            min_ranges: self.min_proclets,
+            max_ranges: self.max_proclets,
+        }
+    }
 }
 
 /// Shared between a service's handle and its scaler thread.
@@ -506,10 +487,14 @@ impl<C: Context> Scaler<C> {
         config: ScaleConfig,
         label: String,
     ) -> Result<(Arc<Scaler<C>>, std::thread::JoinHandle<()>), ServiceError> {
-        let table = pool
-            .table
-            .run_ref((), |t: &Table<C>, ()| t.clone())
+        let mut table = Replica::new();
+        let update = pool
+            .router
+            .map()
+            .run_ref(0u64, |t: &WorkerLog<C>, from: u64| t.since(from))
             .map_err(ServiceError::from)?;
+        table.catch_up(0, update);
+        let trigger = Box::new(config.trigger(C::SERIAL));
         let s = Arc::new(Scaler {
             label,
             pool,
@@ -517,8 +502,7 @@ impl<C: Context> Scaler<C> {
             state: Mutex::new(ScalerState {
                 table,
                 last: Default::default(),
-                cool: Default::default(),
-                low: Default::default(),
+                trigger,
             }),
             timeline: Mutex::new(Timeline::default()),
             started: Instant::now(),
@@ -563,10 +547,12 @@ impl<C: Context> Scaler<C> {
         self.timeline.lock().clone()
     }
 
-    /// Read every worker's load (telling it the table version), then split or merge.
+    /// Read every worker's load (telling it the table version), then split or merge as
+    /// the trigger decides (one action per window).
     fn tick(&self) -> Result<(), ServiceError> {
         let mut st = self.state.lock();
-        let loads = self.measure(&mut st)?;
+        let ranges = st.ranges();
+        let loads = self.measure(&mut st, &ranges)?;
         let calls: u64 = loads.iter().map(|l| l.1).sum();
         let loads: Vec<f64> = loads.into_iter().map(|l| l.0).collect();
         {
@@ -577,7 +563,7 @@ impl<C: Context> Scaler<C> {
             }
             tl.samples.push(Sample {
                 t,
-                proclets: st.table.ranges.len(),
+                proclets: ranges.len(),
                 loads: loads.clone(),
                 calls,
             });
@@ -585,63 +571,24 @@ impl<C: Context> Scaler<C> {
         if !self.config.auto {
             return Ok(());
         }
-        for c in st.cool.values_mut() {
-            *c = c.saturating_sub(1);
-        }
-        // Split the busiest worker over the bound (one action per window).
-        let busiest = loads
+        let reading: Vec<Reading<f64>> = ranges
             .iter()
-            .enumerate()
-            .filter(|(i, _)| {
-                st.cool
-                    .get(&st.table.ranges[*i].1.id())
-                    .is_none_or(|c| *c == 0)
-            })
-            .max_by(|a, b| a.1.total_cmp(b.1));
-        if let Some((i, &load)) = busiest {
-            let bound = if C::SERIAL {
-                self.config.split_busy
-            } else {
-                self.config.split_above
-            };
-            if load > bound && st.table.ranges.len() < self.config.max_proclets {
+            .zip(&loads)
+            .map(|((_, w), &load)| Reading { id: w.id().0, load })
+            .collect();
+        let Some(decision) = st.trigger.decide(&reading, self.config.limits()) else {
+            return Ok(());
+        };
+        match decision.action {
+            Action::Split(i) => {
                 if self.split_at(&mut st, i)? {
-                    self.record(true, st.table.ranges.len(), load);
+                    self.record(true, st.table.table().len(), decision.load);
                 }
-                return Ok(());
             }
-        }
-        // Merge the idlest pair whose summed load, averaged over the last `merge_after`
-        // windows (a moving average: one 5 ms window holds a handful of calls), stayed
-        // under the bound.
-        let mut best: Option<(usize, f64)> = None;
-        let n = st.table.ranges.len();
-        let span = self.config.merge_after.max(1);
-        for i in 0..n.saturating_sub(1) {
-            let id = st.table.ranges[i].1.id();
-            let sum = loads[i] + loads[i + 1];
-            let cooling = [i, i + 1].iter().any(|j| {
-                st.cool
-                    .get(&st.table.ranges[*j].1.id())
-                    .is_some_and(|c| *c > 0)
-            });
-            if cooling {
-                st.low.remove(&id);
-                continue;
-            }
-            let (count, avg) = st.low.entry(id).or_insert((0, sum));
-            *count += 1;
-            *avg += (sum - *avg) / span.min(*count) as f64;
-            if *count >= span
-                && *avg < self.config.merge_below
-                && best.is_none_or(|(_, s)| *avg < s)
-            {
-                best = Some((i, *avg));
-            }
-        }
-        if let Some((i, sum)) = best {
-            if n > self.config.min_proclets.max(1) && self.merge_at(&mut st, i)? {
-                self.record(false, st.table.ranges.len(), sum);
+            Action::Merge(i) => {
+                if self.merge_at(&mut st, i)? {
+                    self.record(false, st.table.table().len(), decision.load);
+                }
             }
         }
         Ok(())
@@ -658,9 +605,13 @@ impl<C: Context> Scaler<C> {
     }
 
     /// Each worker's (load, calls) over the window since the last reading.
-    fn measure(&self, st: &mut ScalerState<C>) -> Result<Vec<(f64, u64)>, ServiceError> {
-        let version = st.table.version;
-        let reads = st.table.ranges.iter().map(|(_, w)| {
+    fn measure(
+        &self,
+        st: &mut ScalerState<C>,
+        ranges: &[Range<C>],
+    ) -> Result<Vec<(f64, u64)>, ServiceError> {
+        let version = st.table.version();
+        let reads = ranges.iter().map(|(_, w)| {
             w.run_ref_async(version, |w: &Worker<C>, v: u64| {
                 w.meter.version.store(v, Ordering::Relaxed);
                 (
@@ -672,7 +623,7 @@ impl<C: Context> Scaler<C> {
         });
         let got = granule_runtime::block_on(futures::future::join_all(reads));
         let mut out = Vec::with_capacity(got.len());
-        for ((_, w), r) in st.table.ranges.iter().zip(got) {
+        for ((_, w), r) in ranges.iter().zip(got) {
             let (cpu, calls, at) = match r {
                 Ok(v) => v,
                 Err(CallError::NoCluster) => return Err(CallError::NoCluster.into()),
@@ -714,15 +665,16 @@ impl<C: Context> Scaler<C> {
     /// the context (a stateful pair's upper clients, in a memory proclet on the new
     /// worker's node). Returns whether it split (a range of one key cannot).
     fn split_at(&self, st: &mut ScalerState<C>, i: usize) -> Result<bool, ServiceError> {
-        let lo = st.table.ranges[i].0;
-        let hi = st.table.end(i).map_or(u64::MAX as u128 + 1, |h| h as u128);
-        let mid = (lo as u128 + (hi - lo as u128) / 2) as u64;
-        if mid == lo {
+        let Some((lo, old)) = st.ranges().into_iter().nth(i) else {
+            return Ok(false);
+        };
+        let start = first_key(&lo);
+        let hi = end_key(st.table.table(), &lo);
+        let mid = (start as u128 + (hi - start as u128) / 2) as u64;
+        if mid == start {
             return Ok(false);
         }
-        let ctx = st.table.ranges[i]
-            .1
-            .run_ref((), |w: &Worker<C>, ()| w.ctx.clone())?;
+        let ctx = old.run_ref((), |w: &Worker<C>, ()| w.ctx.clone())?;
         // Not in the table yet: no call reaches it before its context is its own.
         let w = Proclet::builder(Kind::Compute)
             .group(self.label.clone())
@@ -743,18 +695,21 @@ impl<C: Context> Scaler<C> {
                 return Err(e.into());
             }
         }
-        let mut t = st.table.clone();
-        t.ranges.insert(i + 1, (mid, w.clone()));
-        t.version += 1;
-        self.publish(st, t)?;
-        let old = st.table.ranges[i].1.id();
-        st.cool.insert(old, self.config.cooldown);
-        st.cool.insert(w.id(), self.config.cooldown);
-        st.low.clear();
+        self.publish(
+            st,
+            Change::Set {
+                lo: Some(mid),
+                target: w.clone(),
+            },
+        )?;
+        st.trigger.done(Done::Split {
+            old: old.id().0,
+            new: w.id().0,
+        });
         granule_runtime::telemetry::record_split(
             "service",
             self.label.clone(),
-            format!("{old} split off {}", w.id()),
+            format!("{} split off {}", old.id(), w.id()),
         );
         Ok(true)
     }
@@ -763,16 +718,14 @@ impl<C: Context> Scaler<C> {
     /// worker retires (handlers in flight finish; later calls are turned away and come
     /// back to the left one) and is destroyed.
     fn merge_at(&self, st: &mut ScalerState<C>, i: usize) -> Result<bool, ServiceError> {
-        if i + 1 >= st.table.ranges.len() {
+        let ranges = st.ranges();
+        let (Some((_, left)), Some((right_lo, right))) = (ranges.get(i), ranges.get(i + 1)) else {
             return Ok(false);
-        }
-        let mut t = st.table.clone();
-        let (_, right) = t.ranges.remove(i + 1);
-        t.version += 1;
-        self.publish(st, t)?;
+        };
+        self.publish(st, Change::Remove { lo: *right_lo })?;
         // The left worker learns the version at once (its callers re-read the table).
-        let v = st.table.version;
-        let _ = st.table.ranges[i].1.run_ref(v, |w: &Worker<C>, v: u64| {
+        let v = st.table.version();
+        let _ = left.run_ref(v, |w: &Worker<C>, v: u64| {
             w.meter.version.store(v, Ordering::Relaxed)
         });
         let right_ctx = match right.run(v, |w: &mut Worker<C>, v: u64| {
@@ -786,9 +739,7 @@ impl<C: Context> Scaler<C> {
         };
         // No handler of the right worker runs any more: its context's keys move left.
         if let Some(rc) = &right_ctx {
-            let left_ctx = st.table.ranges[i]
-                .1
-                .run_ref((), |w: &Worker<C>, ()| w.ctx.clone())?;
+            let left_ctx = left.run_ref((), |w: &Worker<C>, ()| w.ctx.clone())?;
             left_ctx.merge(rc)?;
         }
         match right.destroy() {
@@ -798,22 +749,35 @@ impl<C: Context> Scaler<C> {
         if let Some(rc) = right_ctx {
             rc.release()?;
         }
-        st.low.clear();
+        st.trigger.done(Done::Merge {
+            left: left.id().0,
+            right: right.id().0,
+        });
         st.last.remove(&right.id());
-        st.cool.remove(&right.id());
         granule_runtime::telemetry::record_merge(
             "service",
             self.label.clone(),
-            format!("{} into {}", right.id(), st.table.ranges[i].1.id()),
+            format!("{} into {}", right.id(), left.id()),
         );
         Ok(true)
     }
 
-    fn publish(&self, st: &mut ScalerState<C>, t: Table<C>) -> Result<(), ServiceError> {
-        self.pool
-            .table
-            .run(t.clone(), |old: &mut Table<C>, t: Table<C>| *old = t)?;
-        st.table = t;
+    /// Record `change` in the table proclet and bring the scaler's copy along (from the
+    /// proclet's answer, so the two cannot drift apart).
+    fn publish(
+        &self,
+        st: &mut ScalerState<C>,
+        change: Change<u64, Proclet<Worker<C>>>,
+    ) -> Result<(), ServiceError> {
+        let from = st.table.version();
+        let update = self.pool.router.map().run(
+            (change, from),
+            |t: &mut WorkerLog<C>, (change, from): (Change<u64, Proclet<Worker<C>>>, u64)| {
+                t.apply(change);
+                t.since(from)
+            },
+        )?;
+        st.table.catch_up(from, update);
         Ok(())
     }
 
@@ -821,17 +785,18 @@ impl<C: Context> Scaler<C> {
     /// whether it did (a test hook, and for operators).
     pub(crate) fn split_now(&self) -> Result<bool, ServiceError> {
         let mut st = self.state.lock();
-        if st.table.ranges.len() >= self.config.max_proclets {
+        let ranges = st.ranges();
+        if ranges.len() >= self.config.max_proclets {
             return Ok(false);
         }
-        let widest = (0..st.table.ranges.len()).max_by_key(|&i| {
-            st.table.end(i).map_or(u64::MAX as u128 + 1, |h| h as u128)
-                - st.table.ranges[i].0 as u128
+        let widest = (0..ranges.len()).max_by_key(|&i| {
+            let lo = &ranges[i].0;
+            end_key(st.table.table(), lo) - first_key(lo) as u128
         });
         let Some(i) = widest else { return Ok(false) };
         let did = self.split_at(&mut st, i)?;
         if did {
-            self.record(true, st.table.ranges.len(), 0.0);
+            self.record(true, st.table.table().len(), 0.0);
         }
         Ok(did)
     }
@@ -840,37 +805,40 @@ impl<C: Context> Scaler<C> {
     /// Returns whether it did.
     pub(crate) fn merge_now(&self) -> Result<bool, ServiceError> {
         let mut st = self.state.lock();
-        let n = st.table.ranges.len();
+        let ranges = st.ranges();
+        let n = ranges.len();
         if n < 2 {
             return Ok(false);
         }
         let narrowest = (0..n - 1)
             .min_by_key(|&i| {
-                st.table
-                    .end(i + 1)
-                    .map_or(u64::MAX as u128 + 1, |h| h as u128)
-                    - st.table.ranges[i].0 as u128
+                end_key(st.table.table(), &ranges[i + 1].0) - first_key(&ranges[i].0) as u128
             })
             .unwrap_or(0);
         let did = self.merge_at(&mut st, narrowest)?;
         if did {
-            self.record(false, st.table.ranges.len(), 0.0);
+            self.record(false, st.table.table().len(), 0.0);
         }
         Ok(did)
     }
 
     /// The worker serving `key` per the scaler's (authoritative) table.
     pub(crate) fn worker_for(&self, key: u64) -> Option<Proclet<Worker<C>>> {
-        self.state.lock().table.lookup(key).cloned()
+        self.state
+            .lock()
+            .table
+            .table()
+            .lookup(&key)
+            .map(|(_, w)| w.clone())
     }
 
     /// The workers now, in key order, with their nodes.
     pub(crate) fn workers(&self) -> Vec<WorkerInfo> {
-        let ranges = self.state.lock().table.ranges.clone();
+        let ranges = self.state.lock().ranges();
         ranges
             .into_iter()
             .map(|(lo, w)| WorkerInfo {
-                lo,
+                lo: first_key(&lo),
                 id: w.id(),
                 node: w.location().ok(),
             })
@@ -881,11 +849,12 @@ impl<C: Context> Scaler<C> {
     /// can run.
     pub(crate) fn contexts(&self) -> Result<Vec<(WorkerInfo, C)>, ServiceError> {
         let st = self.state.lock();
-        let mut out = Vec::with_capacity(st.table.ranges.len());
-        for (lo, w) in &st.table.ranges {
+        let ranges = st.ranges();
+        let mut out = Vec::with_capacity(ranges.len());
+        for (lo, w) in &ranges {
             let ctx = w.run_ref((), |w: &Worker<C>, ()| w.ctx.clone())?;
             let info = WorkerInfo {
-                lo: *lo,
+                lo: first_key(lo),
                 id: w.id(),
                 node: w.location().ok(),
             };
@@ -898,5 +867,35 @@ impl<C: Context> Scaler<C> {
     pub(crate) fn destroy(&self) -> Result<(), ServiceError> {
         let _st = self.state.lock();
         self.pool.destroy()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scale_config_is_the_cpu_trigger_and_serial_pairs_split_by_busy_share() {
+        let c = ScaleConfig::default();
+        let parallel = c.trigger(false);
+        assert!(parallel.should_split(1.01) && !parallel.should_split(0.95));
+        let serial = c.trigger(true);
+        assert!(serial.should_split(0.95) && !serial.should_split(0.85));
+        assert!(parallel.may_merge(0.2, 0.3) && !parallel.may_merge(0.3, 0.3));
+        assert_eq!(
+            c.limits(),
+            Limits {
+                min_ranges: 1,
+                max_ranges: 64
+            }
+        );
+    }
+
+    #[test]
+    fn ranges_start_at_routing_key_zero_and_end_past_the_last_key() {
+        let t: RangeTable<u64, u8> = [(None, 0), (Some(1 << 63), 1)].into_iter().collect();
+        assert_eq!(first_key(&None), 0);
+        assert_eq!(end_key(&t, &None), 1 << 63);
+        assert_eq!(end_key(&t, &Some(1 << 63)), u64::MAX as u128 + 1);
     }
 }

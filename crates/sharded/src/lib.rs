@@ -4,7 +4,9 @@
 //! ranges. Developers never size shards.
 //!
 //! - [`AutoSharder`] owns the machinery: the range map (in a mapping proclet, as a
-//!   compacted log of changes), routing with stale-cache catch-up, split and merge.
+//!   compacted log of changes), routing with stale-cache catch-up, split and merge. The
+//!   map, its log, the clients' cache and the routing loop are `granule-router`'s, which
+//!   services share; the shards and their split and merge steps are this crate's.
 //! - Built on it: [`ShardedVec`] (index ranges; a prefetching iterator once sealed),
 //!   [`ShardedMap`] (ordered key ranges; range scans), [`ShardedQueue`] (FIFO; only the
 //!   tail grows, drained head shards are dropped) and [`ShardedPartitions`] (unordered
@@ -102,14 +104,24 @@ pub enum ShardError {
     OutOfRange { index: u64, len: u64 },
 }
 
-/// Sleep without holding a node's worker: inside a closure on a node, the worker is
-/// handed to another thread meanwhile (as every Granule wait does), so calls to the
-/// node's other proclets keep being served.
-pub(crate) fn pause(d: std::time::Duration) {
-    if granule_runtime::here().is_some() {
-        // The timer is made inside the future: only there is the node's runtime entered.
-        granule_runtime::block_on(async move { tokio::time::sleep(d).await });
-    } else {
-        std::thread::sleep(d);
+impl From<granule_router::RouteError> for ShardError {
+    fn from(e: granule_router::RouteError) -> Self {
+        match e {
+            granule_router::RouteError::Call(e) => ShardError::Call(e),
+            granule_router::RouteError::Unmapped => ShardError::Unmapped,
+            granule_router::RouteError::Stuck(key) => ShardError::Stuck(key),
+        }
     }
 }
+
+impl From<granule_router::BoundsError> for ShardError {
+    fn from(e: granule_router::BoundsError) -> Self {
+        ShardError::BadBounds {
+            lower: e.lower,
+            upper: e.upper,
+        }
+    }
+}
+
+/// Sleep without holding a node's worker (see [`granule_router::pause`]).
+pub(crate) use granule_router::pause;

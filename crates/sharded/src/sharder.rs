@@ -5,7 +5,11 @@
 //! **The map** lives in a mapping proclet as an append-only log of changes (`Set` a range's
 //! shard, `Remove` a range), its length being the map's version. Every client caches the
 //! map and catches up from its version when a shard answers that a key is not its own
-//! (stale). The controller only knows where proclets are, never the key ranges.
+//! (stale). The controller only knows where proclets are, never the key ranges. The
+//! table, its compacted log, the clients' cache and the routing loop are
+//! `granule-router`'s ([`granule_router::Router`]); this module owns the shards: their
+//! ranges, the split and merge steps, and what a shard answers a routed call. Shards
+//! split and merge by bytes held ([`Bounds`], the router's bytes-held trigger).
 //!
 //! **Every shard knows its own range** `[lo, hi)`, and serves a key only inside it, so a
 //! stale cache can cost a retry, never a wrong answer.
@@ -34,12 +38,14 @@
 //! them; a moved shard is reached through the runtime's forwarding, without the map.
 
 use crate::ShardError;
+pub use granule_router::Bounds;
+use granule_router::{
+    Answer, Change, ChangeLog, MapState, Outcome, Retry, RetryPolicy, Router, Step, Trigger,
+};
 use granule_runtime::{here, CallError, Footprint, Kind, Proclet, ProcletState, Wire};
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a shard of a sharded structure must do.
@@ -61,36 +67,6 @@ pub trait Shard: ProcletState + Default {
     /// moving data: see [`AutoSharder::drop_empty_first`]).
     fn is_empty(&self) -> bool {
         self.footprint() == 0
-    }
-}
-
-/// Size bounds of the shards, in bytes of their [`Shard::footprint`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Bounds {
-    /// A shard under this is merged with a neighbour (when the two fit under `upper`).
-    pub lower: u64,
-    /// A shard over this is split.
-    pub upper: u64,
-}
-
-impl Bounds {
-    /// Low-latency mode's default: shards of at most 2 MiB.
-    pub const LOW_LATENCY: Bounds = Bounds {
-        lower: 512 << 10,
-        upper: 2 << 20,
-    };
-    /// Batching mode's default: shards of at most 32 MiB.
-    pub const BATCHING: Bounds = Bounds {
-        lower: 8 << 20,
-        upper: 32 << 20,
-    };
-
-    /// `lower` must be below `upper`, and their ratio leaves room for a split's halves.
-    pub fn new(lower: u64, upper: u64) -> Result<Bounds, ShardError> {
-        if upper == 0 || lower.saturating_mul(2) > upper {
-            return Err(ShardError::BadBounds { lower, upper });
-        }
-        Ok(Bounds { lower, upper })
     }
 }
 
@@ -171,152 +147,51 @@ impl<S: Shard> Footprint for Cell<S> {
     }
 }
 
-/// What a routed call answers.
+/// What a shard that ran a routed call hands back.
 #[derive(Serialize, Deserialize)]
-#[serde(bound(
-    serialize = "R: Serialize, A: Serialize",
-    deserialize = "R: serde::de::DeserializeOwned, A: serde::de::DeserializeOwned"
-))]
-enum Routed<R, A, S: Shard> {
-    /// Done: the result, the shard's footprint (0 unless asked for), and whether the
-    /// shard is the last one (its range open upwards).
+enum Reply<R> {
+    /// The result, the shard's footprint (0 unless asked for), and whether the shard is
+    /// the last one (its range open upwards).
     Done(R, u64, bool),
-    /// Not this shard's key: catch up with the map.
-    Stale(A),
-    /// In the middle of a split: try again shortly.
-    Busy(A),
-    /// Merged away into that shard.
-    Redirect(A, Proclet<Cell<S>>),
-    /// The structure is sealed: no writes.
+    /// The structure is sealed: no writes (nothing ran).
     Sealed,
 }
 
+/// What a shard answers a routed call: served (a [`Reply`]), stale (not this shard's
+/// key: catch up with the map), busy (in the middle of a split: try again shortly), or
+/// moved (merged away into that shard). The argument comes back whenever nothing ran.
+type Routed<R, A, S> = Answer<Reply<R>, A, Proclet<Cell<S>>>;
+
+/// A routed call's argument: the key, the caller's argument, and whether the footprint
+/// is wanted back.
+type Keyed<K, A> = (K, A, bool);
+
 // ----- the mapping proclet's state ---------------------------------------------------
 
-/// One change of the map.
-#[derive(Serialize, Deserialize)]
-#[serde(bound = "")]
-enum Change<S: Shard> {
-    Set {
-        lo: Option<S::Key>,
-        shard: Proclet<Cell<S>>,
-    },
-    Remove {
-        lo: Option<S::Key>,
-    },
-}
-
-impl<S: Shard> Clone for Change<S> {
-    fn clone(&self) -> Self {
-        match self {
-            Change::Set { lo, shard } => Change::Set {
-                lo: lo.clone(),
-                shard: shard.clone(),
-            },
-            Change::Remove { lo } => Change::Remove { lo: lo.clone() },
-        }
-    }
-}
-
-/// The mapping proclet: the recent end of the log of changes and the map they add up to.
+/// The mapping proclet: the map as a compacted log of changes
+/// ([`granule_router::ChangeLog`]), and whether the structure is sealed.
 ///
 /// Version `v` of the map is the state after its first `v` changes. Clients cache the map
 /// and catch up by asking for the changes since their version; the log keeps only the
-/// last ones (about as many as the map has shards, see [`MapLog::compact`]), so a
-/// structure that splits and merges for ever keeps a bounded log. A client further behind
-/// gets the whole current map instead, which is no bigger than the changes it missed.
+/// last ones (about as many as the map has shards), so a structure that splits and merges
+/// for ever keeps a bounded log. A client further behind gets the whole current map
+/// instead, which is no bigger than the changes it missed.
 #[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
 pub struct MapLog<S: Shard> {
-    /// Changes dropped from the front: `log[i]` is change number `base + i + 1`.
-    base: usize,
-    log: Vec<Change<S>>,
-    current: BTreeMap<Option<S::Key>, Proclet<Cell<S>>>,
+    log: ChangeLog<S::Key, Proclet<Cell<S>>>,
     sealed: bool,
 }
 
-/// Changes kept beyond one per shard, so that clients a little behind catch up by delta.
-const LOG_SLACK: usize = 64;
-
-/// What a client needs to bring its copy of the map from some version to the latest.
-#[derive(Serialize, Deserialize)]
-#[serde(bound = "")]
-enum CatchUp<S: Shard> {
-    /// The changes after the client's version, in order.
-    Changes(Vec<Change<S>>),
-    /// The client's version is older than the log: the whole map as of `version`.
-    Snapshot {
-        version: usize,
-        ranges: Vec<Range<S>>,
-    },
+impl<S: Shard> MapState<S::Key, Proclet<Cell<S>>> for MapLog<S> {
+    fn log(&self) -> &ChangeLog<S::Key, Proclet<Cell<S>>> {
+        &self.log
+    }
 }
 
 impl<S: Shard> Footprint for MapLog<S> {
     fn footprint(&self) -> u64 {
-        // Handles and keys: a few dozen bytes each.
-        (std::mem::size_of::<Self>() + 96 * (self.log.len() + self.current.len())) as u64
-    }
-}
-
-impl<S: Shard> MapLog<S> {
-    fn new() -> MapLog<S> {
-        MapLog {
-            base: 0,
-            log: Vec::new(),
-            current: BTreeMap::new(),
-            sealed: false,
-        }
-    }
-
-    fn apply(&mut self, c: Change<S>) {
-        match &c {
-            Change::Set { lo, shard } => {
-                self.current.insert(lo.clone(), shard.clone());
-            }
-            Change::Remove { lo } => {
-                self.current.remove(lo);
-            }
-        }
-        self.log.push(c);
-        self.compact();
-    }
-
-    /// The latest version.
-    fn version(&self) -> usize {
-        self.base + self.log.len()
-    }
-
-    /// Drop the oldest changes once the log is more than twice what it keeps (one change
-    /// per shard plus [`LOG_SLACK`]): amortized O(1) per change, and the log stays
-    /// proportional to the map.
-    fn compact(&mut self) {
-        let keep = self.current.len() + LOG_SLACK;
-        if self.log.len() > 2 * keep {
-            let drop = self.log.len() - keep;
-            self.log.drain(..drop);
-            self.base += drop;
-        }
-    }
-
-    /// What a client at version `from` needs to catch up.
-    fn since(&self, from: usize) -> CatchUp<S> {
-        if from >= self.base {
-            CatchUp::Changes(
-                self.log
-                    .get(from - self.base..)
-                    .map(|c| c.to_vec())
-                    .unwrap_or_default(),
-            )
-        } else {
-            CatchUp::Snapshot {
-                version: self.version(),
-                ranges: self
-                    .current
-                    .iter()
-                    .map(|(lo, s)| (lo.clone(), s.clone()))
-                    .collect(),
-            }
-        }
+        self.log.footprint() + std::mem::size_of::<bool>() as u64
     }
 }
 
@@ -326,93 +201,43 @@ pub type Range<S> = (Option<<S as Shard>::Key>, Proclet<Cell<S>>);
 /// Items bound for one shard: the shard, one item's key, the items.
 type Group<S, I> = (Proclet<Cell<S>>, <S as Shard>::Key, Vec<I>);
 
-/// A routed call's outcome: result, the shard that answered, its footprint, whether it
-/// is the last shard.
-type Answered<S, R> = (R, Proclet<Cell<S>>, u64, bool);
+/// A routed write's outcome: result, the shard's footprint, whether it is the last shard,
+/// and the shard that answered.
+type Answered<S, R> = (R, u64, bool, Proclet<Cell<S>>);
 
-/// A client's copy of the map.
-struct Cache<S: Shard> {
-    version: usize,
-    ranges: BTreeMap<Option<S::Key>, Proclet<Cell<S>>>,
-}
-
-impl<S: Shard> Default for Cache<S> {
-    fn default() -> Self {
-        Cache {
-            version: 0,
-            ranges: BTreeMap::new(),
-        }
-    }
-}
-
-impl<S: Shard> Cache<S> {
-    fn apply(&mut self, changes: Vec<Change<S>>) {
-        for c in changes {
-            match c {
-                Change::Set { lo, shard } => {
-                    self.ranges.insert(lo, shard);
-                }
-                Change::Remove { lo } => {
-                    self.ranges.remove(&lo);
-                }
-            }
-            self.version += 1;
-        }
-    }
-
-    /// Apply what the map sent for a client at version `from`. Another thread may have
-    /// caught up meanwhile: only what is new to this cache is applied.
-    fn catch_up(&mut self, from: usize, update: CatchUp<S>) {
-        match update {
-            CatchUp::Changes(changes) => {
-                let skip = self.version.saturating_sub(from);
-                if skip < changes.len() {
-                    self.apply(changes.into_iter().skip(skip).collect());
-                }
-            }
-            CatchUp::Snapshot { version, ranges } => {
-                if version > self.version {
-                    self.ranges = ranges.into_iter().collect();
-                    self.version = version;
-                }
-            }
-        }
-    }
-
-    /// The shard whose range starts at or below `key`, with its start.
-    fn lookup(&self, key: &S::Key) -> Option<Range<S>> {
-        self.ranges
-            .range(..=Some(key.clone()))
-            .next_back()
-            .map(|(lo, s)| (lo.clone(), s.clone()))
-    }
-}
+/// The router of a structure: its map's client.
+type ShardRouter<S> = Router<MapLog<S>, <S as Shard>::Key, Proclet<Cell<S>>>;
 
 // ----- the client --------------------------------------------------------------------
 
-/// How long a client keeps retrying a shard that answers busy before it finishes the
-/// split itself (its starter may have died).
-const BUSY_PATIENCE: Duration = Duration::from_millis(200);
-/// How long a route keeps retrying in all before it gives up.
-const ROUTE_PATIENCE: Duration = Duration::from_secs(30);
+/// How a routed call retries: 30 s in all; a shard that stays busy 200 ms is presumed
+/// abandoned mid-split by a client that died, and the caller finishes the split; waits
+/// from 50 µs doubling to 5 ms.
+const ROUTE: RetryPolicy = RetryPolicy::DEFAULT;
+
+/// How a batch of writes retries the items shards turned away: as [`ROUTE`], but
+/// polling every 200 µs (other shards' items are applied meanwhile).
+const ROUTE_MANY: RetryPolicy = RetryPolicy {
+    min_wait: Duration::from_micros(200),
+    max_wait: Duration::from_micros(200),
+    ..RetryPolicy::DEFAULT
+};
 
 /// Key ranges → shards. Cheap to clone (clones share the cached map); serializable, so
 /// proclets on other nodes can use the same structure (they start with an empty cache).
 #[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
 pub struct AutoSharder<S: Shard> {
-    map: Proclet<MapLog<S>>,
+    /// The map's client: the mapping proclet and the cached map.
+    router: ShardRouter<S>,
     bounds: Bounds,
-    #[serde(skip)]
-    cache: Arc<Mutex<Cache<S>>>,
 }
 
 impl<S: Shard> Clone for AutoSharder<S> {
     fn clone(&self) -> Self {
         AutoSharder {
-            map: self.map.clone(),
+            router: self.router.clone(),
             bounds: self.bounds,
-            cache: self.cache.clone(),
         }
     }
 }
@@ -420,7 +245,7 @@ impl<S: Shard> Clone for AutoSharder<S> {
 impl<S: Shard> fmt::Debug for AutoSharder<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AutoSharder")
-            .field("map", &self.map.id())
+            .field("map", &self.router.map().id())
             .field("bounds", &self.bounds)
             .finish()
     }
@@ -433,7 +258,10 @@ impl<S: Shard> AutoSharder<S> {
         // group (what operators see shards summed by).
         let map = Proclet::builder(Kind::Memory)
             .footprint()
-            .create((), |()| MapLog::<S>::new())?;
+            .create((), |()| MapLog::<S> {
+                log: ChangeLog::new(),
+                sealed: false,
+            })?;
         let first = match Proclet::builder(Kind::Memory)
             .footprint()
             .group(label_of::<S>(map.id()))
@@ -446,15 +274,11 @@ impl<S: Shard> AutoSharder<S> {
             }
         };
         map.run(first, |m: &mut MapLog<S>, first: Proclet<Cell<S>>| {
-            m.apply(Change::Set {
-                lo: None,
-                shard: first,
-            })
+            m.log.set_if_absent(None, first)
         })?;
         Ok(AutoSharder {
-            map,
+            router: Router::new(map),
             bounds,
-            cache: Default::default(),
         })
     }
 
@@ -465,55 +289,36 @@ impl<S: Shard> AutoSharder<S> {
 
     /// The mapping proclet.
     pub fn map_proclet(&self) -> &Proclet<MapLog<S>> {
-        &self.map
+        self.router.map()
+    }
+
+    fn map(&self) -> &Proclet<MapLog<S>> {
+        self.router.map()
     }
 
     /// Bring the cached map up to date.
     pub fn refresh(&self) -> Result<(), ShardError> {
-        let from = self.cache.lock().version;
-        let update = self
-            .map
-            .run_ref(from, |m: &MapLog<S>, from: usize| m.since(from))?;
-        self.cache.lock().catch_up(from, update);
-        Ok(())
+        Ok(self.router.refresh()?)
     }
 
     /// The map's latest version (changes made since it was created) and how many of the
     /// latest changes its log still holds (the rest were compacted away).
     pub fn log_extent(&self) -> Result<(usize, usize), ShardError> {
-        Ok(self
-            .map
-            .run_ref((), |m: &MapLog<S>, ()| (m.version(), m.log.len()))?)
+        let (version, kept) = self
+            .map()
+            .run_ref((), |m: &MapLog<S>, ()| (m.log.version(), m.log.kept()))?;
+        Ok((usize::try_from(version).unwrap_or(usize::MAX), kept))
     }
 
     /// The map's version in this client's cache.
     pub fn cached_version(&self) -> usize {
-        self.cache.lock().version
+        usize::try_from(self.router.cached_version()).unwrap_or(usize::MAX)
     }
 
     /// Every shard in key order, with the first key of its range (`None`: −∞), as of a
     /// fresh copy of the map.
     pub fn shards(&self) -> Result<Vec<Range<S>>, ShardError> {
-        self.refresh()?;
-        Ok(self
-            .cache
-            .lock()
-            .ranges
-            .iter()
-            .map(|(k, s)| (k.clone(), s.clone()))
-            .collect())
-    }
-
-    fn lookup(&self, key: &S::Key) -> Result<Proclet<Cell<S>>, ShardError> {
-        if let Some((_, s)) = self.cache.lock().lookup(key) {
-            return Ok(s);
-        }
-        self.refresh()?;
-        self.cache
-            .lock()
-            .lookup(key)
-            .map(|(_, s)| s)
-            .ok_or(ShardError::Unmapped)
+        Ok(self.router.ranges()?)
     }
 
     /// Run `f(&mut shard, arg)` on the shard holding `key`, then split or merge it if the
@@ -547,10 +352,7 @@ impl<S: Shard> AutoSharder<S> {
         W: Fn(&mut S, A, &F) -> R + Copy + Send + Sync + 'static,
     {
         let want = hint != Hint::Same;
-        // Two zero-sized closures make a zero-sized pair, shipped as one.
-        let (r, shard, fp, _) = self.route_loop(key, (key.clone(), arg, want), |shard, a| {
-            shard.run_with(a, (f, via), route_mut::<S, A, R, F, W>)
-        })?;
+        let (r, fp, _, shard) = self.route_mut_loop(key, arg, want, f, via)?;
         self.after(key, hint, &shard, fp);
         Ok(r)
     }
@@ -571,10 +373,38 @@ impl<S: Shard> AutoSharder<S> {
         F: Copy + Send + Sync + 'static,
         W: Fn(&mut S, A, &F) -> R + Copy + Send + Sync + 'static,
     {
-        let (r, _, _, last) = self.route_loop(key, (key.clone(), arg, false), |shard, a| {
-            shard.run_with(a, (f, via), route_mut::<S, A, R, F, W>)
-        })?;
+        let (r, _, last, _) = self.route_mut_loop(key, arg, false, f, via)?;
         Ok((r, last))
+    }
+
+    /// Route a write: the result, the shard's footprint (if `want`ed), whether the shard
+    /// is the last one, and the shard.
+    fn route_mut_loop<A, R, F, W>(
+        &self,
+        key: &S::Key,
+        arg: A,
+        want: bool,
+        f: F,
+        via: W,
+    ) -> Result<Answered<S, R>, ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Copy + Send + Sync + 'static,
+        W: Fn(&mut S, A, &F) -> R + Copy + Send + Sync + 'static,
+    {
+        // Two zero-sized closures make a zero-sized pair, shipped as one.
+        let (reply, shard) = self.router.route(
+            key,
+            (key.clone(), arg, want),
+            ROUTE,
+            |shard: &Proclet<Cell<S>>, a| shard.run_with(a, (f, via), route_mut::<S, A, R, F, W>),
+            |shard: &Proclet<Cell<S>>| self.finish_split_of(shard).map(|_| ()),
+        )?;
+        match reply {
+            Reply::Done(r, fp, last) => Ok((r, fp, last, shard)),
+            Reply::Sealed => Err(ShardError::Sealed),
+        }
     }
 
     /// Drop the first shard if it holds nothing and is not the last: its right
@@ -583,16 +413,14 @@ impl<S: Shard> AutoSharder<S> {
     /// shard is gone (dropped by this call or another).
     pub fn drop_empty_first(&self) -> Result<bool, ShardError> {
         self.refresh()?;
-        let (first, second) = {
-            let c = self.cache.lock();
-            let mut it = c.ranges.iter();
-            let Some((_, first)) = it.next() else {
-                return Ok(false);
-            };
-            (
-                first.clone(),
-                it.next().map(|(lo, s)| (lo.clone(), s.clone())),
-            )
+        let (first, second) = self.router.cached(|c| {
+            let mut it = c.table().iter();
+            let first = it.next().map(|(_, s)| s.clone());
+            let second = it.next().map(|(lo, s)| (lo.clone(), s.clone()));
+            (first, second)
+        });
+        let Some(first) = first else {
+            return Ok(false);
         };
         let Some((Some(lo), second)) = second else {
             // One shard: a split of it may be half done, its upper part not yet a shard.
@@ -607,7 +435,7 @@ impl<S: Shard> AutoSharder<S> {
             }
         }
         let r = first.run(
-            (second.clone(), lo, self.map.clone()),
+            (second.clone(), lo, self.map().clone()),
             |c: &mut Cell<S>, a: DropArgs<S>| drop_into_right(c, a),
         );
         match r {
@@ -678,39 +506,35 @@ impl<S: Shard> AutoSharder<S> {
         K: Fn(&I) -> S::Key + Copy + Send + Sync + 'static,
         F: Fn(&mut S, Vec<I>) + Copy + Send + Sync + 'static,
     {
-        let started = Instant::now();
+        // Items turned away count as a busy answer: shards not covering them are
+        // splitting, or the cached map is behind.
+        let mut retry = Retry::new(ROUTE_MANY, Instant::now());
         let mut todo = items;
         let mut written = Vec::new();
-        // Shards that turned items away because of a split, and since when.
-        let mut busy_since: Option<Instant> = None;
         while !todo.is_empty() {
-            if started.elapsed() > ROUTE_PATIENCE {
-                return Err(ShardError::Stuck(format!("{:?}", key_of(&todo[0]))));
-            }
-            if self.cache.lock().ranges.is_empty() {
-                self.refresh_async().await?;
+            if self.router.cached(|c| c.table().is_empty()) {
+                self.router.refresh_async().await?;
             }
             // Group by the cached map: one call per shard.
             let mut groups: BTreeMap<Option<S::Key>, Group<S, I>> = BTreeMap::new();
-            {
-                let cache = self.cache.lock();
+            self.router.cached(|c| {
                 for item in todo.drain(..) {
                     let k = key_of(&item);
-                    let (lo, shard) = cache.lookup(&k).ok_or(ShardError::Unmapped)?;
+                    let (lo, shard) = c.table().lookup(&k).ok_or(ShardError::Unmapped)?;
                     groups
-                        .entry(lo)
-                        .or_insert_with(|| (shard, k, Vec::new()))
+                        .entry(lo.clone())
+                        .or_insert_with(|| (shard.clone(), k, Vec::new()))
                         .2
                         .push(item);
                 }
-            }
+                Ok::<(), ShardError>(())
+            })?;
             let calls = groups.into_values().map(|(shard, k, group)| {
                 let backup = group.clone();
                 let call =
                     shard.run_with_async(group, (key_of, apply), route_many_mut::<S, I, K, F>);
                 async move { (shard, k, backup, call.await) }
             });
-            let mut retry = false;
             let mut busy = Vec::new();
             for (shard, k, backup, r) in futures::future::join_all(calls).await {
                 match r {
@@ -719,7 +543,6 @@ impl<S: Shard> AutoSharder<S> {
                             written.push((k, shard.clone(), fp));
                         }
                         if !rest.is_empty() {
-                            retry = true;
                             busy.push(shard);
                         }
                         todo.extend(rest);
@@ -727,35 +550,34 @@ impl<S: Shard> AutoSharder<S> {
                     Ok(RoutedMany::Sealed) => return Err(ShardError::Sealed),
                     // Nothing ran: send the whole group again.
                     Ok(RoutedMany::Moved(group)) => {
-                        retry = true;
                         busy.push(shard);
                         todo.extend(group);
                     }
-                    Err(CallError::ProcletGone(_)) => {
-                        retry = true;
-                        todo.extend(backup);
-                    }
+                    // Merged away and destroyed: it refused before running anything.
+                    Err(CallError::ProcletGone(_)) => todo.extend(backup),
                     Err(e) => return Err(e.into()),
                 }
             }
-            if retry {
-                let since = *busy_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > BUSY_PATIENCE {
+            if todo.is_empty() {
+                break;
+            }
+            let wait = match retry.step(Outcome::Busy, Instant::now()) {
+                Step::Again { wait, .. } => wait,
+                Step::Finish { wait } => {
                     // The client that started a split there may be gone: finish it (every
                     // step is idempotent; shards not splitting answer at once).
                     for shard in &busy {
-                        match self.finish_split_async(shard).await {
-                            Ok(_) | Err(ShardError::Call(CallError::ProcletGone(_))) => {}
-                            Err(e) => return Err(e),
-                        }
+                        self.finish_split_quietly(shard).await?;
                     }
-                    busy_since = None;
+                    wait
                 }
-                tokio::time::sleep(Duration::from_micros(200)).await;
-                self.refresh_async().await?;
-            } else {
-                busy_since = None;
-            }
+                Step::Return | Step::GiveUp => {
+                    let first = todo.first().map(|i| format!("{:?}", key_of(i)));
+                    return Err(ShardError::Stuck(first.unwrap_or_default()));
+                }
+            };
+            tokio::time::sleep(wait).await;
+            self.router.refresh_async().await?;
         }
         Ok(written)
     }
@@ -783,10 +605,17 @@ impl<S: Shard> AutoSharder<S> {
         R: Wire,
         F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
     {
-        self.route_loop(key, (key.clone(), arg, false), |shard, a| {
-            shard.run_ref_with(a, f, route_ref::<S, A, R, F>)
-        })
-        .map(|(r, _, _, _)| r)
+        let (reply, _) = self.router.route(
+            key,
+            (key.clone(), arg, false),
+            ROUTE,
+            |shard: &Proclet<Cell<S>>, a| shard.run_ref_with(a, f, route_ref::<S, A, R, F>),
+            |shard: &Proclet<Cell<S>>| self.finish_split_of(shard).map(|_| ()),
+        )?;
+        match reply {
+            Reply::Done(r, _, _) => Ok(r),
+            Reply::Sealed => Err(ShardError::Sealed),
+        }
     }
 
     /// [`AutoSharder::route_ref`] as a future, for reads of a structure whose shards do
@@ -803,28 +632,21 @@ impl<S: Shard> AutoSharder<S> {
         R: Wire,
         F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
     {
-        let started = Instant::now();
-        let mut shard = self.lookup_async(key).await?;
-        loop {
-            if started.elapsed() > ROUTE_PATIENCE {
-                return Err(ShardError::Stuck(format!("{key:?}")));
-            }
-            let call = shard.run_ref_with_async(
-                (key.clone(), arg.clone(), false),
-                f,
-                route_ref::<S, A, R, F>,
-            );
-            match call.await {
-                Ok(Routed::Done((r, _), _, _)) => return Ok(r),
-                Ok(Routed::Sealed) => return Err(ShardError::Sealed),
-                Ok(Routed::Redirect(_, to)) => shard = to,
-                Ok(Routed::Stale(_)) | Ok(Routed::Busy(_)) | Err(CallError::ProcletGone(_)) => {
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                    self.refresh_async().await?;
-                    shard = self.lookup_async(key).await?;
-                }
-                Err(e) => return Err(e.into()),
-            }
+        let (reply, _) = self
+            .router
+            .route_async(
+                key,
+                (key.clone(), arg, false),
+                ROUTE,
+                |shard: &Proclet<Cell<S>>, a| {
+                    shard.run_ref_with_async(a, f, route_ref::<S, A, R, F>)
+                },
+                |shard: &Proclet<Cell<S>>| self.finish_split_quietly_owned(shard.clone()),
+            )
+            .await?;
+        match reply {
+            Reply::Done((r, _), _, _) => Ok(r),
+            Reply::Sealed => Err(ShardError::Sealed),
         }
     }
 
@@ -843,28 +665,21 @@ impl<S: Shard> AutoSharder<S> {
         F: Fn(&mut S, A) -> R + Copy + Send + Sync + 'static,
     {
         let via = |s: &mut S, a: A, f: &F| f(s, a);
-        let started = Instant::now();
-        let mut shard = self.lookup_async(key).await?;
-        loop {
-            if started.elapsed() > ROUTE_PATIENCE {
-                return Err(ShardError::Stuck(format!("{key:?}")));
-            }
-            let call = shard.run_with_async(
-                (key.clone(), arg.clone(), true),
-                (f, via),
-                route_mut::<S, A, R, F, _>,
-            );
-            match call.await {
-                Ok(Routed::Done(r, fp, _)) => return Ok((r, shard, fp)),
-                Ok(Routed::Sealed) => return Err(ShardError::Sealed),
-                Ok(Routed::Redirect(_, to)) => shard = to,
-                Ok(Routed::Stale(_)) | Ok(Routed::Busy(_)) | Err(CallError::ProcletGone(_)) => {
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                    self.refresh_async().await?;
-                    shard = self.lookup_async(key).await?;
-                }
-                Err(e) => return Err(e.into()),
-            }
+        let (reply, shard) = self
+            .router
+            .route_async(
+                key,
+                (key.clone(), arg, true),
+                ROUTE,
+                |shard: &Proclet<Cell<S>>, a| {
+                    shard.run_with_async(a, (f, via), route_mut::<S, A, R, F, _>)
+                },
+                |shard: &Proclet<Cell<S>>| self.finish_split_quietly_owned(shard.clone()),
+            )
+            .await?;
+        match reply {
+            Reply::Done(r, fp, _) => Ok((r, shard, fp)),
+            Reply::Sealed => Err(ShardError::Sealed),
         }
     }
 
@@ -872,28 +687,6 @@ impl<S: Shard> AutoSharder<S> {
     /// or merge it as the hint allows (what [`AutoSharder::route`] does by itself).
     pub fn resize_after(&self, key: &S::Key, hint: Hint, shard: &Proclet<Cell<S>>, fp: u64) {
         self.after(key, hint, shard, fp)
-    }
-
-    async fn refresh_async(&self) -> Result<(), ShardError> {
-        let from = self.cache.lock().version;
-        let update = self
-            .map
-            .run_ref_async(from, |m: &MapLog<S>, from: usize| m.since(from))
-            .await?;
-        self.cache.lock().catch_up(from, update);
-        Ok(())
-    }
-
-    async fn lookup_async(&self, key: &S::Key) -> Result<Proclet<Cell<S>>, ShardError> {
-        if let Some((_, s)) = self.cache.lock().lookup(key) {
-            return Ok(s);
-        }
-        self.refresh_async().await?;
-        self.cache
-            .lock()
-            .lookup(key)
-            .map(|(_, s)| s)
-            .ok_or(ShardError::Unmapped)
     }
 
     /// Make every shard a *hybrid* proclet: a memory proclet that also runs code next to
@@ -969,73 +762,13 @@ impl<S: Shard> AutoSharder<S> {
         }
     }
 
-    /// Call a shard until one answers: catch up on stale, wait on busy, follow redirects.
-    fn route_loop<A, R>(
-        &self,
-        key: &S::Key,
-        mut arg: (S::Key, A, bool),
-        call: impl Fn(&Proclet<Cell<S>>, (S::Key, A, bool)) -> Result<Routed<R, A, S>, CallError>,
-    ) -> Result<Answered<S, R>, ShardError>
-    where
-        A: Wire + Clone,
-        R: Wire,
-    {
-        let started = Instant::now();
-        let mut shard = self.lookup(key)?;
-        let mut busy_since: Option<Instant> = None;
-        let mut backoff = Duration::from_micros(50);
-        loop {
-            if started.elapsed() > ROUTE_PATIENCE {
-                return Err(ShardError::Stuck(format!("{key:?}")));
-            }
-            let (key2, a, want) = arg;
-            let k = key2.clone();
-            // Kept for the one answer that does not hand the argument back: the shard was
-            // merged away and destroyed before the call reached it.
-            let backup = a.clone();
-            match call(&shard, (key2, a, want)) {
-                Ok(Routed::Done(r, fp, last)) => return Ok((r, shard, fp, last)),
-                Ok(Routed::Sealed) => return Err(ShardError::Sealed),
-                Ok(Routed::Stale(a)) => {
-                    arg = (k, a, want);
-                    self.refresh()?;
-                    shard = self.lookup(key)?;
-                }
-                Ok(Routed::Redirect(a, to)) => {
-                    arg = (k, a, want);
-                    shard = to;
-                }
-                Ok(Routed::Busy(a)) => {
-                    arg = (k, a, want);
-                    let since = *busy_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > BUSY_PATIENCE {
-                        // The client that started this split may be gone: finish it.
-                        self.finish_split_of(&shard)?;
-                        busy_since = None;
-                    }
-                    crate::pause(backoff);
-                    backoff = (backoff * 2).min(Duration::from_millis(5));
-                    self.refresh()?;
-                    shard = self.lookup(key)?;
-                }
-                Err(CallError::ProcletGone(_)) => {
-                    // Merged away and destroyed: the map says where its range went. A gone
-                    // proclet refuses before running anything, so nothing ran.
-                    arg = (k, backup, want);
-                    self.refresh()?;
-                    shard = self.lookup(key)?;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
-    /// After a routed write: split or merge if the shard left its bounds. Best effort: a
-    /// failure is logged, the write itself succeeded.
+    /// After a routed write: split or merge if the bytes-held trigger says the shard left
+    /// its bounds. Best effort: a failure is logged, the write itself succeeded.
     fn after(&self, key: &S::Key, hint: Hint, shard: &Proclet<Cell<S>>, fp: u64) {
+        let b = &self.bounds;
         let r = match hint {
-            Hint::Grow | Hint::Any if fp > self.bounds.upper => self.split(shard),
-            Hint::Shrink | Hint::Any if fp < self.bounds.lower => self.merge_around(key, shard, fp),
+            Hint::Grow | Hint::Any if b.should_split(fp) => self.split(shard),
+            Hint::Shrink | Hint::Any if b.should_merge(fp) => self.merge_around(key, shard, fp),
             _ => Ok(()),
         };
         if let Err(e) = r {
@@ -1076,7 +809,7 @@ impl<S: Shard> AutoSharder<S> {
     /// How operators see this structure: its shard type and its mapping proclet, e.g.
     /// `"MapShard p12"`.
     pub fn label(&self) -> String {
-        label_of::<S>(self.map.id())
+        label_of::<S>(self.map().id())
     }
 
     /// Only the first step of a split, as a client that dies right after it would leave
@@ -1084,13 +817,12 @@ impl<S: Shard> AutoSharder<S> {
     /// whether a split began.
     #[doc(hidden)]
     pub fn begin_split(&self, shard: &Proclet<Cell<S>>) -> Result<bool, ShardError> {
-        let upper = self.bounds.upper;
-        Ok(shard.run(upper, |c: &mut Cell<S>, upper: u64| {
+        Ok(shard.run(self.bounds, |c: &mut Cell<S>, bounds: Bounds| {
             if c.pending.is_some()
                 || c.frozen_by.is_some()
                 || c.merged_into.is_some()
                 || c.sealed
-                || c.data.footprint() <= upper
+                || !bounds.should_split(c.data.footprint())
             {
                 return false;
             }
@@ -1137,7 +869,7 @@ impl<S: Shard> AutoSharder<S> {
         };
         let published = parent
             .run_ref_async(
-                (parent.clone(), self.map.clone()),
+                (parent.clone(), self.map().clone()),
                 |c: &Cell<S>, (me, map): (Proclet<Cell<S>>, Proclet<MapLog<S>>)| {
                     publish_pending(c, me, map)
                 },
@@ -1168,6 +900,21 @@ impl<S: Shard> AutoSharder<S> {
         Ok(Some(child))
     }
 
+    /// [`AutoSharder::finish_split_async`] where a shard of the split being gone means
+    /// another client finished it (and the shard was merged or dropped since).
+    async fn finish_split_quietly(&self, shard: &Proclet<Cell<S>>) -> Result<(), ShardError> {
+        match self.finish_split_async(shard).await {
+            Ok(_) | Err(ShardError::Call(CallError::ProcletGone(_))) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`AutoSharder::finish_split_quietly`] owning its shard handle (what a routed
+    /// future's busy hook needs).
+    async fn finish_split_quietly_owned(&self, shard: Proclet<Cell<S>>) -> Result<(), ShardError> {
+        self.finish_split_quietly(&shard).await
+    }
+
     /// Merge the small `shard` (holding `key`) with a neighbour: into its left one, or the
     /// right one into it when it is the first shard.
     fn merge_around(
@@ -1177,33 +924,22 @@ impl<S: Shard> AutoSharder<S> {
         fp: u64,
     ) -> Result<(), ShardError> {
         self.refresh()?;
-        let (left, right) = {
-            let c = self.cache.lock();
-            let Some((lo, _)) = c.lookup(key) else {
-                return Ok(());
-            };
-            let before = lo
-                .as_ref()
-                .and_then(|_| c.ranges.range(..lo.clone()).next_back())
-                .map(|(_, s)| s.clone());
-            match before {
-                Some(l) => (l, shard.clone()),
-                None => {
-                    // The first shard: take in its right neighbour instead.
-                    let mut after = c.ranges.range(lo.clone()..);
-                    after.next();
-                    match after.next() {
-                        Some((_, r)) => (shard.clone(), r.clone()),
-                        None => return Ok(()),
-                    }
-                }
+        let pair = self.router.cached(|c| {
+            let t = c.table();
+            let (lo, _) = t.lookup(key)?;
+            match t.before(lo) {
+                Some((_, l)) => Some((l.clone(), shard.clone())),
+                // The first shard: take in its right neighbour instead.
+                None => t.after(lo).map(|(_, r)| (shard.clone(), r.clone())),
             }
+        });
+        let Some((left, right)) = pair else {
+            return Ok(());
         };
-        let upper = self.bounds.upper;
         let right_id = right.id();
         let merged = left
             .run(
-                (left.clone(), right, self.map.clone(), fp, upper),
+                (left.clone(), right, self.map().clone(), fp, self.bounds),
                 |c: &mut Cell<S>, a: MergeArgs<S>| merge_right_into(c, a),
             )?
             .map_err(ShardError::Step)?;
@@ -1230,7 +966,7 @@ impl<S: Shard> AutoSharder<S> {
     }
 
     fn set_sealed(&self, sealed: bool) -> Result<(), ShardError> {
-        self.map
+        self.map()
             .run(sealed, |m: &mut MapLog<S>, s: bool| m.sealed = s)?;
         // A split in progress must end first: its new shard would come in unsealed.
         for (_, s) in self.shards()? {
@@ -1249,7 +985,7 @@ impl<S: Shard> AutoSharder<S> {
 
     /// Whether the structure is sealed.
     pub fn is_sealed(&self) -> Result<bool, ShardError> {
-        Ok(self.map.run_ref((), |m: &MapLog<S>, ()| m.sealed)?)
+        Ok(self.map().run_ref((), |m: &MapLog<S>, ()| m.sealed)?)
     }
 
     /// Footprint of every shard, in key order (for tests and reports).
@@ -1265,7 +1001,7 @@ impl<S: Shard> AutoSharder<S> {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.map.destroy()?;
+        self.map().destroy()?;
         Ok(())
     }
 }
@@ -1273,27 +1009,28 @@ impl<S: Shard> AutoSharder<S> {
 /// The wrapper a routed write runs in: the key must be the shard's.
 fn route_mut<S: Shard, A, R, F, W: Fn(&mut S, A, &F) -> R>(
     c: &mut Cell<S>,
-    (key, arg, want): (S::Key, A, bool),
+    (key, arg, want): Keyed<S::Key, A>,
     (f, via): &(F, W),
-) -> Routed<R, A, S> {
+) -> Routed<R, Keyed<S::Key, A>, S> {
     if let Some(to) = &c.merged_into {
-        return Routed::Redirect(arg, to.clone());
+        return Answer::Moved((key, arg, want), to.clone());
     }
     if !c.covers(&key) {
         return if c.pending_covers(&key) {
-            Routed::Busy(arg)
+            Answer::Busy((key, arg, want))
         } else {
-            Routed::Stale(arg)
+            Answer::Stale((key, arg, want))
         };
     }
     if c.frozen_by.is_some() {
-        return Routed::Busy(arg);
+        return Answer::Busy((key, arg, want));
     }
     if c.sealed {
-        return Routed::Sealed;
+        return Answer::Served(Reply::Sealed);
     }
     let r = via(&mut c.data, arg, f);
-    Routed::Done(r, if want { c.data.footprint() } else { 0 }, c.hi.is_none())
+    let fp = if want { c.data.footprint() } else { 0 };
+    Answer::Served(Reply::Done(r, fp, c.hi.is_none()))
 }
 
 /// What a call of [`AutoSharder::route_many_async`] answers.
@@ -1343,20 +1080,22 @@ fn route_many_mut<S: Shard, I, K: Fn(&I) -> S::Key, F: Fn(&mut S, Vec<I>)>(
 #[allow(clippy::type_complexity)]
 fn route_ref<S: Shard, A, R, F: Fn(&S, A) -> R>(
     c: &Cell<S>,
-    (key, arg, _): (S::Key, A, bool),
+    (key, arg, want): Keyed<S::Key, A>,
     f: &F,
-) -> Routed<(R, Option<S::Key>), A, S> {
+) -> Routed<(R, Option<S::Key>), Keyed<S::Key, A>, S> {
     if let Some(to) = &c.merged_into {
-        return Routed::Redirect(arg, to.clone());
+        return Answer::Moved((key, arg, want), to.clone());
     }
     if c.covers(&key) {
-        return Routed::Done((f(&c.data, arg), c.hi.clone()), 0, c.hi.is_none());
+        let r = (f(&c.data, arg), c.hi.clone());
+        return Answer::Served(Reply::Done(r, 0, c.hi.is_none()));
     }
     match &c.pending {
         Some(p) if in_range(&key, &Some(p.lo.clone()), &p.hi) => {
-            Routed::Done((f(&p.data, arg), p.hi.clone()), 0, p.hi.is_none())
+            let r = (f(&p.data, arg), p.hi.clone());
+            Answer::Served(Reply::Done(r, 0, p.hi.is_none()))
         }
-        _ => Routed::Stale(arg),
+        _ => Answer::Stale((key, arg, want)),
     }
 }
 
@@ -1411,15 +1150,7 @@ fn publish_pending<S: Shard>(
         .run(
             (p.lo.clone(), child.clone()),
             |m: &mut MapLog<S>, (lo, shard): (S::Key, Proclet<Cell<S>>)| {
-                let lo = Some(lo);
-                if let Some(existing) = m.current.get(&lo) {
-                    return existing.clone();
-                }
-                m.apply(Change::Set {
-                    lo,
-                    shard: shard.clone(),
-                });
-                shard
+                m.log.set_if_absent(Some(lo), shard)
             },
         )
         .map_err(|e| format!("recording the split-off shard: {e}"))?;
@@ -1466,38 +1197,38 @@ fn drop_into_right<S: Shard>(
     map.run(
         (right_lo, right),
         |m: &mut MapLog<S>, (lo, shard): (S::Key, Proclet<Cell<S>>)| {
-            m.apply(Change::Set { lo: None, shard });
-            if m.current.contains_key(&Some(lo.clone())) {
-                m.apply(Change::Remove { lo: Some(lo) });
-            }
+            m.log.apply(Change::Set {
+                lo: None,
+                target: shard,
+            });
+            m.log.remove_if_present(Some(lo));
         },
     )
     .map_err(|e| format!("recording a dropped first shard: {e}"))?;
     Ok(true)
 }
 
-/// (left itself, right, map, right's footprint as the client saw it, upper bound)
+/// (left itself, right, map, right's footprint as the client saw it, the bounds)
 type MergeArgs<S> = (
     Proclet<Cell<S>>,
     Proclet<Cell<S>>,
     Proclet<MapLog<S>>,
     u64,
-    u64,
+    Bounds,
 );
 
 /// Merge `right` into the left shard `c` (running on the left shard, exclusively).
 fn merge_right_into<S: Shard>(
     c: &mut Cell<S>,
-    (me, right, map, right_fp, upper): MergeArgs<S>,
+    (me, right, map, right_fp, bounds): MergeArgs<S>,
 ) -> Result<bool, String> {
-    // Merging two shards that together exceed the upper bound is still right when one
-    // of them is under the lower bound: the client splits the result in halves, each at
-    // least upper / 2 ≥ lower (a rebalance). Beyond upper + lower it would not be one.
+    // Two shards over the upper bound together may still merge (a rebalance: the client
+    // splits the result in halves): the trigger says how far (see `Bounds::may_merge`).
     if c.pending.is_some()
         || c.frozen_by.is_some()
         || c.merged_into.is_some()
         || c.sealed
-        || c.data.footprint() + right_fp > upper + upper / 2
+        || !bounds.may_merge(c.data.footprint(), right_fp)
     {
         return Ok(false);
     }
@@ -1530,9 +1261,7 @@ fn merge_right_into<S: Shard>(
     c.hi = hi;
     // The map next; the right shard forwards callers until then, and is freed after.
     map.run(lo, |m: &mut MapLog<S>, lo: Option<S::Key>| {
-        if m.current.contains_key(&lo) {
-            m.apply(Change::Remove { lo });
-        }
+        m.log.remove_if_present(lo);
     })
     .map_err(|e| format!("recording a merge: {e}"))?;
     let _ = right.destroy();
