@@ -815,6 +815,7 @@ mod tests {
         let opts = BenchOpts {
             quick: true,
             out: out.clone(),
+            ..BenchOpts::default()
         };
         let t = Instant::now();
         let dir = run(&opts).expect("the quick controller benchmark runs");

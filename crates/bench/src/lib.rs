@@ -21,12 +21,18 @@ pub mod work;
 use std::path::{Path, PathBuf};
 
 /// Options every benchmark takes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct BenchOpts {
     /// Seconds-long smoke run instead of the full measurement.
     pub quick: bool,
     /// Reports go to `out/NAME/`.
     pub out: PathBuf,
+    /// Repetitions instead of the benchmark's default (benchmarks that repeat runs:
+    /// `pressure`), for experiments.
+    pub reps: Option<usize>,
+    /// Write every request and the cluster's events of each run here, for lining a run's
+    /// tail up with a scheduler trace (`pressure`).
+    pub dump: Option<PathBuf>,
 }
 
 /// Names `granule bench` accepts, with a one-line description.

@@ -50,8 +50,8 @@
 //!   counters add up all repetitions, and the timeline shows the median repetition. The
 //!   notes split the disruption's slow requests (over 3× the steady p99) into those to
 //!   shards that started on the victim and the others.
-//! - **Investigating a tail**: `GRANULE_PRESSURE_REPS=N` changes the number of repetitions
-//!   and `GRANULE_PRESSURE_DUMP=DIR` writes every request (intended start in
+//! - **Investigating a tail**: `granule bench pressure --reps N` changes the number of
+//!   repetitions and `--dump DIR` writes every request (intended start in
 //!   `CLOCK_MONOTONIC` seconds, latency, generator lag, shard) to a CSV per run, and the
 //!   cluster's move events (end time, bytes, how long each proclet was unavailable) to a
 //!   second CSV, to line up with each other and with
@@ -97,6 +97,8 @@ const DISRUPTION_TAIL: Duration = Duration::from_secs(1);
 /// Sizes and durations of one configuration (full or quick).
 #[derive(Clone, Debug)]
 struct Params {
+    /// Where `--dump` writes each run's requests and events.
+    dump: Option<PathBuf>,
     node_cores: f64,
     node_mem: u64,
     nodes: usize,
@@ -118,6 +120,7 @@ impl Params {
     fn new(quick: bool) -> Params {
         if quick {
             Params {
+                dump: None,
                 node_cores: 1.0,
                 node_mem: 512 << 20,
                 nodes: 3,
@@ -135,6 +138,7 @@ impl Params {
             }
         } else {
             Params {
+                dump: None,
                 node_cores: 1.0,
                 node_mem: 768 << 20,
                 nodes: 3,
@@ -1195,8 +1199,8 @@ fn run_once(p: &Params, label: &'static str, baseline: bool) -> anyhow::Result<R
     let errors = shared.errors.lock().map(|e| e.clone()).unwrap_or_default();
     let error_count = shared.error_count.load(Ordering::Relaxed);
     drop(shared);
-    dump_requests(label, t0, &recs, &shard_home, victim);
-    dump_moves(label, cluster.controller_addr());
+    dump_requests(p.dump.as_deref(), label, t0, &recs, &shard_home, victim);
+    dump_moves(p.dump.as_deref(), label, cluster.controller_addr());
     crate::print_cluster_usage(&cluster);
     cluster.shutdown();
     Ok(RunResult {
@@ -1416,12 +1420,19 @@ fn opt(v: f64) -> Cell {
     Cell::from(v.is_finite().then_some(v))
 }
 
-/// For investigating a run's tail: with `GRANULE_PRESSURE_DUMP=DIR`, every request of
+/// For investigating a run's tail: with `--dump DIR`, every request of
 /// every run goes to `DIR/<label>-<pid>-<run>.csv` with its intended start in seconds of
 /// `CLOCK_MONOTONIC` (the clock `perf record -k CLOCK_MONOTONIC` stamps events with), so
 /// slow requests can be lined up with a scheduler trace.
-fn dump_requests(label: &str, t0: Instant, recs: &[Rec], shard_home: &[NodeId], victim: NodeId) {
-    let Some(dir) = std::env::var_os("GRANULE_PRESSURE_DUMP") else {
+fn dump_requests(
+    dir: Option<&std::path::Path>,
+    label: &str,
+    t0: Instant,
+    recs: &[Rec],
+    shard_home: &[NodeId],
+    victim: NodeId,
+) {
+    let Some(dir) = dir else {
         return;
     };
     // `Instant` is CLOCK_MONOTONIC on Linux: anchor t0 through the current reading.
@@ -1451,12 +1462,12 @@ fn dump_requests(label: &str, t0: Instant, recs: &[Rec], shard_home: &[NodeId], 
     }
 }
 
-/// With `GRANULE_PRESSURE_DUMP=DIR`, the run's cluster events (moves with their bytes and
+/// With `--dump DIR`, the run's cluster events (moves with their bytes and
 /// how long the proclet was unavailable) go to `DIR/<label>-<pid>-<run>-moves.csv`, in
 /// `CLOCK_REALTIME` milliseconds as nodes stamp them (the request dump's monotonic times
 /// are lined up through `mono_minus_real_s`, the two clocks' offset when written).
-fn dump_moves(label: &str, controller: &str) {
-    let Some(dir) = std::env::var_os("GRANULE_PRESSURE_DUMP") else {
+fn dump_moves(dir: Option<&std::path::Path>, label: &str, controller: &str) {
+    let Some(dir) = dir else {
         return;
     };
     let fetched = tokio::runtime::Builder::new_current_thread()
@@ -1514,13 +1525,10 @@ fn dump_moves(label: &str, controller: &str) {
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let mut p = Params::new(opts.quick);
     // For experiments (e.g. tracing one run): fewer or more repetitions than the default.
-    if let Some(n) = std::env::var("GRANULE_PRESSURE_REPS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| *n > 0)
-    {
+    if let Some(n) = opts.reps.filter(|n| *n > 0) {
         p.reps = n;
     }
+    p.dump = opts.dump.clone();
     let _affinity = crate::affinity::SavedAffinity::unpin();
     eprintln!(
         "pressure: {} × 2 runs (Granule, then migration throttled to {BASELINE_THROTTLE} after {BASELINE_DELAY}); \

@@ -45,6 +45,13 @@ enum Cmd {
         /// Where reports go.
         #[arg(long, default_value = "docs/results")]
         out: PathBuf,
+        /// Repetitions instead of the benchmark's default (pressure).
+        #[arg(long)]
+        reps: Option<usize>,
+        /// Write every request and the cluster's events of each run to this directory,
+        /// to line a tail up with a scheduler trace (pressure).
+        #[arg(long)]
+        dump: Option<PathBuf>,
     },
     /// Run a standalone controller (for clusters spanning machines).
     Controller {
@@ -125,7 +132,21 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Demo { seconds } => demo::run(seconds),
-        Cmd::Bench { name, quick, out } => bench(name, quick, out),
+        Cmd::Bench {
+            name,
+            quick,
+            out,
+            reps,
+            dump,
+        } => bench(
+            name,
+            granule_bench::BenchOpts {
+                quick,
+                out,
+                reps,
+                dump,
+            },
+        ),
         Cmd::Controller {
             listen,
             failure_timeout,
@@ -271,7 +292,7 @@ fn load_config(file: Option<&std::path::Path>) -> anyhow::Result<granule::Config
     Ok(c)
 }
 
-fn bench(name: Option<String>, quick: bool, out: PathBuf) -> anyhow::Result<()> {
+fn bench(name: Option<String>, opts: granule_bench::BenchOpts) -> anyhow::Result<()> {
     let Some(name) = name else {
         println!("benchmarks (granule bench NAME [--quick] [--out DIR]):");
         for (n, d) in granule_bench::BENCHMARKS {
@@ -280,7 +301,6 @@ fn bench(name: Option<String>, quick: bool, out: PathBuf) -> anyhow::Result<()> 
         println!("  {:<12} every benchmark above", "all");
         return Ok(());
     };
-    let opts = granule_bench::BenchOpts { quick, out };
     let names: Vec<&str> = if name == "all" {
         granule_bench::BENCHMARKS.iter().map(|(n, _)| *n).collect()
     } else {

@@ -6,6 +6,11 @@
 //!    (`crates/runtime/src/shipping.rs`) only: no other line of code may contain the
 //!    keyword (comments and strings do not count; `unsafe_code` in a lint is a different
 //!    word).
+//! 3. Settings come from the one configuration: no code changes the process environment
+//!    (`set_var`, `remove_var`: a test or benchmark configures a cluster through
+//!    `Cluster::builder()`, and a driver hands its configuration to its nodes), and
+//!    library code (`crates/*/src/`) reads environment variables only where the
+//!    configuration is loaded. Tests, examples and their own knobs are free to read.
 //!
 //! Each exception is listed below with the reason for it. A failure names every file and
 //! line that breaks a rule.
@@ -30,6 +35,62 @@ const UNSAFE_ALLOWED: &[(&str, Option<&str>)] = &[
     // Code shipping: jumping to a trampoline by offset.
     ("crates/runtime/src/shipping.rs", None),
 ];
+
+/// Files whose code may change the process environment: (file, reason).
+const ENV_WRITES_ALLOWED: &[(&str, &str)] = &[(
+    "crates/runtime/src/boot.rs",
+    "a node process drops its own boot variable before any thread starts, so its children do not boot as nodes",
+)];
+
+/// Library files whose code may read environment variables: (file prefix, reason).
+const ENV_READS_ALLOWED: &[(&str, &str)] = &[
+    (
+        "crates/config/src/",
+        "the one place settings are loaded from (Config::load)",
+    ),
+    (
+        "crates/runtime/src/cluster.rs",
+        "the cluster builder hands the environment to the configuration loader",
+    ),
+    (
+        "crates/runtime/src/boot.rs",
+        "the boot payload a driver gives its node processes",
+    ),
+    (
+        "crates/cli/src/main.rs",
+        "granule node/controller/config hand the environment to the configuration loader",
+    ),
+    (
+        "crates/report/src/meta.rs",
+        "GRANULE_COMMIT: a benchmark report's provenance where git is unavailable, not a setting",
+    ),
+    (
+        "crates/failpoints/src/lib.rs",
+        "its unit test re-runs the test binary as a child that crashes",
+    ),
+    (
+        "crates/host/src/hierarchy.rs",
+        "its unit test re-runs the test binary as user nobody",
+    ),
+    (
+        "crates/host/src/foreign.rs",
+        "its unit test re-runs the test binary as a helper process",
+    ),
+];
+
+/// Whether a line of code changes the environment, or reads it.
+fn env_use(code: &str) -> (bool, bool) {
+    let writes = code.contains("set_var(") || code.contains("remove_var(");
+    let reads = ["env::var(", "env::var_os(", "env::vars(", "env::vars_os("]
+        .iter()
+        .any(|p| code.contains(p));
+    (writes, reads)
+}
+
+/// Library code (not tests, examples or benches).
+fn is_library(file: &str) -> bool {
+    file.split('/').nth(2) == Some("src")
+}
 
 /// The workspace root (two levels above this crate).
 fn workspace() -> PathBuf {
@@ -242,7 +303,7 @@ fn is_host_path(text: &str) -> bool {
 }
 
 #[test]
-fn only_the_host_crate_names_proc_and_sys_and_unsafe_code_stays_in_its_two_modules() {
+fn host_paths_unsafe_code_and_the_environment_stay_where_they_belong() {
     let root = workspace();
     let mut files = Vec::new();
     rust_files(&root, &root.join("crates"), &mut files);
@@ -268,6 +329,26 @@ fn only_the_host_crate_names_proc_and_sys_and_unsafe_code_stays_in_its_two_modul
                         lit.line, lit.text
                     ));
                 }
+            }
+        }
+        for (line, code) in &scanned.code {
+            let (writes, reads) = env_use(code);
+            if writes && !ENV_WRITES_ALLOWED.iter().any(|(f, _)| f == file) {
+                broken.push(format!(
+                    "{file}:{line}: changes the process environment ({}): configure \
+                     clusters through Cluster::builder() (set, with, ...) instead",
+                    code.trim()
+                ));
+            }
+            if reads
+                && is_library(file)
+                && !ENV_READS_ALLOWED.iter().any(|(f, _)| file.starts_with(f))
+            {
+                broken.push(format!(
+                    "{file}:{line}: reads an environment variable ({}): a setting belongs \
+                     in granule-config (crates/config/src/settings.rs)",
+                    code.trim()
+                ));
             }
         }
         for (line, code) in scanned.code.iter().filter(|(_, c)| has_unsafe(c)) {
@@ -360,6 +441,21 @@ fn unsafe_is_a_word_outside_comments_and_strings() {
     assert!(!has_unsafe(&code("// unsafe in a comment")[0]));
     assert!(!has_unsafe(&code("let s = \"unsafe\";")[0]));
     assert!(!has_unsafe(&code("/* unsafe */ let x = 1;")[0]));
+}
+
+#[test]
+fn environment_writes_and_reads_are_recognized() {
+    assert_eq!(env_use("std::env::set_var(\"\", \"\");"), (true, false));
+    assert_eq!(env_use("std::env::remove_var(BOOT_ENV);"), (true, false));
+    assert_eq!(env_use("let v = std::env::var(\"\").ok();"), (false, true));
+    assert_eq!(
+        env_use("if std::env::var_os(X).is_some() {}"),
+        (false, true)
+    );
+    assert_eq!(env_use("cmd.env(\"\", \"\");"), (false, false));
+    assert!(is_library("crates/runtime/src/node/mod.rs"));
+    assert!(!is_library("crates/granule/tests/chaos.rs"));
+    assert!(!is_library("crates/bench/examples/pipeline_probe.rs"));
 }
 
 #[test]
