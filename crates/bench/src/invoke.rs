@@ -19,7 +19,7 @@
 //! process is pinned to vCPU 0 and the callee node process to vCPU 1, so Granule and raw
 //! TCP pay the same cross-vCPU wake-ups. Synchronous raw TCP is measured twice: with a
 //! client that blocks at once, and with one that waits the way Granule's blocked callers
-//! do (spin `GRANULE_SPIN_US`, then sleep) — the latter is the baseline of the headline
+//! do (spin `transport.spin`, then sleep) — the latter is the baseline of the headline
 //! ratio (same blocking mode).
 
 use crate::work::{calibrate, iters_for, spin};
@@ -607,7 +607,7 @@ thread inside the callee node process. {pin_text}",
          ({:.0} calls/s means the callee's one core spends {:.0} % of its time in the 10 µs of work); \
          sync_rtt_vs_tcp_pingpong = p50 of a synchronous remote call ÷ p50 of a raw TCP ping-pong at 0.1 µs of work, \
          with the same blocking mode: both callers spin for {:?} and then sleep until the reply (Granule's \
-         GRANULE_SPIN_US policy); the raw client that blocks at once is reported too (…_blocking), and the ratio at \
+         transport.spin policy); the raw client that blocks at once is reported too (…_blocking), and the ratio at \
          every work level (sync_rtt_vs_tcp_pingpong_Nus).",
         med(3, wi(10.0)),
         med(3, wi(10.0)) * 10e-6 * 100.0,

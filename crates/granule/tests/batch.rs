@@ -335,7 +335,11 @@ fn minimize_queue_matches_production_to_a_slow_consumer() {
     use granule::sharded::ShardedQueue;
     bounded(Duration::from_secs(120), || {
         let (cluster, _) = cluster(2);
-        let n = 6000u64;
+        // Enough work (about 1 s for one worker) and a short-queue threshold high enough
+        // (the queue stays under it for ~100 ms at the start) that a second worker starts
+        // before the queue says "too much" even when another process competes for the
+        // CPU and starting a worker takes tens of ms.
+        let n = 20_000u64;
         let input = sealed(&(0..n).collect::<Vec<_>>());
         let queue: ShardedQueue<u64> = ShardedQueue::new().expect("queue");
         // A consumer that takes about 10 000 elements a second, slower than two
@@ -359,7 +363,7 @@ fn minimize_queue_matches_production_to_a_slow_consumer() {
         };
         let log = JobLog::new();
         let mut policy = MinimizeQueue::new(&queue);
-        policy.short = 200;
+        policy.short = 1000;
         Batch::new()
             .policy(policy)
             .log(log.clone())

