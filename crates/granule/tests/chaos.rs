@@ -47,12 +47,12 @@ struct Ledger {
 
 const LEDGERS: usize = 6;
 const CLIENTS: usize = 3;
-const OPS_PER_CLIENT: usize = 250;
+const OPS_PER_CLIENT: usize = 1000;
 const MAP_OPS: usize = 2 * KEYS as usize;
-const MOVER_STEPS: usize = 60;
-/// Keys of the map, and the bytes of each value (300 × ~250 B: shards of 4–8 KiB split
+const MOVER_STEPS: usize = 240;
+/// Keys of the map, and the bytes of each value (600 × ~250 B: shards of 4–8 KiB split
 /// as the inserts come and merge as the removes do).
-const KEYS: u64 = 300;
+const KEYS: u64 = 600;
 const VALUE: usize = 200;
 
 /// What a call's error says about whether it ran.

@@ -180,6 +180,9 @@ impl NodeInner {
                 "a new slot's lock was not free".into(),
             ));
         };
+        // Measured now, under the held lock: once calls queue on it, a measurement that
+        // needs the lock would be skipped and the proclet would count as empty.
+        self.monitor.measure_under(&held);
         self.locations.hosted_here(n.id);
         self.hosting.insert(slot);
         Ok(held)

@@ -11,11 +11,12 @@
 //! 2. S streams P's state to D in `Transfer` chunks over their connection. D appends the
 //!    chunks and, at the last one, decodes the state and installs P with the next epoch —
 //!    *provisionally*: its lock is held, so calls reaching D wait — and confirms.
-//! 3. On D's confirmation the move is decided: S tells D it is final (`TransferCommit`,
-//!    one-way: no extra round trip), remembers the new location as a forwarding hint,
-//!    marks P moved and releases the lock: every held call fails over to D with a "not
-//!    here, now at D" answer and is retried there by its caller's runtime. D serves P
-//!    from the commit on. Held calls never ran at S, so none runs twice and none is lost;
+//! 3. On D's confirmation the move is decided: S remembers the new location as a
+//!    forwarding hint, marks P moved (nothing more is granted at S, reads included),
+//!    tells D the move is final (`TransferCommit`, one-way: no extra round trip) and
+//!    releases the lock: every held call fails over to D with a "not here, now at D"
+//!    answer and is retried there by its caller's runtime. D serves P from the commit
+//!    on (calls reaching it earlier wait for it). Held calls never ran at S, so none runs twice and none is lost;
 //!    callers see no error. Both S and D record P's new location (and epoch) at the
 //!    controller, which keeps the newest.
 //! 4. If anything fails before D's confirmation reached S (D unreachable, dying or silent
@@ -290,8 +291,6 @@ impl NodeInner {
         .await;
         let bytes = match sent {
             Ok(b) => {
-                // The move is decided: the destination may serve from now on.
-                let _ = conn.notify(&Msg::TransferCommit { proclet, epoch }, &[]);
                 tracing::debug!(%proclet, to = %to.node, bytes = b,
                     drain_micros = drain.as_micros() as u64,
                     stream_micros = streaming.elapsed().as_micros() as u64,
@@ -325,6 +324,9 @@ impl NodeInner {
         // From here no new call is granted here; readers still inside finish on the old
         // state, which is freed with the slot when the last of them is done.
         guard.set_status(SlotStatus::Moved(loc.clone()));
+        // The move is decided: the destination may serve from now on. Only now, after
+        // nothing more is granted here, so no read here can miss a write made there.
+        let _ = conn.notify(&Msg::TransferCommit { proclet, epoch }, &[]);
         let old = raw.then(|| guard.take_state());
         self.hosting.remove(&slot);
         drop(guard);
@@ -581,7 +583,6 @@ impl NodeInner {
         };
         let slot = p.held.slot().clone();
         drop(p.held);
-        self.monitor.measure_now(&slot);
         let loc = Location {
             node: self.id,
             addr: self.addr.clone(),

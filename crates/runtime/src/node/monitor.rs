@@ -143,17 +143,23 @@ impl Monitor {
 
     /// Measure a proclet's footprint now if its lock is free (skipped otherwise).
     pub(crate) fn measure_now(&self, slot: &Arc<Slot>) {
+        if let Ok(TryLock::Granted(g)) = slot.lock(crate::context::new_chain(), CallMode::Shared) {
+            self.measure_under(&g);
+        }
+    }
+
+    /// Measure the footprint of the proclet whose lock `g` holds (any mode).
+    pub(crate) fn measure_under(&self, g: &crate::slot::Guard) {
+        let slot = g.slot();
         let Some(ops) = slot.state_desc.state_ops() else {
             return;
         };
-        if let Ok(TryLock::Granted(g)) = slot.lock(crate::context::new_chain(), CallMode::Shared) {
-            slot.stats.dirty.store(false, Ordering::Relaxed);
-            let bytes = g.inspect(|s| (ops.footprint)(s));
-            slot.stats.footprint.store(bytes, Ordering::Relaxed);
-            slot.stats
-                .measured_at
-                .store(self.now_ns(), Ordering::Relaxed);
-        }
+        slot.stats.dirty.store(false, Ordering::Relaxed);
+        let bytes = g.inspect(|s| (ops.footprint)(s));
+        slot.stats.footprint.store(bytes, Ordering::Relaxed);
+        slot.stats
+            .measured_at
+            .store(self.now_ns(), Ordering::Relaxed);
     }
 
     fn sample_memory(
