@@ -347,6 +347,101 @@ fn a_connection_cut_mid_frame_fails_the_move_and_a_retry_succeeds() {
     });
 }
 
+/// A move whose confirmation and abort are both lost leaves an uncommitted copy at its
+/// destination D (the source gave up; D never heard). The source then moves the
+/// proclet to E. D must withdraw its copy, never commit it: the proclet lives in one
+/// place, E, with every write.
+#[test]
+fn a_stale_uncommitted_copy_is_withdrawn_when_the_proclet_went_elsewhere() {
+    bounded(Duration::from_secs(90), || {
+        let cluster = Cluster::builder()
+            .nodes("cpu=1,mem=256MiB;cpu=1,mem=256MiB;cpu=1,mem=256MiB")
+            .unwrap()
+            .shed(false)
+            .faults(true)
+            .set("migration.stall_timeout", "1s")
+            .unwrap()
+            .failure_timeout(Duration::from_secs(3))
+            .start()
+            .unwrap();
+        let n = cluster.worker_nodes().unwrap();
+        let (src, d, e) = (n[0], n[1], n[2]);
+        let p = Proclet::builder(Kind::Memory)
+            .on(src)
+            .create(0u64, |x: u64| x)
+            .unwrap();
+        // D confirms nothing to the source, ignores its abort, and cannot ask it what
+        // became of the move (until the proclet has gone to E).
+        let deaf = FaultRules::seeded(3)
+            .rule(
+                FaultRule::new(FaultAction::Drop)
+                    .outgoing()
+                    .node(src)
+                    .kind("Done"),
+            )
+            .rule(
+                FaultRule::new(FaultAction::Drop)
+                    .incoming()
+                    .node(src)
+                    .kind("TransferAbort"),
+            )
+            .rule(
+                FaultRule::new(FaultAction::Drop)
+                    .outgoing()
+                    .node(src)
+                    .kind("Resolve"),
+            );
+        cluster.faults().filter(d, &deaf).unwrap();
+        assert_move_failed(cluster.move_proclet(p.id(), d), "no confirmation");
+        let lists = |node: NodeId| {
+            cluster
+                .nodes()
+                .unwrap()
+                .into_iter()
+                .find(|i| i.id == node)
+                .is_some_and(|i| i.usage.top.iter().any(|u| u.id == p.id()))
+        };
+        assert!(lists(d), "D holds an uncommitted copy");
+        assert_eq!(
+            p.run((), |x: &mut u64, ()| {
+                *x += 1;
+                *x
+            })
+            .unwrap(),
+            1
+        );
+        cluster.move_proclet(p.id(), e).unwrap();
+        assert_eq!(
+            p.run((), |x: &mut u64, ()| {
+                *x += 1;
+                *x
+            })
+            .unwrap(),
+            2
+        );
+        // Now D may ask: the source says the proclet left for E at a later epoch, so
+        // D's attempt was abandoned and its copy is withdrawn (D stops listing it).
+        cluster.faults().clear().unwrap();
+        let t = Instant::now();
+        while lists(d) {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "D kept its stale copy"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(cluster.locate(p.id()).unwrap(), e);
+        assert_eq!(
+            p.run((), |x: &mut u64, ()| {
+                *x += 1;
+                (*x, granule::here())
+            })
+            .unwrap(),
+            (3, Some(e))
+        );
+    });
+}
+
 /// A production node refuses fault orders.
 #[test]
 fn fault_orders_are_refused_unless_enabled() {

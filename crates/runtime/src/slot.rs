@@ -182,6 +182,10 @@ pub(crate) struct Slot {
     pub pinned: AtomicBool,
     /// A move of this proclet is under way.
     pub moving: AtomicBool,
+    /// The epoch the latest move attempt from here gave the proclet (0: none). Every
+    /// attempt takes a new one, so an abandoned attempt and a later retry to the same
+    /// node are never confused (see `node/migrate.rs`).
+    pub attempt_epoch: AtomicU64,
     /// The structure or service it belongs to (operators see proclets grouped by it).
     pub group: Option<Arc<str>>,
     pub stats: SlotStats,
@@ -228,6 +232,7 @@ impl Slot {
             pinned: AtomicBool::new(false),
             group,
             moving: AtomicBool::new(false),
+            attempt_epoch: AtomicU64::new(0),
             stats: SlotStats::default(),
             since: std::time::Instant::now(),
             lock: Mutex::new(LockState {

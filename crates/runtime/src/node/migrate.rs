@@ -245,7 +245,14 @@ impl NodeInner {
                 return Err(e);
             }
         };
-        let epoch = slot.epoch.max(to.epoch.saturating_sub(1)) + 1;
+        // Above the proclet's epoch, the floor the caller gave, and every earlier attempt
+        // from here (an abandoned attempt's epoch is never reused).
+        let epoch = slot
+            .epoch
+            .max(to.epoch.saturating_sub(1))
+            .max(slot.attempt_epoch.load(Ordering::Acquire))
+            + 1;
+        slot.attempt_epoch.store(epoch, Ordering::Release);
         let header = |p: ChunkPos| Msg::Transfer {
             proclet,
             kind: slot.kind(),
@@ -480,6 +487,9 @@ impl NodeInner {
                     pinned: a.pinned,
                     group: a.group,
                 };
+                // A copy left pending by an earlier attempt is stale now: the source
+                // tried again, so that attempt did not commit.
+                let stale = node.migration.provisional.remove(&proclet).map(|(_, p)| p);
                 let held = node.install_held(slot, s)?;
                 node.migration.provisional.insert(
                     proclet,
@@ -490,6 +500,9 @@ impl NodeInner {
                         held,
                     },
                 );
+                if let Some(old) = stale {
+                    node.withdraw_held(old);
+                }
                 granule_failpoints::hit_blocking("migrate.installed").map_err(|f| {
                     // Refused at the last moment: the copy must not stay here.
                     node.withdraw_arrival(proclet, epoch);
@@ -608,16 +621,23 @@ impl NodeInner {
             return;
         };
         tracing::info!(%proclet, epoch, "withdrew an arrived copy whose move did not commit");
+        self.withdraw_held(p);
+    }
+
+    /// Withdraw an uncommitted arrival taken out of the provisional table: calls waiting
+    /// on it are told it is not here, and its state is freed.
+    fn withdraw_held(&self, p: Provisional) {
         p.held.set_status(SlotStatus::Withdrawn);
         let state = p.held.take_state();
+        // Only this very slot: a newer arrival of the proclet may be hosted already.
         self.hosting.remove(p.held.slot());
         drop(p.held);
         drop(state);
     }
 
     /// An arrival whose commit did not come: ask its source whether the move committed;
-    /// when the source cannot say, the controller's record decides (where it lives there,
-    /// at this epoch or later, it is final).
+    /// when the source cannot say, the controller's record decides (recorded here at this
+    /// very epoch: the source committed it).
     async fn resolve_arrival(self: &Arc<Self>, proclet: ProcletId, epoch: u64) {
         let patience = self.migration.config.stall_timeout * 2;
         let started = Instant::now();
@@ -640,7 +660,7 @@ impl NodeInner {
             }
         }
         match self.controller.locate(proclet).await {
-            Ok(Some((loc, _))) if loc.node == self.id && loc.epoch >= epoch => {
+            Ok(Some((loc, _))) if loc.node == self.id && loc.epoch == epoch => {
                 self.commit_arrival(proclet, epoch)
             }
             Ok(_) => self.withdraw_arrival(proclet, epoch),
@@ -672,18 +692,22 @@ impl NodeInner {
             .flatten()
     }
 
-    /// Answer a destination's `Resolve`: did the move of `proclet` to `epoch` commit?
+    /// Answer a destination's `Resolve`: did the move attempt of `proclet` that gave it
+    /// `epoch` commit? While that destination holds the copy uncommitted, the proclet
+    /// cannot have gone on from there, so:
+    /// - still hosted here: that attempt is still deciding (`None`), or it was abandoned;
+    /// - left from here at exactly that epoch: it committed;
+    /// - left from here at a later epoch: a later attempt did, so that one was abandoned;
+    /// - nothing known here: `None` (the destination asks the controller).
     pub(super) fn resolve_departure(&self, proclet: ProcletId, epoch: u64) -> Option<bool> {
         if let Some(slot) = self.hosting.get(proclet) {
-            if slot.epoch >= epoch {
-                // It came back since: the move committed.
-                return Some(true);
-            }
-            // Still here at an older epoch: abandoned, unless the move is still deciding.
-            return (!slot.moving.load(Ordering::Acquire)).then_some(false);
+            let deciding = slot.moving.load(Ordering::Acquire)
+                && slot.attempt_epoch.load(Ordering::Acquire) == epoch;
+            return (!deciding).then_some(false);
         }
         match self.locations.forwarded_to(proclet) {
-            Some(l) if l.epoch >= epoch => Some(true),
+            Some(l) if l.epoch == epoch => Some(true),
+            Some(l) if l.epoch > epoch => Some(false),
             _ => None,
         }
     }
