@@ -2,7 +2,7 @@
 //! memory antagonist grows inside one node's memory cgroup, and that node sheds its shards
 //! to the other nodes (EVALUATION.md, experiment 3). The same run is then repeated with
 //! migration throttled to 600 MB/s after a 200 ms delay per move (a slow-live-migration
-//! baseline, `GRANULE_MIGRATION_THROTTLE` / `GRANULE_MIGRATION_DELAY`).
+//! baseline, `migration.throttle` / `migration.delay` on its cluster's builder).
 //!
 //! - **Cluster**: three node processes `cpu=1,mem=768MiB` (quick: `mem=512MiB`) next to
 //!   the driver (`cpu=1,mem=1GiB`, which hosts no shard: the controller only places on the
@@ -1860,8 +1860,8 @@ the kernel's OOM kill disturb only the node they share a machine with, while wha
     rep.note(format!(
         "antagonist: `granule antagonist memory --node <victim> --rate {} --size <victim limit + {} MiB> --hold {:?} \
          --controller <addr>` (it joins the victim's memory cgroup and makes itself the OOM killer's preferred \
-         victim). Baseline: the same run with GRANULE_MIGRATION_THROTTLE={BASELINE_THROTTLE} and \
-         GRANULE_MIGRATION_DELAY={BASELINE_DELAY} in the environment of the second cluster.",
+         victim). Baseline: the same run with migration.throttle={BASELINE_THROTTLE} and \
+         migration.delay={BASELINE_DELAY} set on the second cluster's builder (its nodes get them in their boot payload).",
         p.antagonist_rate,
         p.antagonist_extra >> 20,
         p.hold
