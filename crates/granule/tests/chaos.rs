@@ -50,6 +50,8 @@ const CLIENTS: usize = 3;
 const OPS_PER_CLIENT: usize = 1000;
 const MAP_OPS: usize = 2 * KEYS as usize;
 const MOVER_STEPS: usize = 240;
+/// A run that has not ended after this long is reported as hung (with its schedule).
+const HANG_AFTER: Duration = Duration::from_secs(90);
 /// Keys of the map, and the bytes of each value (600 × ~250 B: shards of 4–8 KiB split
 /// as the inserts come and merge as the removes do).
 const KEYS: u64 = 600;
@@ -222,6 +224,27 @@ fn run_seed(seed: u64) {
     let map_model: Arc<Mutex<MapModel>> = Arc::default();
     let max_shards = Arc::new(Mutex::new(0usize));
 
+    // A hang is a failure like any other: past the deadline, print the seed, the
+    // schedule so far and what every node's faults did, then fail.
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (finished, log) = (finished.clone(), log.clone());
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + HANG_AFTER;
+            while std::time::Instant::now() < deadline {
+                if finished.load(std::sync::atomic::Ordering::Acquire) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            eprintln!(
+                "chaos seed {seed} HUNG: no end after {HANG_AFTER:?} \
+                 (rerun: GRANULE_CHAOS_SEED={seed} cargo test -p granule --test chaos)\n\
+                 schedule so far:\n{}",
+                log.render()
+            );
+        });
+    }
     std::thread::scope(|s| {
         for (c, cseed) in client_seeds.iter().enumerate() {
             let (ledgers, results, log) = (&ledgers, results.clone(), log.clone());
@@ -355,6 +378,7 @@ fn run_seed(seed: u64) {
         }
     });
 
+    finished.store(true, std::sync::atomic::Ordering::Release);
     // Faults off; give provisional arrivals time to resolve; then check.
     cluster.faults().clear().unwrap();
     let mut failures = Vec::new();
