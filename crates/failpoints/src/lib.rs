@@ -77,6 +77,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "a node serving a remote call: the closure ran, before the answer is sent",
     ),
     (
+        "sharded.merge.before_record",
+        "left shard of a sharded structure's merge: the right shard's data taken, before the map records the merge (error: the map keeps naming the merged-away shard)",
+    ),
+    (
         "heartbeat.send",
         "a node: before each heartbeat to the controller (error: skip this heartbeat)",
     ),

@@ -551,6 +551,70 @@ fn a_split_its_client_abandoned_is_finished_by_the_next_writer() {
     });
 }
 
+/// A merge the map never recorded (its left shard cut off from the mapping proclet: here
+/// the `sharded.merge.before_record` failpoint) leaves the map naming a shard that only
+/// forwards, to the shard it went into. Removing keys from the top down merges that shard
+/// on into its own left neighbour and frees it: the forward leads nowhere. The next
+/// client that meets the merged-away shard finishes its merge, so every key stays
+/// reachable and the drained map merges down.
+#[test]
+fn a_merge_the_map_never_recorded_is_finished_by_the_next_client() {
+    bounded(Duration::from_secs(120), || {
+        let cluster = Cluster::builder()
+            .nodes("cpu=1,mem=1GiB;cpu=1,mem=1GiB")
+            .expect("node specs")
+            .shed(false)
+            .faults(true)
+            .failure_timeout(Duration::from_secs(5))
+            .start()
+            .expect("cluster starts");
+        let mut everyone = cluster.worker_nodes().expect("nodes");
+        everyone.push(cluster.node_id());
+        let map: ShardedMap<u64, Vec<u8>> =
+            ShardedMap::with_bounds(Bounds::new(4 << 10, 8 << 10).expect("bounds")).expect("map");
+        const KEYS: u64 = 300;
+        for k in 0..KEYS {
+            map.insert(k, value(k, 200)).expect("insert");
+        }
+        let before = map.sharder().shards().expect("shards").len();
+        assert!(before >= 6, "only {before} shards");
+        // The first merge on each process records nothing.
+        for n in &everyone {
+            cluster
+                .faults()
+                .failpoints(*n, "sharded.merge.before_record=1*error")
+                .expect("arm");
+        }
+        let t = Instant::now();
+        for k in (0..KEYS).rev() {
+            assert_eq!(
+                map.remove(&k).expect("remove"),
+                Some(value(k, 200)),
+                "key {k}"
+            );
+        }
+        eprintln!("{KEYS} removes from the top down took {:?}", t.elapsed());
+        let fired = everyone
+            .iter()
+            .map(|n| cluster.faults().report(*n).expect("report"))
+            .filter(|r| r.contains("sharded.merge.before_record") && r.contains("error"))
+            .count();
+        assert!(fired >= 1, "no merge record was made to fail");
+        cluster.faults().clear().expect("clear");
+        assert_eq!(map.len().expect("len"), 0);
+        // Every key is reachable again, and the drained map merged down.
+        for k in 0..KEYS {
+            map.insert(k, value(k, 10)).expect("insert again");
+        }
+        for k in 0..KEYS {
+            assert_eq!(map.get(&k).expect("get"), Some(value(k, 10)), "key {k}");
+        }
+        assert_eq!(map.len().expect("len"), KEYS);
+        map.sharder().destroy().expect("destroy");
+        cluster.shutdown();
+    });
+}
+
 /// A queue message: (producer, its sequence number, payload). Producer `u64::MAX` is the
 /// end marker.
 type Msg = (u64, u64, Vec<u8>);

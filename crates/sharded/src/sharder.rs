@@ -398,7 +398,13 @@ impl<S: Shard> AutoSharder<S> {
             key,
             (key.clone(), arg, want),
             ROUTE,
-            |shard: &Proclet<Cell<S>>, a| shard.run_with(a, (f, via), route_mut::<S, A, R, F, W>),
+            |shard: &Proclet<Cell<S>>, a| {
+                let r = shard.run_with(a, (f, via), route_mut::<S, A, R, F, W>);
+                if let Ok(Answer::Moved(..)) = &r {
+                    self.settle_merged(shard);
+                }
+                r
+            },
             |shard: &Proclet<Cell<S>>| self.finish_split_of(shard).map(|_| ()),
         )?;
         match reply {
@@ -550,6 +556,7 @@ impl<S: Shard> AutoSharder<S> {
                     Ok(RoutedMany::Sealed) => return Err(ShardError::Sealed),
                     // Nothing ran: send the whole group again.
                     Ok(RoutedMany::Moved(group)) => {
+                        self.settle_merged_async(&shard).await;
                         busy.push(shard);
                         todo.extend(group);
                     }
@@ -609,7 +616,13 @@ impl<S: Shard> AutoSharder<S> {
             key,
             (key.clone(), arg, false),
             ROUTE,
-            |shard: &Proclet<Cell<S>>, a| shard.run_ref_with(a, f, route_ref::<S, A, R, F>),
+            |shard: &Proclet<Cell<S>>, a| {
+                let r = shard.run_ref_with(a, f, route_ref::<S, A, R, F>);
+                if let Ok(Answer::Moved(..)) = &r {
+                    self.settle_merged(shard);
+                }
+                r
+            },
             |shard: &Proclet<Cell<S>>| self.finish_split_of(shard).map(|_| ()),
         )?;
         match reply {
@@ -639,7 +652,16 @@ impl<S: Shard> AutoSharder<S> {
                 (key.clone(), arg, false),
                 ROUTE,
                 |shard: &Proclet<Cell<S>>, a| {
-                    shard.run_ref_with_async(a, f, route_ref::<S, A, R, F>)
+                    let shard = shard.clone();
+                    async move {
+                        let r = shard
+                            .run_ref_with_async(a, f, route_ref::<S, A, R, F>)
+                            .await;
+                        if let Ok(Answer::Moved(..)) = &r {
+                            self.settle_merged_async(&shard).await;
+                        }
+                        r
+                    }
                 },
                 |shard: &Proclet<Cell<S>>| self.finish_split_quietly_owned(shard.clone()),
             )
@@ -672,7 +694,16 @@ impl<S: Shard> AutoSharder<S> {
                 (key.clone(), arg, true),
                 ROUTE,
                 |shard: &Proclet<Cell<S>>, a| {
-                    shard.run_with_async(a, (f, via), route_mut::<S, A, R, F, _>)
+                    let shard = shard.clone();
+                    async move {
+                        let r = shard
+                            .run_with_async(a, (f, via), route_mut::<S, A, R, F, _>)
+                            .await;
+                        if let Ok(Answer::Moved(..)) = &r {
+                            self.settle_merged_async(&shard).await;
+                        }
+                        r
+                    }
                 },
                 |shard: &Proclet<Cell<S>>| self.finish_split_quietly_owned(shard.clone()),
             )
@@ -734,8 +765,12 @@ impl<S: Shard> AutoSharder<S> {
         F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
     {
         let mut out = Vec::new();
+        let mut retry = Retry::new(ROUTE, Instant::now());
         'again: loop {
             out.clear();
+            if let Step::Return | Step::GiveUp = retry.step(Outcome::Stale, Instant::now()) {
+                return Err(ShardError::Stuck("every shard".into()));
+            }
             for (_, s) in self.shards()? {
                 let r = s.run_ref_with(
                     arg.clone(),
@@ -749,8 +784,13 @@ impl<S: Shard> AutoSharder<S> {
                 );
                 match r {
                     Ok(Some(Some(r))) => out.push(r),
-                    // Merged away since the map was read, or destroyed: read the map again.
-                    Ok(Some(None)) | Err(CallError::ProcletGone(_)) => continue 'again,
+                    // Merged away since the map was read (its merge maybe unrecorded),
+                    // or destroyed: read the map again.
+                    Ok(Some(None)) => {
+                        self.settle_merged(&s);
+                        continue 'again;
+                    }
+                    Err(CallError::ProcletGone(_)) => continue 'again,
                     Ok(None) => {
                         self.finish_split_of(&s)?;
                         continue 'again;
@@ -837,6 +877,42 @@ impl<S: Shard> AutoSharder<S> {
             });
             true
         })?)
+    }
+
+    /// `shard` answered that it was merged away. Its merger records the merge in the map
+    /// and then frees it; a merger cut off from the mapping proclet (a partition) cannot,
+    /// and leaves the map naming a shard that only forwards — to a shard that may itself
+    /// be merged on and freed later, a dead end. So whoever meets a merged-away shard
+    /// finishes the merge: the map's entry for its range goes if it still names it, and
+    /// the shard, named by the map no more, is freed. Idempotent; what fails is left for
+    /// the next client that meets it.
+    fn settle_merged(&self, shard: &Proclet<Cell<S>>) {
+        let lo = shard.run_ref((), |c: &Cell<S>, ()| {
+            c.merged_into.as_ref().and(c.lo.clone())
+        });
+        // Not merged (or the first shard, whose handover is its own step) or gone.
+        let Ok(Some(lo)) = lo else { return };
+        let unnamed = self.map().run((lo, shard.clone()), forget_merged::<S>);
+        if let Ok(true) = unnamed {
+            let _ = shard.destroy();
+        }
+    }
+
+    /// [`AutoSharder::settle_merged`] as a future.
+    async fn settle_merged_async(&self, shard: &Proclet<Cell<S>>) {
+        let lo = shard
+            .run_ref_async((), |c: &Cell<S>, ()| {
+                c.merged_into.as_ref().and(c.lo.clone())
+            })
+            .await;
+        let Ok(Some(lo)) = lo else { return };
+        let unnamed = self
+            .map()
+            .run_async((lo, shard.clone()), forget_merged::<S>)
+            .await;
+        if let Ok(true) = unnamed {
+            let _ = shard.destroy_async().await;
+        }
     }
 
     /// Steps 2 and 3 of a split whose first step `shard` (the parent, or the new shard
@@ -986,6 +1062,33 @@ impl<S: Shard> AutoSharder<S> {
     /// Whether the structure is sealed.
     pub fn is_sealed(&self) -> Result<bool, ShardError> {
         Ok(self.map().run_ref((), |m: &MapLog<S>, ()| m.sealed)?)
+    }
+
+    /// Every shard in the map, in key order, as it sees itself: its range, a split it
+    /// is in the middle of, whether it is frozen, merged away or sealed, and its bytes.
+    /// For diagnosing a structure that does not answer (tests, operators).
+    pub fn describe(&self) -> Result<Vec<String>, ShardError> {
+        let mut out = Vec::new();
+        for (lo, s) in self.shards()? {
+            let seen = s.run_ref((), |c: &Cell<S>, ()| {
+                format!(
+                    "[{:?}, {:?}) pending={:?} frozen_by={:?} merged_into={:?} sealed={} bytes={}",
+                    c.lo,
+                    c.hi,
+                    c.pending.as_ref().map(|p| (p.lo.clone(), p.hi.clone())),
+                    c.frozen_by.as_ref().map(|p| p.id()),
+                    c.merged_into.as_ref().map(|p| p.id()),
+                    c.sealed,
+                    c.data.footprint()
+                )
+            });
+            let seen = match seen {
+                Ok(s) => s,
+                Err(e) => format!("unreadable: {e}"),
+            };
+            out.push(format!("map {lo:?} -> {}: {seen}", s.id()));
+        }
+        Ok(out)
     }
 
     /// Footprint of every shard, in key order (for tests and reports).
@@ -1154,10 +1257,56 @@ fn publish_pending<S: Shard>(
             },
         )
         .map_err(|e| format!("recording the split-off shard: {e}"))?;
+    let mut winner = winner;
+    if winner != child {
+        // Another client's copy of this very split — or a shard merged away whose merge
+        // was never recorded (see `settle_merged`), still named at this key: no split at
+        // all. Taking that one for the new shard would drop the pending part's elements.
+        let stale = match winner.run_ref((), |c: &Cell<S>, ()| c.merged_into.is_some()) {
+            Ok(merged) => merged,
+            Err(CallError::ProcletGone(_)) => true,
+            Err(e) => {
+                return Err(format!(
+                    "checking the shard the map names at the split key: {e}"
+                ))
+            }
+        };
+        if stale {
+            let old = winner.clone();
+            winner = map
+                .run(
+                    (p.lo.clone(), winner, child.clone()),
+                    |m: &mut MapLog<S>, (lo, stale, new): (S::Key, Proclet<Cell<S>>, Proclet<Cell<S>>)| {
+                        let lo = Some(lo);
+                        if m.log.table().get(&lo) == Some(&stale) {
+                            m.log.apply(Change::Set { lo, target: new.clone() });
+                            new
+                        } else {
+                            m.log.set_if_absent(lo, new)
+                        }
+                    },
+                )
+                .map_err(|e| format!("recording the split-off shard: {e}"))?;
+            if winner == child {
+                // Named by the map no more: free it (it only forwarded).
+                let _ = old.destroy();
+            }
+        }
+    }
     if winner != child {
         let _ = child.destroy();
     }
     Ok(Some((p.lo.clone(), winner)))
+}
+
+/// On the mapping proclet: drop the entry at `lo` if it names `shard` (merged away), and
+/// say whether the map names it no more.
+fn forget_merged<S: Shard>(m: &mut MapLog<S>, (lo, shard): (S::Key, Proclet<Cell<S>>)) -> bool {
+    let lo = Some(lo);
+    if m.log.table().get(&lo) == Some(&shard) {
+        m.log.remove_if_present(lo);
+    }
+    !m.log.table().iter().any(|(_, s)| *s == shard)
 }
 
 /// (the right neighbour, where its range starts, the map)
@@ -1260,6 +1409,10 @@ fn merge_right_into<S: Shard>(
     c.data.merge(data);
     c.hi = hi;
     // The map next; the right shard forwards callers until then, and is freed after.
+    // Should recording fail, the next client that meets the right shard finishes it
+    // (`AutoSharder::settle_merged`).
+    granule_failpoints::hit_blocking("sharded.merge.before_record")
+        .map_err(|f| format!("recording a merge: {f}"))?;
     map.run(lo, |m: &mut MapLog<S>, lo: Option<S::Key>| {
         m.log.remove_if_present(lo);
     })
