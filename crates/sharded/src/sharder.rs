@@ -765,13 +765,17 @@ impl<S: Shard> AutoSharder<S> {
         F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
     {
         let mut out = Vec::new();
-        let mut retry = Retry::new(ROUTE, Instant::now());
-        'again: loop {
+        // A pass that meets a change (a shard merged away, freed or splitting) starts
+        // again. Passes over a map that changes in between are progress (a long `offload`
+        // may restart often); the same map answering the same way for the routing patience
+        // is a structure stuck, and an error rather than a loop for ever.
+        let mut unchanged: Option<(usize, Retry)> = None;
+        loop {
             out.clear();
-            if let Step::Return | Step::GiveUp = retry.step(Outcome::Stale, Instant::now()) {
-                return Err(ShardError::Stuck("every shard".into()));
-            }
-            for (_, s) in self.shards()? {
+            let shards = self.shards()?;
+            let version = self.cached_version();
+            let mut restart = false;
+            for (_, s) in shards {
                 let r = s.run_ref_with(
                     arg.clone(),
                     f,
@@ -788,17 +792,31 @@ impl<S: Shard> AutoSharder<S> {
                     // or destroyed: read the map again.
                     Ok(Some(None)) => {
                         self.settle_merged(&s);
-                        continue 'again;
+                        restart = true;
                     }
-                    Err(CallError::ProcletGone(_)) => continue 'again,
+                    Err(CallError::ProcletGone(_)) => restart = true,
                     Ok(None) => {
                         self.finish_split_of(&s)?;
-                        continue 'again;
+                        restart = true;
                     }
                     Err(e) => return Err(e.into()),
                 }
+                if restart {
+                    break;
+                }
             }
-            return Ok(out);
+            if !restart {
+                return Ok(out);
+            }
+            let now = Instant::now();
+            match &mut unchanged {
+                Some((v, retry)) if *v == version => {
+                    if let Step::Return | Step::GiveUp = retry.step(Outcome::Stale, now) {
+                        return Err(ShardError::Stuck("every shard".into()));
+                    }
+                }
+                _ => unchanged = Some((version, Retry::new(ROUTE, now))),
+            }
         }
     }
 
