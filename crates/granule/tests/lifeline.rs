@@ -20,6 +20,9 @@ fn driver_helper() {
     let Ok(mode) = std::env::var("GRANULE_TEST_HELPER") else {
         return; // only meaningful when re-run by the tests below
     };
+    // Run in the background by a script, the suite inherits Ctrl-C ignored; the driver
+    // under test must see it as a user's terminal would send it.
+    granule_host::os::default_sigint();
     let cluster = Cluster::builder()
         .nodes("cpu=1,mem=128MiB;cpu=1,mem=128MiB")
         .unwrap()
@@ -84,6 +87,21 @@ fn start_driver(mode: &str) -> (std::process::Child, Vec<u32>) {
     (child, pids)
 }
 
+/// Wait for the helper driver to end (a driver that ignores how it was told to end fails
+/// the test instead of hanging it).
+fn wait_bounded(child: &mut std::process::Child, what: &str) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(30) {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the helper driver did not end within 30 s of {what}");
+}
+
 fn assert_nodes_gone(pids: &[u32], what: &str) {
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(5) {
@@ -112,7 +130,7 @@ fn no_node_outlives_a_sigkilled_driver() {
 fn no_node_outlives_an_interrupted_driver() {
     let (mut child, pids) = start_driver("sleep");
     kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
-    let _ = child.wait();
+    wait_bounded(&mut child, "Ctrl-C");
     assert_nodes_gone(&pids, "got Ctrl-C");
 }
 
@@ -120,7 +138,7 @@ fn no_node_outlives_an_interrupted_driver() {
 fn no_node_outlives_a_panicking_or_exiting_driver() {
     for mode in ["panic", "exit", "abort"] {
         let (mut child, pids) = start_driver(mode);
-        let _ = child.wait();
+        wait_bounded(&mut child, mode);
         assert_nodes_gone(&pids, mode);
     }
 }

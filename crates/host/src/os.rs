@@ -128,6 +128,18 @@ pub fn ignore_sigpipe() {
     }
 }
 
+/// Give SIGINT (Ctrl-C) its default action back: end the process. A program started in
+/// the background by a non-interactive shell (`cmd &` in a script, which `nohup` and CI
+/// runners often are) inherits SIGINT ignored, and so does every process it starts; a
+/// program that is meant to end on Ctrl-C — a test of exactly that — calls this first.
+pub fn default_sigint() {
+    // SAFETY: installing SIG_DFL for SIGINT is async-signal-safe and involves no handler
+    // code; it changes only this process's disposition for one signal.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+    }
+}
+
 /// Pin the calling thread (0) or thread `tid` to the given CPUs.
 pub fn set_affinity(tid: i32, cpus: &[usize]) -> std::io::Result<()> {
     let mut set = nix::sched::CpuSet::new();
