@@ -81,6 +81,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "left shard of a sharded structure's merge: the right shard's data taken, before the map records the merge (error: the map keeps naming the merged-away shard)",
     ),
     (
+        "sharded.split.before_thaw",
+        "client finishing a sharded structure's split: the parent dropped its copy of the split-off part, before the new shard thaws (error: the new shard stays frozen)",
+    ),
+    (
         "heartbeat.send",
         "a node: before each heartbeat to the controller (error: skip this heartbeat)",
     ),

@@ -344,7 +344,15 @@ fn run_seed(seed: u64) {
                         }
                     }
                     drop(m);
-                    log.push("map", step, what, format!("{out:?}"));
+                    let mut outcome = format!("{out:?}");
+                    if let Err(granule::sharded::ShardError::Stuck(_)) = &out {
+                        // What the shards say of themselves, to see why.
+                        if let Ok(lines) = map.sharder().describe() {
+                            outcome =
+                                format!("{outcome}; shards:\n      {}", lines.join("\n      "));
+                        }
+                    }
+                    log.push("map", step, what, outcome);
                     if step % 10 == 0 {
                         if let Ok(shards) = map.sharder().shards() {
                             let mut mx = max_shards.lock().unwrap();

@@ -615,6 +615,70 @@ fn a_merge_the_map_never_recorded_is_finished_by_the_next_client() {
     });
 }
 
+/// A split whose client failed after the parent dropped its copy of the split-off part
+/// but before the new shard thawed (the `sharded.split.before_thaw` failpoint, in the
+/// driver, where the split's client runs) leaves the new shard frozen; its parent, with
+/// no split pending any more, may then merge away and be freed. The next writer to the
+/// frozen shard thaws it: its part has no other holder.
+#[test]
+fn a_frozen_shard_whose_parent_merged_away_is_thawed_by_the_next_writer() {
+    bounded(Duration::from_secs(120), || {
+        let cluster = Cluster::builder()
+            .nodes("cpu=1,mem=1GiB;cpu=1,mem=1GiB")
+            .expect("node specs")
+            .shed(false)
+            .faults(true)
+            .failure_timeout(Duration::from_secs(5))
+            .start()
+            .expect("cluster starts");
+        let map: ShardedMap<u64, Vec<u8>> =
+            ShardedMap::with_bounds(Bounds::new(4 << 10, 8 << 10).expect("bounds")).expect("map");
+        for k in 0..100u64 {
+            map.insert(k, value(k, 200)).expect("insert");
+        }
+        let before = map.sharder().shards().expect("shards").len();
+        assert!(before >= 3, "only {before} shards");
+        cluster
+            .faults()
+            .failpoints(cluster.node_id(), "sharded.split.before_thaw=1*error")
+            .expect("arm");
+        // Grow the last shard until it splits: that split's new shard stays frozen.
+        let mut next = 100u64;
+        while map.sharder().shards().expect("shards").len() == before {
+            assert!(next < 1_000, "the last shard never split");
+            map.insert(next, value(next, 200)).expect("insert");
+            next += 1;
+        }
+        let shards = map.sharder().shards().expect("shards");
+        let described = map.sharder().describe().expect("describe").join("\n");
+        assert!(described.contains("frozen_by=Some"), "{described}");
+        let (parent_lo, parent) = shards[shards.len() - 2].clone();
+        let child_lo = shards[shards.len() - 1]
+            .0
+            .expect("the new shard starts at a key");
+        // Empty the parent: it merges into its left neighbour and is freed.
+        for k in parent_lo.expect("not the first shard")..child_lo {
+            map.remove(&k).expect("remove");
+        }
+        let described = map.sharder().describe().expect("describe").join("\n");
+        assert!(
+            !described.contains(&format!("{} ", parent.id())),
+            "the parent did not merge away:\n{described}"
+        );
+        // A write to the frozen shard's range thaws it (after the busy patience).
+        let t = Instant::now();
+        map.insert(next, value(next, 200))
+            .expect("write to the frozen shard");
+        eprintln!("the write waited {:?} and thawed the shard", t.elapsed());
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        for k in (0..parent_lo.unwrap()).chain(child_lo..=next) {
+            assert_eq!(map.get(&k).expect("get"), Some(value(k, 200)), "key {k}");
+        }
+        map.sharder().destroy().expect("destroy");
+        cluster.shutdown();
+    });
+}
+
 /// A queue message: (producer, its sequence number, payload). Producer `u64::MAX` is the
 /// end marker.
 type Msg = (u64, u64, Vec<u8>);

@@ -961,15 +961,24 @@ impl<S: Shard> AutoSharder<S> {
             Some(parent) => (parent, Some(shard.clone())),
             None => (shard.clone(), None),
         };
-        let published = parent
+        // A new shard whose parent is gone is its part's only holder: a shard merges (and
+        // is freed) only with no split pending, so the parent had dropped its copy — the
+        // client that did so failed before the thaw. Only the thaw is left.
+        let is_child = child.is_some();
+        let parent_gone = |e: &CallError| is_child && matches!(e, CallError::ProcletGone(_));
+        let published = match parent
             .run_ref_async(
                 (parent.clone(), self.map().clone()),
                 |c: &Cell<S>, (me, map): (Proclet<Cell<S>>, Proclet<MapLog<S>>)| {
                     publish_pending(c, me, map)
                 },
             )
-            .await?
-            .map_err(ShardError::Step)?;
+            .await
+        {
+            Ok(r) => r.map_err(ShardError::Step)?,
+            Err(e) if parent_gone(&e) => None,
+            Err(e) => return Err(e.into()),
+        };
         let child = match (published, child) {
             (Some((lo, s)), _) => Some((lo, s)),
             (None, Some(c)) => {
@@ -981,13 +990,21 @@ impl<S: Shard> AutoSharder<S> {
         let Some((lo, child)) = child else {
             return Ok(None);
         };
-        parent
+        let dropped = parent
             .run_async(lo, |c: &mut Cell<S>, lo: S::Key| {
                 if c.pending.as_ref().is_some_and(|p| p.lo == lo) {
                     c.pending = None;
                 }
             })
-            .await?;
+            .await;
+        match dropped {
+            Ok(()) => {}
+            Err(e) if parent_gone(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+        granule_failpoints::hit("sharded.split.before_thaw")
+            .await
+            .map_err(|f| ShardError::Step(format!("thawing the split-off shard: {f}")))?;
         child
             .run_async((), |c: &mut Cell<S>, ()| c.frozen_by = None)
             .await?;
