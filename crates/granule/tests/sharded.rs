@@ -638,17 +638,30 @@ fn a_frozen_shard_whose_parent_merged_away_is_thawed_by_the_next_writer() {
         }
         let before = map.sharder().shards().expect("shards").len();
         assert!(before >= 3, "only {before} shards");
+        // The split's client runs on a node of this test's own cluster, where the
+        // failpoint is armed: failpoints are per process, and this test process runs
+        // other tests' splits meanwhile.
+        let node = cluster.worker_nodes().expect("nodes")[0];
+        let client = client_on(node);
         cluster
             .faults()
-            .failpoints(cluster.node_id(), "sharded.split.before_thaw=1*error")
+            .failpoints(node, "sharded.split.before_thaw=1*error")
             .expect("arm");
         // Grow the last shard until it splits: that split's new shard stays frozen.
-        let mut next = 100u64;
-        while map.sharder().shards().expect("shards").len() == before {
-            assert!(next < 1_000, "the last shard never split");
-            map.insert(next, value(next, 200)).expect("insert");
-            next += 1;
-        }
+        let next = client
+            .run(
+                (map.clone(), before),
+                |_: &mut (), (map, before): (ShardedMap<u64, Vec<u8>>, usize)| {
+                    let mut next = 100u64;
+                    while map.sharder().shards().expect("shards").len() == before {
+                        assert!(next < 1_000, "the last shard never split");
+                        map.insert(next, value(next, 200)).expect("insert");
+                        next += 1;
+                    }
+                    next
+                },
+            )
+            .expect("inserts from the node");
         let shards = map.sharder().shards().expect("shards");
         let described = map.sharder().describe().expect("describe").join("\n");
         assert!(described.contains("frozen_by=Some"), "{described}");
