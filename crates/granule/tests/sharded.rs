@@ -14,11 +14,17 @@ use common::bounded;
 /// detection: a 5 s failure timeout keeps a heartbeat starved for a second from ending
 /// one of them.
 fn cluster(n: usize) -> (Cluster, Vec<NodeId>) {
+    cluster_with_faults(n, false)
+}
+
+/// [`cluster`], taking fault orders (`Cluster::faults`) if `faults`.
+fn cluster_with_faults(n: usize, faults: bool) -> (Cluster, Vec<NodeId>) {
     let specs = vec!["cpu=1,mem=1GiB"; n].join(";");
     let c = Cluster::builder()
         .nodes(&specs)
         .expect("node specs")
         .shed(false)
+        .faults(faults)
         .failure_timeout(Duration::from_secs(5))
         .start()
         .expect("cluster starts");
@@ -560,15 +566,7 @@ fn a_split_its_client_abandoned_is_finished_by_the_next_writer() {
 #[test]
 fn a_merge_the_map_never_recorded_is_finished_by_the_next_client() {
     bounded(Duration::from_secs(120), || {
-        let cluster = Cluster::builder()
-            .nodes("cpu=1,mem=1GiB;cpu=1,mem=1GiB")
-            .expect("node specs")
-            .shed(false)
-            .faults(true)
-            .failure_timeout(Duration::from_secs(5))
-            .start()
-            .expect("cluster starts");
-        let mut everyone = cluster.worker_nodes().expect("nodes");
+        let (cluster, mut everyone) = cluster_with_faults(2, true);
         everyone.push(cluster.node_id());
         let map: ShardedMap<u64, Vec<u8>> =
             ShardedMap::with_bounds(Bounds::new(4 << 10, 8 << 10).expect("bounds")).expect("map");
@@ -616,21 +614,14 @@ fn a_merge_the_map_never_recorded_is_finished_by_the_next_client() {
 }
 
 /// A split whose client failed after the parent dropped its copy of the split-off part
-/// but before the new shard thawed (the `sharded.split.before_thaw` failpoint, in the
-/// driver, where the split's client runs) leaves the new shard frozen; its parent, with
+/// but before the new shard thawed (the `sharded.split.before_thaw` failpoint, on the
+/// node where the split's client runs) leaves the new shard frozen; its parent, with
 /// no split pending any more, may then merge away and be freed. The next writer to the
 /// frozen shard thaws it: its part has no other holder.
 #[test]
 fn a_frozen_shard_whose_parent_merged_away_is_thawed_by_the_next_writer() {
     bounded(Duration::from_secs(120), || {
-        let cluster = Cluster::builder()
-            .nodes("cpu=1,mem=1GiB;cpu=1,mem=1GiB")
-            .expect("node specs")
-            .shed(false)
-            .faults(true)
-            .failure_timeout(Duration::from_secs(5))
-            .start()
-            .expect("cluster starts");
+        let (cluster, workers) = cluster_with_faults(2, true);
         let map: ShardedMap<u64, Vec<u8>> =
             ShardedMap::with_bounds(Bounds::new(4 << 10, 8 << 10).expect("bounds")).expect("map");
         for k in 0..100u64 {
@@ -641,7 +632,7 @@ fn a_frozen_shard_whose_parent_merged_away_is_thawed_by_the_next_writer() {
         // The split's client runs on a node of this test's own cluster, where the
         // failpoint is armed: failpoints are per process, and this test process runs
         // other tests' splits meanwhile.
-        let node = cluster.worker_nodes().expect("nodes")[0];
+        let node = workers[0];
         let client = client_on(node);
         cluster
             .faults()

@@ -905,15 +905,7 @@ impl<S: Shard> AutoSharder<S> {
     /// the shard, named by the map no more, is freed. Idempotent; what fails is left for
     /// the next client that meets it.
     fn settle_merged(&self, shard: &Proclet<Cell<S>>) {
-        let lo = shard.run_ref((), |c: &Cell<S>, ()| {
-            c.merged_into.as_ref().and(c.lo.clone())
-        });
-        // Not merged (or the first shard, whose handover is its own step) or gone.
-        let Ok(Some(lo)) = lo else { return };
-        let unnamed = self.map().run((lo, shard.clone()), forget_merged::<S>);
-        if let Ok(true) = unnamed {
-            let _ = shard.destroy();
-        }
+        granule_runtime::block_on(self.settle_merged_async(shard))
     }
 
     /// [`AutoSharder::settle_merged`] as a future.
@@ -923,6 +915,7 @@ impl<S: Shard> AutoSharder<S> {
                 c.merged_into.as_ref().and(c.lo.clone())
             })
             .await;
+        // Not merged (or the first shard, whose handover is its own step) or gone.
         let Ok(Some(lo)) = lo else { return };
         let unnamed = self
             .map()
