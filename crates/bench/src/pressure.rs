@@ -890,10 +890,15 @@ fn us(d: Duration) -> f64 {
 
 /// One run: start a cluster, load it, set the antagonist on the busiest node, measure.
 fn run_once(p: &Params, label: &'static str, baseline: bool) -> anyhow::Result<RunResult> {
-    let mut builder = Cluster::builder().nodes(&p.nodes_spec())?.driver(NodeSpec {
-        cores: 1.0,
-        mem_bytes: 1 << 30,
-    });
+    // A node the OOM killer takes is an outcome this benchmark reports, not something
+    // to repair mid-run: no replacement processes.
+    let mut builder = Cluster::builder()
+        .nodes(&p.nodes_spec())?
+        .driver(NodeSpec {
+            cores: 1.0,
+            mem_bytes: 1 << 30,
+        })
+        .set("cluster.replace_dead", "off")?;
     if baseline {
         // The baseline's slow, late moves (its node processes get the same configuration).
         builder = builder

@@ -309,6 +309,10 @@ fn status_and_top_show_nodes_proclets_and_recent_events() {
         .unwrap()
         .shed(false)
         .failure_timeout(Duration::from_millis(500))
+        // The node killed below stays dead: the counts checked are those of a cluster
+        // without a replacement.
+        .set("cluster.replace_dead", "off")
+        .unwrap()
         .start()
         .unwrap();
     let workers = cluster.worker_nodes().unwrap();
@@ -363,4 +367,113 @@ fn status_and_top_show_nodes_proclets_and_recent_events() {
         .unwrap();
     // Memory used is 0 until the node's first usage report; the limit is there at once.
     assert!(row.contains("[") && row.contains("/128.0 MiB"), "{row}");
+}
+
+/// Send a signal with kill(1), as the other tests here do.
+fn signal(pid: u32, sig: &str) {
+    let sent = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill {sig} {pid}");
+}
+
+/// A node as a controller lists it: (id, pid, state).
+type Listed = (granule::NodeId, u32, NodeState);
+
+/// The nodes a controller lists, asked as `granule status` does.
+fn listed_nodes(controller: &str) -> Vec<Listed> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = granule_controller::ControllerClient::connect_tool(controller, "cli test")
+            .await
+            .unwrap();
+        c.list_nodes().await.unwrap()
+    })
+    .into_iter()
+    .filter(|n| n.role == granule_wire::Role::Node)
+    .map(|n| (n.id, n.pid, n.state))
+    .collect()
+}
+
+/// A hand-started node frozen past the failure timeout is declared dead; when it thaws
+/// it rejoins (`cluster.rejoin`, on by default) as a new node: the same process (it
+/// re-executed itself), a new id, alive — the cluster has its size again.
+#[test]
+fn a_hand_started_node_declared_dead_rejoins_as_a_new_node_when_it_wakes_up() {
+    let mut ctl = Reaped(
+        Command::new(GRANULE)
+            .args([
+                "controller",
+                "--listen",
+                "127.0.0.1:0",
+                "--failure-timeout",
+                "500ms",
+                "--heartbeat",
+                "100ms",
+                "--dashboard",
+                "off",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(ctl.0.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let l = lines.next().expect("controller output").unwrap();
+        if let Some(a) = l.strip_prefix("granule controller listening on ") {
+            break a.trim().to_string();
+        }
+    };
+    let node = Reaped(
+        Command::new(GRANULE)
+            .args(["node", "--controller", &addr, "--mem", "128MiB"])
+            .env("GRANULE_FAILURE_TIMEOUT", "500ms")
+            .env("GRANULE_HEARTBEAT", "100ms")
+            .env("GRANULE_CGROUPS", "off")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = node.0.id();
+    let wait = |what: &str, cond: &dyn Fn(&[Listed]) -> bool| {
+        let t = Instant::now();
+        loop {
+            let nodes = listed_nodes(&addr);
+            if cond(&nodes) {
+                return nodes;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "{what}: {nodes:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let first = wait("the node registers", &|n| {
+        n.iter()
+            .any(|(_, p, s)| *p == pid && *s == NodeState::Alive)
+    })
+    .into_iter()
+    .find(|(_, p, _)| *p == pid)
+    .unwrap()
+    .0;
+    signal(pid, "-STOP");
+    wait("declared dead", &|n| {
+        !n.iter()
+            .any(|(id, _, s)| *id == first && *s == NodeState::Alive)
+    });
+    signal(pid, "-CONT");
+    let nodes = wait("the woken node rejoins", &|n| {
+        n.iter()
+            .any(|(id, p, s)| *p == pid && *id != first && *s == NodeState::Alive)
+    });
+    let alive: Vec<_> = nodes
+        .iter()
+        .filter(|(_, _, s)| *s == NodeState::Alive)
+        .collect();
+    assert_eq!(alive.len(), 1, "{nodes:?}");
+    drop(node);
 }

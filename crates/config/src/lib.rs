@@ -70,6 +70,16 @@ pub struct Cluster {
     pub heartbeat: Duration,
     /// How long a driver waits for the node processes it started to register.
     pub start_timeout: Duration,
+    /// Whether the driver of an embedded cluster replaces its node processes that end
+    /// (killed, crashed, or declared dead by the controller, which the driver then
+    /// kills): a new process with the same spec joins as a new node, so the cluster
+    /// keeps its configured size.
+    pub replace_dead: bool,
+    /// Whether a node process the controller declared dead while it still ran (it was
+    /// stopped, or cut off) rejoins as a new node, with a new id and no proclets, when
+    /// it finds out; off: it exits. Applies to nodes no driver replaces: hand-started
+    /// ones, and embedded ones when `replace_dead` is off.
+    pub rejoin: bool,
     /// Whether node processes run in cgroup v1 groups limited to their spec.
     pub cgroups: CgroupsMode,
     /// The CFS period of the node groups Granule creates: a group that used its quota
@@ -97,6 +107,8 @@ impl Default for Cluster {
             failure_timeout: Duration::from_secs(1),
             heartbeat: Duration::from_millis(100),
             start_timeout: Duration::from_secs(30),
+            replace_dead: true,
+            rejoin: true,
             cgroups: CgroupsMode::Auto,
             cfs_period: Duration::from_millis(20),
             dashboard: Some("127.0.0.1:0".into()),

@@ -70,7 +70,7 @@ impl Inner {
                 if id == n {
                     let _ = c.notify(
                         &Msg::Shutdown {
-                            reason: format!("the controller declared this node dead: {why}"),
+                            reason: format!("{}: {why}", granule_wire::DECLARED_DEAD),
                         },
                         &[],
                     );

@@ -76,11 +76,12 @@ fn node_killed_mid_call_returns_unreachable() {
         let t = Instant::now();
         assert!(matches!(add(&q, 1), Err(CallError::NodeUnreachable { .. })));
         assert!(t.elapsed() < Duration::from_secs(2));
-        // The rest of the cluster carries on; new proclets avoid the dead node.
+        // The rest of the cluster carries on; new proclets avoid the dead node (they may
+        // land on its replacement, a new node).
         assert_eq!(add(&survivor, 2).unwrap(), 2);
         std::thread::sleep(Duration::from_millis(200));
         let fresh = Proclet::create(Kind::Memory, 1u64, |s: u64| Counter { n: s }).unwrap();
-        assert_eq!(fresh.location().unwrap(), nodes[1]);
+        assert_ne!(fresh.location().unwrap(), victim);
         let states: Vec<_> = cluster
             .nodes()
             .unwrap()

@@ -220,6 +220,43 @@ fn map_grows_to_1000_shards_and_shrinks_back_within_bounds() {
     });
 }
 
+/// A structure's shards spread over the nodes with room (the controller places each new
+/// shard, a split's new half included, as any new proclet: the least loaded of the
+/// roomiest nodes), instead of piling up on the node of the shard they split from: one
+/// node's loss must not take the whole structure.
+#[test]
+fn a_structures_shards_spread_over_the_nodes() {
+    bounded(Duration::from_secs(120), || {
+        let (cluster, nodes) = cluster(3);
+        let b = Bounds::new(2 << 10, 8 << 10).expect("bounds");
+        let map: ShardedMap<u64, Vec<u8>> = ShardedMap::with_bounds(b).expect("map");
+        // ~30 full shards' worth (112 B an entry, see the test above).
+        for k in 0..(30 * (8 << 10) / 112) {
+            map.insert(k, value(k, 64)).expect("insert");
+        }
+        let shards = map.sharder().shards().expect("shards");
+        assert!(shards.len() >= 12, "only {} shards", shards.len());
+        let mut per_node = std::collections::BTreeMap::<NodeId, usize>::new();
+        for (_, shard) in &shards {
+            *per_node
+                .entry(cluster.locate(shard.id()).expect("locate"))
+                .or_default() += 1;
+        }
+        eprintln!("{} shards per node: {per_node:?}", shards.len());
+        assert_eq!(
+            per_node.len(),
+            nodes.len(),
+            "every node should hold some shards: {per_node:?}"
+        );
+        let most = per_node.values().copied().max().unwrap_or(0);
+        assert!(
+            most * 2 <= shards.len(),
+            "one node holds {most} of {} shards: {per_node:?}",
+            shards.len()
+        );
+    });
+}
+
 #[test]
 fn clients_on_several_nodes_lose_and_duplicate_nothing_while_shards_split_merge_and_move() {
     bounded(Duration::from_secs(300), || {

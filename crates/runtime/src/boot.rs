@@ -61,7 +61,14 @@ pub fn init_logging(filter: &str) {
 /// controller). Returns why it left. Errors (unreachable controller, refused
 /// registration such as a binary mismatch, bad configuration) come back before the node
 /// serves anything.
+///
+/// A node the controller declared dead while it still ran (it was stopped, or cut off
+/// for longer than the failure timeout) finds out when it wakes up. Its proclets count
+/// as lost, so it cannot carry on as the same node: with `cluster.rejoin` on (the
+/// default) it re-executes this program with the same arguments and joins as a new node
+/// with no proclets, and this function does not return; off, it returns the reason.
 pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
+    let rejoin = args.config.cluster.rejoin;
     args.config
         .validate()
         .map_err(|e| ClusterError::Config(e.to_string()))?;
@@ -129,11 +136,42 @@ pub fn run_node(args: NodeArgs) -> Result<String, ClusterError> {
         }
     }
     let reason = node.inner.wait_shutdown();
+    let declared_dead = node.inner.lifecycle.was_declared_dead();
     drop(node);
     if let Some(g) = groups {
         g.leave_and_remove();
     }
+    if declared_dead && rejoin {
+        eprintln!("granule node: {reason}; rejoining as a new node (cluster.rejoin)");
+        if watched {
+            // The signal mask survives exec: give the new image the one it started with.
+            let _ = signals.thread_unblock();
+        }
+        let e = reexec(None);
+        return Err(ClusterError::Startup(format!(
+            "cannot rejoin: re-executing {} failed: {e}",
+            granule_host::proc::SELF_EXE
+        )));
+    }
     Ok(reason)
+}
+
+/// Replace this process's image by a fresh run of its own executable with the same
+/// arguments (and `env`, if given, added to the environment): how a node declared dead
+/// starts over as a new node. Sockets close on exec; the process keeps its pid, its
+/// cgroups and its stdin (an embedded node's lifeline). Returns only on failure.
+fn reexec(env: Option<(&str, &OsString)>) -> std::io::Error {
+    use std::os::unix::process::CommandExt;
+    let mut args = std::env::args_os();
+    let mut cmd = std::process::Command::new(granule_host::proc::SELF_EXE);
+    if let Some(arg0) = args.next() {
+        cmd.arg0(arg0);
+    }
+    cmd.args(args);
+    if let Some((k, v)) = env {
+        cmd.env(k, v);
+    }
+    cmd.exec()
 }
 
 /// A hand-started node's own cgroups: `granule/c<pid>-<start>-<n>/node0` with its spec's
@@ -208,8 +246,8 @@ fn run_node_process_from_env(raw: OsString) -> ! {
     // single-threaded here, so changing the environment is safe.
     std::env::remove_var(BOOT_ENV);
     let outcome = std::panic::catch_unwind(|| {
-        let raw = raw.to_string_lossy().into_owned();
-        let boot: BootPayload = match serde_json::from_str(&raw) {
+        let text = raw.to_string_lossy().into_owned();
+        let boot: BootPayload = match serde_json::from_str(&text) {
             Ok(b) => b,
             Err(e) => {
                 eprintln!("granule node: bad {BOOT_ENV} ({e}); this variable is set by a Granule driver, not by hand");
@@ -245,6 +283,10 @@ fn run_node_process_from_env(raw: OsString) -> ! {
             shipping::accept_binary_hint(hint);
         }
         init_logging(&boot.config.cluster.log);
+        // A driver that replaces dead nodes kills this process once it is declared dead;
+        // only without one does it rejoin by itself.
+        let rejoin = boot.config.cluster.rejoin && !boot.config.cluster.replace_dead;
+        let index = boot.index;
         match Node::start(NodeOptions {
             role: Role::Node,
             spec: boot.spec,
@@ -254,6 +296,15 @@ fn run_node_process_from_env(raw: OsString) -> ! {
             Ok(node) => {
                 context::offer_default_node(&node.inner);
                 let reason = node.inner.wait_shutdown();
+                if rejoin && node.inner.lifecycle.was_declared_dead() {
+                    tracing::warn!(
+                        "node {} (process {index}): {reason}; rejoining as a new node",
+                        node.inner.id
+                    );
+                    let e = reexec(Some((BOOT_ENV, &raw)));
+                    eprintln!("granule node {index}: cannot rejoin: {e}");
+                    return 4;
+                }
                 tracing::info!("node {} leaving: {reason}", node.inner.id);
                 0
             }

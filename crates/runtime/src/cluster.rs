@@ -8,28 +8,18 @@
 //! kills when the cluster is dropped. (PR_SET_PDEATHSIG is not used: it fires when the
 //! *thread* that spawned the child exits, which in a test harness is any test thread.)
 
-use crate::boot::{init_logging, BootPayload, BOOT_ENV};
+use crate::boot::init_logging;
 use crate::context;
 use crate::error::{CallError, ClusterError};
+use crate::fleet::Fleet;
 use crate::node::{Node, NodeInner, NodeOptions};
 use crate::shipping::binary_hash_hint;
 use granule_config::{CgroupsMode, Config, ConfigError, Origin};
 use granule_controller::{ControllerConfig, ControllerHandle};
 use granule_wire::{MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, Role};
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::unistd::Pid;
-use parking_lot::Mutex;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-struct Spawned {
-    child: Child,
-    index: usize,
-    node: Option<NodeId>,
-}
 
 /// A running cluster, from the driver's side. The driver is itself a node: proclets can
 /// live here, and calls to them take the local fast path.
@@ -39,8 +29,9 @@ pub struct Cluster {
     node: Option<Node>,
     controller: Option<ControllerHandle>,
     controller_addr: String,
-    spawned: Mutex<Vec<Spawned>>,
-    pgid: Option<Pid>,
+    /// The node processes this driver started, and their supervisor.
+    fleet: Option<Arc<Fleet>>,
+    supervisor: Option<std::thread::JoinHandle<()>>,
     /// The cgroups of the spawned nodes, when they run with real limits.
     cgroups: Option<granule_host::ClusterGroups>,
     config: Arc<Config>,
@@ -50,9 +41,12 @@ pub struct Cluster {
 type Edit = Box<dyn Fn(&mut Config) -> Result<(), ConfigError> + Send + Sync>;
 
 /// Builder for [`Cluster`]. Its configuration is, in increasing precedence: the
-/// defaults, the TOML file named by `GRANULE_CONFIG` (or [`ClusterBuilder::config_file`]),
-/// the `GRANULE_*` environment variables, and what the program sets here. Every value is
-/// checked when the cluster starts (or at once, for [`ClusterBuilder::set`] and
+/// defaults (the built-in ones, or the program's own from [`ClusterBuilder::defaults`]),
+/// the TOML file named by `GRANULE_CONFIG` (or [`ClusterBuilder::config_file`]), the
+/// `GRANULE_*` environment variables, and what the program sets here — the one
+/// precedence of every Granule process. A variable whose setting the program then
+/// changes is reported with a warning naming both, never dropped silently. Every value
+/// is checked when the cluster starts (or at once, for [`ClusterBuilder::set`] and
 /// [`ClusterBuilder::nodes`]).
 #[derive(Default)]
 pub struct ClusterBuilder {
@@ -181,16 +175,45 @@ impl ClusterBuilder {
             }
             None => Config::load_over(base, env).map_err(config_error)?,
         };
+        let from_environment = c.clone();
         for e in &self.edits {
             e(&mut c).map_err(config_error)?;
         }
         c.validate().map_err(config_error)?;
+        let overrides = overridden(&from_environment, &c, env);
+        if !overrides.is_empty() {
+            // Before the cluster starts (which installs it too): the warnings must show.
+            init_logging(&c.cluster.log);
+        }
+        for (setting, var, value) in overrides {
+            tracing::warn!(
+                "{var}={value} is overridden by the program, which sets {setting} = {} \
+                 (Cluster::builder): what a program sets in code wins over the environment",
+                c.get(setting).unwrap_or_default()
+            );
+        }
         Ok(c)
     }
 
     pub fn start(self) -> Result<Cluster, ClusterError> {
         Cluster::with_config(self.resolve()?)
     }
+}
+
+/// The settings whose `GRANULE_*` variable is set but which the program's own settings
+/// changed from what the variable gave: (key, variable, the variable's value).
+fn overridden(
+    from_environment: &Config,
+    resolved: &Config,
+    env: impl Fn(&str) -> Option<String>,
+) -> Vec<(&'static str, &'static str, String)> {
+    granule_config::SETTINGS
+        .iter()
+        .filter_map(|s| {
+            let value = env(s.env).filter(|v| !v.trim().is_empty())?;
+            (from_environment.get(s.key) != resolved.get(s.key)).then_some((s.key, s.env, value))
+        })
+        .collect()
 }
 
 impl Cluster {
@@ -240,8 +263,8 @@ impl Cluster {
             node: Some(node),
             controller,
             controller_addr,
-            spawned: Mutex::new(Vec::new()),
-            pgid: None,
+            fleet: None,
+            supervisor: None,
             cgroups: None,
             config,
         };
@@ -258,90 +281,65 @@ impl Cluster {
 
     fn spawn_nodes(&mut self) -> Result<(), ClusterError> {
         let config = self.config.clone();
-        let hint = binary_hash_hint();
-        let program = std::env::args()
-            .next()
-            .unwrap_or_else(|| "granule-app".into());
         self.cgroups = cluster_cgroups(&config);
-        for (index, spec) in config.cluster.nodes.iter().enumerate() {
-            let cgroups = node_cgroups(self.cgroups.as_ref(), index, spec);
-            let boot = BootPayload {
-                controller: self.controller_addr.clone(),
-                spec: *spec,
-                index,
-                cgroups,
-                binary_hint: hint.clone(),
-                config: (*config).clone(),
-            };
-            let boot = serde_json::to_string(&boot)
-                .map_err(|e| ClusterError::Spawn(format!("cannot encode the boot payload: {e}")))?;
-            let mut cmd = Command::new(granule_host::proc::SELF_EXE);
-            cmd.arg0(format!("{program} [granule node {index}]"))
-                .env(BOOT_ENV, boot)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit());
-            cmd.process_group(self.pgid.map(|p| p.as_raw()).unwrap_or(0));
-            let child = cmd.spawn().map_err(|e| {
-                ClusterError::Spawn(format!(
-                    "cannot start node process {index} from {}: {e}",
-                    granule_host::proc::SELF_EXE
-                ))
-            })?;
-            if self.pgid.is_none() {
-                self.pgid = Some(Pid::from_raw(child.id() as i32));
-            }
-            self.spawned.lock().push(Spawned {
-                child,
-                index,
-                node: None,
-            });
-        }
-        self.wait_for_nodes(config.cluster.start_timeout)
+        let cgroups = config
+            .cluster
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(index, spec)| node_cgroups(self.cgroups.as_ref(), index, spec))
+            .collect();
+        let fleet = Arc::new(Fleet::new(
+            config,
+            self.controller_addr.clone(),
+            binary_hash_hint(),
+            cgroups,
+        ));
+        self.fleet = Some(fleet.clone());
+        fleet.start_all(|| self.nodes().map_err(|e| e.to_string()))?;
+        let node = Arc::downgrade(
+            self.inner()
+                .map_err(|e| ClusterError::Startup(e.to_string()))?,
+        );
+        self.supervisor = Some(fleet.supervise(node).map_err(|e| {
+            ClusterError::Spawn(format!("cannot start the supervisor thread: {e}"))
+        })?);
+        Ok(())
     }
 
-    fn wait_for_nodes(&self, timeout: Duration) -> Result<(), ClusterError> {
+    /// Wait until every configured node process is up and registered as a live node
+    /// (after a node died, until its replacement joined: see `cluster.replace_dead`).
+    /// Returns the worker nodes then, or an error after `timeout`.
+    pub fn wait_for_nodes(&self, timeout: Duration) -> Result<Vec<NodeId>, ClusterError> {
         let deadline = Instant::now() + timeout;
+        let Some(fleet) = &self.fleet else {
+            return self
+                .worker_nodes()
+                .map_err(|e| ClusterError::Startup(e.to_string()));
+        };
         loop {
-            {
-                let mut sp = self.spawned.lock();
-                for s in sp.iter_mut() {
-                    if let Ok(Some(status)) = s.child.try_wait() {
-                        return Err(ClusterError::Startup(format!(
-                            "node process {} exited during start-up ({status}); its messages are above on stderr",
-                            s.index
-                        )));
-                    }
-                }
-            }
-            let nodes = self
+            let list = self
                 .nodes()
                 .map_err(|e| ClusterError::Startup(e.to_string()))?;
-            let mut sp = self.spawned.lock();
-            for s in sp.iter_mut() {
-                s.node = nodes
-                    .iter()
-                    .find(|n| {
-                        n.pid == s.child.id() && n.role == Role::Node && n.state == NodeState::Alive
-                    })
-                    .map(|n| n.id);
-            }
-            if sp.iter().all(|s| s.node.is_some()) {
-                return Ok(());
+            if fleet.complete(&list) {
+                return self
+                    .worker_nodes()
+                    .map_err(|e| ClusterError::Startup(e.to_string()));
             }
             if Instant::now() > deadline {
-                let missing: Vec<usize> = sp
-                    .iter()
-                    .filter(|s| s.node.is_none())
-                    .map(|s| s.index)
-                    .collect();
                 return Err(ClusterError::Startup(format!(
-                    "node processes {missing:?} did not register within {timeout:?}"
+                    "the cluster did not return to its {} configured node processes within {timeout:?}",
+                    self.config.cluster.nodes.len()
                 )));
             }
-            drop(sp);
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// How many node processes the driver started to replace ones that ended or were
+    /// declared dead (`cluster.replace_dead`).
+    pub fn replacements(&self) -> u64 {
+        self.fleet.as_ref().map_or(0, |f| f.replaced())
     }
 
     /// Fault injection on this cluster's nodes (tests; nodes must run with
@@ -403,13 +401,13 @@ impl Cluster {
         self.cgroups.is_some()
     }
 
-    /// The node processes this driver started, as (node, pid), in start order.
+    /// The live node processes this driver started that registered, as (node, pid), in
+    /// the order of `cluster.nodes` (a replacement takes its predecessor's place).
     pub fn spawned_nodes(&self) -> Vec<(NodeId, u32)> {
-        self.spawned
-            .lock()
-            .iter()
-            .filter_map(|s| Some((s.node?, s.child.id())))
-            .collect()
+        self.fleet
+            .as_ref()
+            .map(|f| f.registered())
+            .unwrap_or_default()
     }
 
     /// Move a proclet to another node through the controller while callers keep calling:
@@ -450,17 +448,14 @@ impl Cluster {
     }
 
     /// Kill one of the node processes this driver started (SIGKILL), as a failure would.
+    /// With `cluster.replace_dead` on, a replacement joins as a new node soon after.
     pub fn kill_node(&self, node: NodeId) -> Result<(), ClusterError> {
-        let mut sp = self.spawned.lock();
-        let s = sp
-            .iter_mut()
-            .find(|s| s.node == Some(node))
-            .ok_or_else(|| {
-                ClusterError::Config(format!("{node} is not a node this driver started"))
-            })?;
-        let _ = s.child.kill();
-        let _ = s.child.wait();
-        Ok(())
+        match &self.fleet {
+            Some(f) => f.kill(node),
+            None => Err(ClusterError::Config(format!(
+                "{node} is not a node this driver started"
+            ))),
+        }
     }
 
     /// Make this cluster the one the calling thread's proclet calls go through (the
@@ -481,16 +476,12 @@ impl Cluster {
         if let Some(c) = &self.controller {
             c.quiesce();
         }
-        let mut sp = self.spawned.lock();
-        if let Some(pg) = self.pgid.take() {
-            let _ = killpg(pg, Signal::SIGKILL);
+        if let Some(f) = self.fleet.take() {
+            f.stop();
         }
-        for s in sp.iter_mut() {
-            let _ = kill(Pid::from_raw(s.child.id() as i32), Signal::SIGKILL);
-            let _ = s.child.wait();
+        if let Some(t) = self.supervisor.take() {
+            let _ = t.join();
         }
-        sp.clear();
-        drop(sp);
         // The node processes are gone (killed and reaped): their groups can go too.
         if let Some(g) = self.cgroups.take() {
             if let Err(e) = g.remove() {
@@ -580,4 +571,33 @@ pub fn run<T>(f: impl FnOnce(&Cluster) -> T) -> Result<T, ClusterError> {
     let out = f(&cluster);
     cluster.shutdown();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_variable_the_program_overrides_is_reported_and_one_it_keeps_is_not() {
+        let env = |k: &str| match k {
+            "GRANULE_NODES" => Some("cpu=1,mem=64MiB".to_string()),
+            "GRANULE_LOG" => Some("info".to_string()),
+            _ => None,
+        };
+        let from_environment = Config::load_over(Config::default(), env).unwrap();
+        let mut resolved = from_environment.clone();
+        resolved.set("cluster.nodes", "cpu=2,mem=1GiB").unwrap();
+        let o = overridden(&from_environment, &resolved, env);
+        assert_eq!(
+            o,
+            vec![(
+                "cluster.nodes",
+                "GRANULE_NODES",
+                "cpu=1,mem=64MiB".to_string()
+            )]
+        );
+        // Setting a value equal to the variable's is no override.
+        resolved.set("cluster.log", "info").unwrap();
+        assert_eq!(overridden(&from_environment, &resolved, env).len(), 1);
+    }
 }

@@ -15,6 +15,7 @@
 //! | `proclet` | the proclet API: handles, creation, calls (local fast path or remote), destroy |
 //! | `range` | [`RangeJob`]: index ranges computed on compute proclets that yield when moved |
 //! | `cluster` | the driver's side: the embedded cluster (controller, node processes, their cgroups), [`ClusterBuilder`] |
+//! | `fleet` | the embedded cluster's node processes: starting them, reaping them, fencing and replacing dead ones (`cluster.replace_dead`) |
 //! | `boot` | running a process as a node: the boot payload from a driver, the pre-`main` hook, [`run_node`] |
 //! | `node` | the per-process runtime, in owned parts: peers, locations, hosting, calls, serving, migration, state streams, the monitor and the pressure policy, fault orders (see its module doc) |
 //! | `slot` | a hosted proclet and its lock (the synchronization rule below) |
@@ -44,6 +45,7 @@ mod codec;
 mod context;
 mod error;
 pub mod faults;
+mod fleet;
 pub mod footprint;
 mod node;
 mod proclet;

@@ -36,13 +36,23 @@
 //!
 //! Shards are ordinary proclets: the controller places them and the pressure policy moves
 //! them; a moved shard is reached through the runtime's forwarding, without the map.
+//!
+//! **Placement.** The mapping proclet, the first shard and every shard a split creates
+//! are placed by the controller as any new memory proclet is (hybrid shards as hybrid
+//! ones): among the nodes with room for it (and, if any, not under memory pressure), those
+//! whose free memory is within 5 % of the largest node's memory of the roomiest one, the
+//! one with the fewest such proclets placed so far. So a structure's shards spread over
+//! the nodes that have room rather than piling up where the first one was, and losing one
+//! node loses only the shards it held (nothing is replicated yet). A split's new half is
+//! therefore usually created on another node: its bytes cross the network once, during
+//! the split. Under memory pressure the pressure policy moves shards on from there.
 
 use crate::ShardError;
 pub use granule_router::Bounds;
 use granule_router::{
     Answer, Change, ChangeLog, MapState, Outcome, Retry, RetryPolicy, Router, Step, Trigger,
 };
-use granule_runtime::{here, CallError, Footprint, Kind, Proclet, ProcletState, Wire};
+use granule_runtime::{CallError, Footprint, Kind, Proclet, ProcletState, Wire};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -1255,13 +1265,13 @@ fn publish_pending<S: Shard>(
         postcard::to_allocvec(&p.data).map_err(|e| format!("encoding a split-off part: {e}"))?;
     // The part keeps its parent's kind (a hybrid shard's parts are hybrid).
     let kind = granule_runtime::hosted_kind(me.id()).unwrap_or(Kind::Memory);
-    let mut b = Proclet::builder(kind)
+    // The controller places the new shard as any new proclet (see the crate doc's
+    // "Placement"): not next to its parent by default, so that a structure's shards
+    // spread over the nodes with room and one node's loss does not take all of it. The
+    // part's bytes cross the network once, inside this split.
+    let child = Proclet::builder(kind)
         .footprint()
-        .group(label_of::<S>(map.id()));
-    if let Some(n) = here() {
-        b = b.on(n);
-    }
-    let child = b
+        .group(label_of::<S>(map.id()))
         .create(
             (p.lo.clone(), p.hi.clone(), bytes, me),
             |(lo, hi, bytes, parent): (S::Key, Option<S::Key>, Vec<u8>, Proclet<Cell<S>>)| {

@@ -91,6 +91,7 @@ pub(super) async fn heartbeat_loop(node: Arc<NodeInner>, every: Duration) {
                 }
             }
             Err(ControllerError::Remote(RemoteError::NodeDown(_))) => {
+                node.lifecycle.mark_declared_dead();
                 node.trigger_shutdown("the controller declared this node dead".into());
                 return;
             }

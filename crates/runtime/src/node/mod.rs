@@ -107,6 +107,10 @@ pub(crate) struct Lifecycle {
     /// The node was asked to stop from its own side (a signal to `granule node`), not by
     /// the cluster: it says goodbye to the controller as it stops.
     leaving: AtomicBool,
+    /// The controller declared this node dead (it found out on waking up, or through a
+    /// heartbeat refused): its proclets count as lost, and it may rejoin only as a new
+    /// node (`cluster.rejoin`).
+    declared_dead: AtomicBool,
     shutdown: Mutex<Option<String>>,
     shutdown_cv: Condvar,
 }
@@ -116,6 +120,7 @@ impl Lifecycle {
         Lifecycle {
             stopped: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
+            declared_dead: AtomicBool::new(false),
             shutdown: Mutex::new(None),
             shutdown_cv: Condvar::new(),
         }
@@ -124,6 +129,16 @@ impl Lifecycle {
     /// The node leaves of its own accord (its program asked): it will say goodbye.
     pub(crate) fn mark_leaving(&self) {
         self.leaving.store(true, Ordering::Release);
+    }
+
+    /// The controller declared this node dead.
+    pub(crate) fn mark_declared_dead(&self) {
+        self.declared_dead.store(true, Ordering::Release);
+    }
+
+    /// Whether the controller declared this node dead.
+    pub(crate) fn was_declared_dead(&self) -> bool {
+        self.declared_dead.load(Ordering::Acquire)
     }
 }
 
