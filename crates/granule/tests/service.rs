@@ -1,16 +1,23 @@
 //! Multi-process tests of the services: real node processes on 127.0.0.1, calls through
 //! the Rust API and through every node's HTTP front door while compute proclets split
-//! and merge; every request answered exactly once, per-client state exact.
+//! and merge; every request answered exactly once, per-client state exact. Services
+//! heal when a node holding their proclets is killed or frozen (every call still
+//! answered; a stateful pair's lost clients start again empty, and the metrics say so),
+//! and a service started with a context takes plain JSON over HTTP.
 
 use granule::service::client::HttpClient;
 use granule::service::{
-    Clients, ScaleConfig, ServiceBuilder, ServiceState, StatefulService, StatelessService,
+    routing_key, Clients, ScaleConfig, ServiceBuilder, ServiceState, StatefulService,
+    StatelessService,
 };
+use granule::sharded::ShardedMap;
 use granule::{Cluster, Kind, NodeId, Proclet};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod common;
 use common::bounded;
@@ -720,6 +727,372 @@ fn stateful_pairs_split_under_load_and_merge_when_idle() {
             .expect("last handle")
             .destroy()
             .expect("destroy");
+        c.shutdown();
+    });
+}
+
+// ----- healing -------------------------------------------------------------------------
+
+/// The failure timeout of the healing tests' clusters: a frozen node is declared dead
+/// after it.
+const FAILURE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a call may take while a lost proclet is replaced: the failure timeout (a
+/// frozen node's calls hang until it is declared dead), then a scaler window and a
+/// compute proclet's creation; the rest is slack for a machine shared with other builds.
+const HEAL_BOUND: Duration = Duration::from_secs(6);
+
+/// A cluster whose nodes are declared dead after [`FAILURE_TIMEOUT`].
+fn fragile_cluster(n: usize) -> (Cluster, Vec<NodeId>) {
+    let specs = vec!["cpu=1,mem=1GiB"; n].join(";");
+    let c = Cluster::builder()
+        .nodes(&specs)
+        .expect("node specs")
+        .shed(false)
+        .failure_timeout(FAILURE_TIMEOUT)
+        .start()
+        .expect("cluster starts");
+    let workers = c.worker_nodes().expect("nodes");
+    assert_eq!(workers.len(), n);
+    (c, workers)
+}
+
+/// The driver's `/metrics` (the scaler, which heals, runs in the driver).
+fn driver_metrics(c: &Cluster) -> String {
+    let me = c.node_id();
+    let addr = c
+        .nodes()
+        .expect("nodes")
+        .into_iter()
+        .find(|n| n.id == me)
+        .and_then(|n| n.metrics_addr)
+        .expect("the driver serves metrics");
+    common::http_get(&addr, "/metrics")
+}
+
+/// The value of the sample `name{service="svc"}` in a Prometheus text, if present.
+fn service_counter(text: &str, name: &str, svc: &str) -> Option<f64> {
+    let series = format!("{name}{{service=\"{svc}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The stateless healing tests' handler: the context's prefix and the request.
+fn tagged(prefix: &String, x: u64) -> String {
+    format!("{prefix}{x}")
+}
+
+/// How a node is lost.
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    /// SIGKILL: its sockets close, the controller declares it dead at once.
+    Kill,
+    /// SIGSTOP: it stops answering and is declared dead after the failure timeout.
+    Freeze,
+}
+
+/// Thaws a frozen node however the test ends (it is then told to leave).
+struct Thaw(Option<u32>);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.take() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
+        }
+    }
+}
+
+/// A stateless service whose only compute proclet is on node 0 loses that node while
+/// callers (Rust API threads and an HTTP client on the driver's front door) keep
+/// calling: every call is answered, none waits longer than [`HEAL_BOUND`], the service
+/// ends up served from a live node, and the driver's metrics count the replacement.
+fn stateless_service_heals(loss: Loss, name: &'static str) {
+    bounded(Duration::from_secs(90), move || {
+        let (c, nodes) = fragile_cluster(2);
+        // With the context: the replacement must get it too.
+        let svc: StatelessService<u64, String, String> = ServiceBuilder::new(name)
+            .scale(manual())
+            .stateless_with_context("v-".to_string(), tagged)
+            .expect("service starts");
+        let victim = nodes[0];
+        let first = svc.proclets()[0].id;
+        c.move_proclet(first, victim).expect("move to node 0");
+        assert_eq!(svc.proclets()[0].node, Some(victim));
+        assert_eq!(svc.call(1).expect("call before"), "v-1");
+        let driver_door = svc
+            .http_addrs()
+            .into_iter()
+            .find(|(n, _)| *n == c.node_id())
+            .expect("a front door on the driver")
+            .1;
+
+        let svc = Arc::new(svc);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ctx = granule::thread_context();
+        // (calls, failures, slowest call) per caller.
+        let api: Vec<_> = (0..3u64)
+            .map(|t| {
+                let (svc, stop, ctx) = (svc.clone(), stop.clone(), ctx.clone());
+                std::thread::spawn(move || {
+                    ctx.enter();
+                    let (mut n, mut bad, mut slowest) = (0u64, Vec::new(), Duration::ZERO);
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        let x = t * 1_000_000 + n;
+                        let t0 = Instant::now();
+                        match svc.call(x) {
+                            Ok(r) if r == format!("v-{x}") => {}
+                            other => bad.push(format!("{x}: {other:?}")),
+                        }
+                        slowest = slowest.max(t0.elapsed());
+                        n += 1;
+                    }
+                    (n, bad, slowest)
+                })
+            })
+            .collect();
+        let http = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("tokio");
+                rt.block_on(async move {
+                    let mut cl = HttpClient::connect(driver_door).await.expect("connect");
+                    let (mut n, mut bad, mut slowest) = (0u64, Vec::new(), Duration::ZERO);
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        let t0 = Instant::now();
+                        let path = format!("/v1/services/{name}");
+                        match cl.post(&path, n.to_string().as_bytes()).await {
+                            Ok((200, b)) if b == format!("\"v-{n}\"").as_bytes() => {}
+                            other => bad.push(format!("{n}: {other:?}")),
+                        }
+                        slowest = slowest.max(t0.elapsed());
+                        n += 1;
+                    }
+                    (n, bad, slowest)
+                })
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let pid = c
+            .spawned_nodes()
+            .into_iter()
+            .find(|(n, _)| *n == victim)
+            .expect("node 0's process")
+            .1;
+        let lost_at = Instant::now();
+        let _thaw = match loss {
+            Loss::Kill => {
+                c.kill_node(victim).expect("kill node 0");
+                Thaw(None)
+            }
+            Loss::Freeze => {
+                kill(Pid::from_raw(pid as i32), Signal::SIGSTOP).expect("SIGSTOP");
+                Thaw(Some(pid))
+            }
+        };
+        // Wait for the replacement, then keep calling a while on it.
+        // (A lost worker's node is unknown: `None`.)
+        let healed = |ws: &[granule::service::WorkerInfo]| {
+            ws.iter()
+                .all(|w| w.node.is_some() && w.node != Some(victim))
+        };
+        while !healed(&svc.proclets()) && lost_at.elapsed() < HEAL_BOUND {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let healed_after = lost_at.elapsed();
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let mut results: Vec<(u64, Vec<String>, Duration)> = api
+            .into_iter()
+            .map(|h| h.join().expect("api caller"))
+            .collect();
+        results.push(http.join().expect("http caller"));
+        let workers = svc.proclets();
+        eprintln!(
+            "{loss:?}: replaced after {healed_after:?}; workers now {workers:?}; \
+             calls/slowest per caller {:?}",
+            results.iter().map(|r| (r.0, r.2)).collect::<Vec<_>>()
+        );
+        assert!(
+            healed(&workers),
+            "still served from the lost node after {healed_after:?}: {workers:?}"
+        );
+        for (n, bad, slowest) in &results {
+            assert!(
+                bad.is_empty(),
+                "failed calls: {:?}",
+                &bad[..bad.len().min(5)]
+            );
+            assert!(*n > 0);
+            assert!(*slowest < HEAL_BOUND, "a call took {slowest:?}");
+        }
+        let text = driver_metrics(&c);
+        assert_eq!(
+            service_counter(&text, "granule_service_proclets_replaced_total", name),
+            Some(1.0),
+            "one replacement, however many callers saw the node go"
+        );
+        assert_eq!(
+            service_counter(&text, "granule_service_shards_lost_total", name),
+            None,
+            "a stateless service loses no state"
+        );
+        Arc::try_unwrap(svc)
+            .expect("last handle")
+            .destroy()
+            .expect("destroy after the loss");
+        c.shutdown();
+    });
+}
+
+#[test]
+fn stateless_service_heals_when_its_node_is_killed() {
+    stateless_service_heals(Loss::Kill, "heal-kill");
+}
+
+#[test]
+fn stateless_service_heals_when_its_node_freezes() {
+    stateless_service_heals(Loss::Freeze, "heal-freeze");
+}
+
+#[test]
+fn stateful_service_recreates_a_lost_shard_empty_and_counts_it() {
+    bounded(Duration::from_secs(90), || {
+        let (c, nodes) = fragile_cluster(2);
+        let name = "lost-shard";
+        let svc: StatefulService<Clients<u64, u64>, u64, u64> = ServiceBuilder::new(name)
+            .scale(manual())
+            .stateful(add)
+            .expect("service starts");
+        // Two pairs: the upper one on node 0 (to be lost), the lower one on node 1.
+        assert!(svc.split_now().expect("split"));
+        let pairs = svc.pairs().expect("pairs");
+        assert_eq!(pairs.len(), 2);
+        let (victim, keeper) = (nodes[0], nodes[1]);
+        for (i, node) in [(0, keeper), (1, victim)] {
+            c.move_proclet(pairs[i].0.id, node).expect("move compute");
+            c.move_proclet(pairs[i].1.id, node).expect("move memory");
+        }
+        assert_pairs(&svc);
+        let mid = pairs[1].0.lo;
+        const CLIENTS: u64 = 32;
+        for client in 0..CLIENTS {
+            assert_eq!(svc.call(client, 10).expect("call before"), 10);
+        }
+        let lost: Vec<u64> = (0..CLIENTS).filter(|c| routing_key(c) >= mid).collect();
+        assert!(
+            !lost.is_empty() && lost.len() < CLIENTS as usize,
+            "clients on both pairs"
+        );
+
+        c.kill_node(victim).expect("kill node 0");
+        let lost_at = Instant::now();
+        // Every client's next call is answered: 11 where the state lived on, 1 where it
+        // was lost with node 0 and started again empty.
+        let mut slowest = Duration::ZERO;
+        for client in 0..CLIENTS {
+            let t0 = Instant::now();
+            let got = svc.call(client, 1).expect("call after the loss");
+            slowest = slowest.max(t0.elapsed());
+            let want = if lost.contains(&client) { 1 } else { 11 };
+            assert_eq!(got, want, "client {client}");
+        }
+        eprintln!(
+            "all answered {:?} after the kill, slowest {slowest:?}; pairs {:?}",
+            lost_at.elapsed(),
+            svc.pairs()
+        );
+        assert!(slowest < HEAL_BOUND, "a call took {slowest:?}");
+        for client in 0..CLIENTS {
+            let want = if lost.contains(&client) { 1 } else { 11 };
+            assert_eq!(svc.client_state(&client).expect("state"), Some(want));
+        }
+        assert_pairs(&svc);
+        let pairs = svc.pairs().expect("pairs");
+        assert_eq!(pairs.len(), 2, "the same two ranges");
+        assert_eq!(pairs[1].0.lo, mid);
+        assert!(pairs
+            .iter()
+            .all(|(w, m)| w.node != Some(victim) && m.node != Some(victim)));
+        let text = driver_metrics(&c);
+        assert_eq!(
+            service_counter(&text, "granule_service_shards_lost_total", name),
+            Some(1.0),
+            "the lost shard is counted once"
+        );
+        assert_eq!(
+            service_counter(&text, "granule_service_proclets_replaced_total", name),
+            Some(1.0)
+        );
+        svc.destroy().expect("destroy after the loss");
+        c.shutdown();
+    });
+}
+
+// ----- context -------------------------------------------------------------------------
+
+/// The context test's handler: a word's count in the map the service was started with.
+fn count_of(map: &ShardedMap<String, u64>, word: String) -> u64 {
+    map.get(&word).ok().flatten().unwrap_or(0)
+}
+
+/// A service started with a `ShardedMap` handle as its context answers plain JSON (a
+/// word, no handle) through every node's front door, before and after its compute
+/// proclets split (the new ones get the context too), and sees later writes to the map.
+#[test]
+fn stateless_service_with_context_takes_plain_json_over_http() {
+    bounded(Duration::from_secs(90), || {
+        let (c, _nodes) = cluster(2);
+        let freq: ShardedMap<String, u64> = ShardedMap::new().expect("map");
+        freq.insert("fox".into(), 3).expect("insert");
+        freq.insert("dog".into(), 7).expect("insert");
+        let svc = StatelessService::start_with_context("wordfreq", freq.clone(), count_of)
+            .expect("service starts");
+        assert_eq!(svc.call("fox".into()).expect("call"), 3);
+        let doors = svc.http_addrs();
+        assert_eq!(doors.len(), 3, "a front door on the driver and both nodes");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio");
+        let ask = |word: &str| -> Vec<(u16, String)> {
+            rt.block_on(async {
+                let mut out = Vec::new();
+                for (_, addr) in &doors {
+                    let mut cl = HttpClient::connect(*addr).await.expect("connect");
+                    let body = serde_json::to_vec(word).expect("json");
+                    let (st, b) = cl
+                        .post("/v1/services/wordfreq", &body)
+                        .await
+                        .expect("http call");
+                    out.push((st, String::from_utf8_lossy(&b).into_owned()));
+                }
+                out
+            })
+        };
+        for (word, n) in [("fox", "3"), ("dog", "7"), ("cat", "0")] {
+            for (st, b) in ask(word) {
+                assert_eq!((st, b.as_str()), (200, n), "{word}");
+            }
+        }
+        // Split: calls go to compute proclets created after the start, with the context.
+        for _ in 0..3 {
+            assert!(svc.split_now().expect("split"));
+        }
+        assert_eq!(svc.proclets().len(), 4);
+        freq.insert("cat".into(), 1).expect("insert");
+        for _ in 0..8 {
+            for (st, b) in ask("cat") {
+                assert_eq!((st, b.as_str()), (200, "1"));
+            }
+        }
+        for i in 0..64 {
+            assert_eq!(svc.call("dog".into()).expect("call"), 7, "call {i}");
+        }
+        svc.destroy().expect("destroy");
         c.shutdown();
     });
 }

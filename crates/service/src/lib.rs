@@ -3,7 +3,12 @@
 //! over HTTP/JSON on every node.
 //!
 //! - [`StatelessService`]: a handler `Fn(Req) -> Resp` registered once; every call is
-//!   routed by a random 64-bit key to the compute proclet serving that key's range.
+//!   routed by a random 64-bit key to the compute proclet serving that key's range. With
+//!   a *context* ([`ServiceBuilder::stateless_with_context`],
+//!   [`StatelessService::start_with_context`]) the handler is `Fn(&C, Req) -> Resp`:
+//!   every compute proclet holds a copy of the serializable `C` (handles to the
+//!   structures the service reads, settings), so requests — and HTTP bodies — carry only
+//!   the user's own fields.
 //! - [`StatefulService`]: a handler `Fn(&mut State, Req) -> Resp` with per-client state
 //!   ([`Clients`]), or `Fn(&mut S, &Id, Req) -> Resp` over your own [`ServiceState`]
 //!   with its `split` and `merge`; calls are routed by a hash of the client id (sticky)
@@ -19,7 +24,14 @@
 //!   controller places; a stateful pair splits when its state was busy more than 90 %
 //!   of a window, [`ScaleConfig::split_busy`]), two neighbours whose summed load
 //!   averaged over 40 windows is under 0.6 core are merged. Requests are never dropped
-//!   or run twice: a call is re-sent only when it provably did not run.
+//!   or run twice while nodes live: a call is re-sent only when it provably did not run.
+//!   It also **heals**: a compute proclet whose node the controller declared dead is
+//!   replaced, for the same key range, on a live node the controller picks (once,
+//!   however many callers saw it fail), and calls that failed with the node wait and
+//!   are sent again, for at most 30 s ([`ServiceError::Lost`]): so under node loss a
+//!   stateless call is *at least once*. A stateful pair whose memory proclet was lost
+//!   starts again with an empty state (no replication), with a warning naming the service
+//!   and key range and the counter `granule_service_shards_lost_total{service}`.
 //! - `service`: the two services, their builder, the stateful pairs and how their
 //!   state splits and merges.
 //! - `http`: the front door, an axum server per node process on the node's own worker
@@ -27,8 +39,9 @@
 //!   `GET /v1/services`.
 //! - `client`: a minimal keep-alive HTTP/1.1 client for tests and benchmarks.
 //!
-//! It does not touch placement, migration or transport: its proclets are ordinary
-//! proclets of `granule-runtime`.
+//! It does not touch placement, migration, failure detection or transport: its proclets
+//! are ordinary proclets of `granule-runtime`, placed by the controller, and a node is
+//! lost when the controller says so.
 //!
 //! ```no_run
 //! use granule_service::StatelessService;
@@ -71,6 +84,10 @@ pub enum ServiceError {
     /// A call kept being turned away by merged compute proclets.
     #[error("could not route the call to a compute proclet in time")]
     Stuck,
+    /// The compute proclet serving the call (or a stateful pair's state) was lost with its
+    /// node, and no replacement served the call in time (no live node could host one?).
+    #[error("the service's proclet was lost with its node and no replacement served the call in time: {0}")]
+    Lost(CallError),
     /// A stateful service's state could not be reached, split or merged.
     #[error("client state: {0}")]
     State(String),

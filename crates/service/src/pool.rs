@@ -1,11 +1,12 @@
 //! The compute layer both services share: a *pool* of compute proclets, each serving one
 //! range of the 64-bit routing keys, the table of those ranges, the client-side routing
 //! with its cached copy of the table, and the scaler that splits a busy proclet's range
-//! and merges idle neighbours.
+//! and merges idle neighbours, and replaces those lost with their nodes.
 //!
 //! **Compute proclets hold no request state.** A worker proclet holds only the service's
-//! context (nothing for a stateless service; the handle of its paired memory proclet for
-//! a stateful one, see [`Context`]) and its counters: the load its handlers caused and
+//! context (a stateless service's: the value it was started with, `()` by default; a
+//! stateful one's: the handle of its paired memory proclet, see [`Context`]) and its
+//! counters: the load its handlers caused and
 //! the table version it was last told. A client whose cached table is stale still
 //! reaches a live worker, which serves the call or turns it away unrun: routing is
 //! *sticky* (the same key goes to the same worker while the table stands), never a
@@ -28,7 +29,25 @@
 //! worker refuses calls before running anything (`CallError::ProcletGone`). Any other
 //! failure is returned to the caller, never retried. Workers answer with the router's
 //! [`granule_router::Answer`] (served, or not run), and the router's loop re-sends only
-//! what provably did not run.
+//! what provably did not run. The one exception is a lost node (below).
+//!
+//! **Healing.** A worker whose node the controller declared dead (killed, or silent for
+//! longer than the failure timeout) is replaced by the scaler: a new worker, placed by
+//! the controller on a live node, takes the same key range, and the table names it.
+//! The scaler notices on its own (the worker's load cannot be read; the controller
+//! confirms the node is dead) and at once when a caller in any process finds the node
+//! gone (the caller rings the scaler through the table proclet, which lives in the
+//! scaler's process). Only the scaler writes the table, under its lock, so a lost
+//! worker is replaced once however many callers saw it fail. Callers that got
+//! `CallError::NodeUnreachable` wait, catch up with the table and send the call again,
+//! for at most [`HEAL_PATIENCE`] ([`ServiceError::Lost`] then). So a stateless call
+//! is *at least once* under node loss: a call that was running on the lost node may
+//! have had effects outside it (writes to other proclets) before the node died, and
+//! runs again on the replacement. A context that is lost too (a stateful pair's memory
+//! proclet: its clients' state) is re-created empty through [`Context::renew`], with a
+//! warning naming the service and the key range and the counter
+//! `granule_service_shards_lost_total{service}`; every replacement counts in
+//! `granule_service_proclets_replaced_total{service}`.
 //!
 //! **Load** is the thread CPU time (`CLOCK_THREAD_CPUTIME_ID`, read through
 //! `granule_host::proc::thread_cpu_time`) spent inside the user's handler, summed over
@@ -43,10 +62,11 @@ use granule_router::{
     RetryPolicy, RouteError, Router, Trigger,
 };
 use granule_runtime::{CallError, Kind, NodeId, Proclet, ProcletId, ProcletState, Wire};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 /// When the scaler splits and merges, and how often it looks.
@@ -170,9 +190,34 @@ pub(crate) trait Context: ProcletState + Clone + Sync {
     fn release(&self) -> Result<(), ServiceError> {
         Ok(())
     }
+    /// The node whose loss took what this context owns with it, if it was lost (the
+    /// controller declared its node dead). Asks the controller: called only for a worker
+    /// suspected lost.
+    fn lost(&self) -> Option<NodeId> {
+        None
+    }
+    /// A context serving the keys `lo..hi` in place of this lost one, on `node` (a
+    /// stateful pair: a new memory proclet there, with an empty state). Called only when
+    /// [`Context::lost`] said so.
+    fn renew(&self, lo: u64, hi: u128, node: Option<NodeId>) -> Result<Self, ServiceError> {
+        let _ = (lo, hi, node);
+        Ok(self.clone())
+    }
 }
 
-impl Context for () {}
+/// Whether a call failed because the node it went to is lost or cannot be reached.
+pub(crate) fn node_lost(e: &CallError) -> bool {
+    matches!(e, CallError::NodeUnreachable { .. })
+}
+
+/// The node a location lookup found dead (the controller's word: only it says a
+/// proclet's node is dead), if it did.
+pub(crate) fn dead_node(loc: Result<NodeId, CallError>) -> Option<NodeId> {
+    match loc {
+        Err(CallError::NodeUnreachable { node, .. }) => Some(node),
+        _ => None,
+    }
+}
 
 /// Counters a worker keeps for the scaler (not moved with the worker: a moved worker
 /// starts from zero, which the scaler notices).
@@ -182,6 +227,9 @@ pub struct Meter {
     calls: AtomicU64,
     version: AtomicU64,
     retired: AtomicBool,
+    /// A call found the context's own proclet (a stateful pair's memory half) on a lost
+    /// node: the scaler checks the context at its next reading.
+    ctx_lost: AtomicBool,
 }
 
 /// The state of a compute proclet of a service: the service's context and its meter.
@@ -206,6 +254,12 @@ impl<C: ProcletState> Worker<C> {
     pub(crate) fn charge(&self, ns: u64) {
         self.meter.cpu_ns.fetch_add(ns, Ordering::Relaxed);
         self.meter.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Tell the scaler (at its next reading) that a call found the context's own proclet
+    /// unreachable.
+    pub(crate) fn context_lost(&self) {
+        self.meter.ctx_lost.store(true, Ordering::Relaxed);
     }
 
     /// Run `f` and charge the CPU time the calling thread spent in it to this worker.
@@ -237,26 +291,75 @@ fn mono_ns() -> u64 {
     EPOCH.elapsed().as_nanos() as u64
 }
 
-/// What a worker answers a routed call: served (the result and the table version the
-/// worker knows), or not run (retired, or its context no longer serves the key: the
-/// argument comes back). Workers never answer stale, busy or moved: a stale client
-/// still reaches a live worker, which serves or turns the call away unrun.
-type Reply<R, A, C> = Answer<(R, u64), A, Proclet<Worker<C>>>;
+/// What a worker answers a routed call: served (the result, or the context found lost,
+/// and the table version the worker knows), or not run (retired, or its context no
+/// longer serves the key: the argument comes back). Workers never answer stale, busy or
+/// moved: a stale client still reaches a live worker, which serves or turns the call
+/// away unrun.
+type Reply<R, A, C> = Answer<(Result<R, CallError>, u64), A, Proclet<Worker<C>>>;
+
+/// Why a worker did not serve a call (what `via` answers instead of a result).
+pub(crate) enum Unserved<A> {
+    /// The worker's context no longer serves the key: the call did not run, here is its
+    /// argument.
+    NotRun(A),
+    /// The context's own proclet is on a lost node (the worker flagged it for the
+    /// scaler): the call is sent again once the scaler replaced the pair.
+    Lost(CallError),
+}
 
 /// The wrapper every routed call runs in on a worker. `via` runs the call, or hands the
-/// argument back unrun (`Err`) when the worker's context no longer serves its key.
+/// argument back unrun when the worker's context no longer serves its key.
 fn on_worker<C, A, R, F, W>(w: &Worker<C>, a: A, (f, via): &(F, W)) -> Reply<R, A, C>
 where
     C: ProcletState,
-    W: Fn(&Worker<C>, A, &F) -> Result<R, A>,
+    W: Fn(&Worker<C>, A, &F) -> Result<R, Unserved<A>>,
 {
     let version = w.meter.version.load(Ordering::Relaxed);
     if w.meter.retired.load(Ordering::Acquire) {
         return Answer::NotRun(a);
     }
     match via(w, a, f) {
-        Ok(r) => Answer::Served((r, version)),
-        Err(a) => Answer::NotRun(a),
+        Ok(r) => Answer::Served((Ok(r), version)),
+        Err(Unserved::NotRun(a)) => Answer::NotRun(a),
+        Err(Unserved::Lost(e)) => Answer::Served((Err(e), version)),
+    }
+}
+
+// ----- waking a scaler -----------------------------------------------------------------
+
+/// Wakes a scaler before its window ends: a caller found a worker's node gone, and the
+/// scaler should look now rather than at its next reading (windows may be long).
+#[derive(Default)]
+struct Bell {
+    rung: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Bell {
+    fn ring(&self) {
+        *self.rung.lock() = true;
+        self.cv.notify_one();
+    }
+
+    /// Wait up to `d` for a ring; whether it rang.
+    fn wait(&self, d: Duration) -> bool {
+        let mut rung = self.rung.lock();
+        if !*rung {
+            self.cv.wait_for(&mut rung, d);
+        }
+        std::mem::take(&mut *rung)
+    }
+}
+
+/// The bells of the scalers of this process, by their table proclet's id: a caller in
+/// any process rings one by running a closure on the table proclet, which lives next to
+/// its scaler.
+static BELLS: LazyLock<Mutex<HashMap<ProcletId, Arc<Bell>>>> = LazyLock::new(Default::default);
+
+fn ring(table: ProcletId) {
+    if let Some(b) = BELLS.lock().get(&table) {
+        b.ring();
     }
 }
 
@@ -293,6 +396,16 @@ const ROUTE: RetryPolicy = RetryPolicy {
     max_wait: Duration::from_micros(100),
 };
 
+/// How long a call waits for a worker lost with its node to be replaced (the scaler
+/// does so within a window of the controller declaring the node dead, itself within the
+/// failure timeout), sending it again as soon as the table names the replacement.
+pub(crate) const HEAL_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The first wait before sending a call whose worker's node was lost again; it doubles
+/// up to [`HEAL_MAX_WAIT`].
+const HEAL_MIN_WAIT: Duration = Duration::from_millis(1);
+const HEAL_MAX_WAIT: Duration = Duration::from_millis(50);
+
 /// A handle to a pool: routes calls. Serializable (front doors on other nodes get one;
 /// they start with an empty cache). Clones share the cache.
 #[derive(Serialize, Deserialize)]
@@ -323,8 +436,29 @@ impl<C: ProcletState + Clone> Pool<C> {
             b = b.on(n);
         }
         let first = b.create(ctx, |c: C| Worker::new(c))?;
-        let table = Proclet::builder(Kind::Memory)
-            .create(first, |w: Proclet<Worker<C>>| WorkerLog::<C>::whole(w))?;
+        // The table lives (and stays) next to the scaler, in the process that starts the
+        // service: callers ring the scaler through it, and it must not be lost with
+        // another node (the service is gone with this process anyway). A node that
+        // cannot host it (no memory budget): where the controller places memory; the
+        // scaler then only notices lost workers at its own readings.
+        let whole = |w: Proclet<Worker<C>>| WorkerLog::<C>::whole(w);
+        let here = granule_runtime::here().map(|n| {
+            Proclet::builder(Kind::Memory)
+                .on(n)
+                .pinned()
+                .create(first.clone(), whole)
+        });
+        let table = match here {
+            Some(Ok(t)) => Ok(t),
+            _ => Proclet::builder(Kind::Memory).create(first.clone(), whole),
+        };
+        let table = match table {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = first.destroy();
+                return Err(e.into());
+            }
+        };
         Ok(Pool {
             router: Router::new(table),
         })
@@ -342,7 +476,10 @@ fn route_error(e: RouteError) -> ServiceError {
 
 impl<C: ProcletState> Pool<C> {
     /// Run `via(&worker, arg, &f)` on the worker serving `key` (both capture nothing);
-    /// `via` hands the argument back (`Err`) to have the call routed again.
+    /// `via` hands the argument back ([`Unserved::NotRun`]) to have the call routed
+    /// again. A call whose worker (or its context) was lost with its node is sent again
+    /// once the scaler replaced it (see the module docs: at least once), for at most
+    /// [`HEAL_PATIENCE`].
     pub(crate) async fn call<A, R, F, W>(
         &self,
         key: u64,
@@ -354,27 +491,59 @@ impl<C: ProcletState> Pool<C> {
         A: Wire + Clone,
         R: Wire,
         F: Copy + Send + Sync + 'static,
-        W: Fn(&Worker<C>, A, &F) -> Result<R, A> + Copy + Send + Sync + 'static,
+        W: Fn(&Worker<C>, A, &F) -> Result<R, Unserved<A>> + Copy + Send + Sync + 'static,
     {
-        let ((r, version), _) = self
-            .router
-            .route_async(
-                &key,
-                arg,
-                ROUTE,
-                |w: &Proclet<Worker<C>>, a| {
-                    w.run_ref_with_async(a, (f, via), on_worker::<C, A, R, F, W>)
-                },
-                // Workers never answer busy: there is no change to finish.
-                |_: &Proclet<Worker<C>>| std::future::ready(Ok::<(), RouteError>(())),
-            )
-            .await
-            .map_err(route_error)?;
-        // The worker knows a newer table: learn of the split or merge now, once.
-        if let Err(e) = self.router.catch_up_to(version).await {
-            tracing::debug!("refreshing a service's table failed: {e}");
+        let mut healing: Option<(Instant, Duration)> = None;
+        loop {
+            let routed = self
+                .router
+                .route_async(
+                    &key,
+                    arg.clone(),
+                    ROUTE,
+                    |w: &Proclet<Worker<C>>, a| {
+                        w.run_ref_with_async(a, (f, via), on_worker::<C, A, R, F, W>)
+                    },
+                    // Workers never answer busy: there is no change to finish.
+                    |_: &Proclet<Worker<C>>| std::future::ready(Ok::<(), RouteError>(())),
+                )
+                .await;
+            let lost = match routed {
+                Ok(((Ok(r), version), _)) => {
+                    // The worker knows a newer table: learn of the split or merge now, once.
+                    if let Err(e) = self.router.catch_up_to(version).await {
+                        tracing::debug!("refreshing a service's table failed: {e}");
+                    }
+                    return Ok(r);
+                }
+                Ok(((Err(e), _), _)) => e,
+                Err(RouteError::Call(e)) if node_lost(&e) => e,
+                Err(e) => return Err(route_error(e)),
+            };
+            let (since, wait) = healing.get_or_insert((Instant::now(), HEAL_MIN_WAIT));
+            if since.elapsed() >= HEAL_PATIENCE {
+                return Err(ServiceError::Lost(lost));
+            }
+            let pause = *wait;
+            *wait = (*wait * 2).min(HEAL_MAX_WAIT);
+            self.ring_scaler().await;
+            tokio::time::sleep(pause).await;
+            if let Err(e) = self.router.refresh_async().await {
+                tracing::debug!("refreshing a service's table failed: {e}");
+            }
         }
-        Ok(r)
+    }
+
+    /// Ask the pool's scaler to look at its workers now (it runs in the process that
+    /// holds the table proclet).
+    pub(crate) async fn ring_scaler(&self) {
+        let table = self.router.map();
+        if let Err(e) = table
+            .run_ref_async(table.id(), |_: &WorkerLog<C>, id: ProcletId| ring(id))
+            .await
+        {
+            tracing::debug!("ringing a service's scaler failed: {e}");
+        }
     }
 
     /// The workers in key order, with where their ranges start, as the table says now.
@@ -388,13 +557,16 @@ impl<C: ProcletState> Pool<C> {
         C: Context,
     {
         for (_, w) in self.workers()? {
+            // A worker lost with its node has nothing left to destroy.
             let ctx = match w.run_ref((), |w: &Worker<C>, ()| w.ctx.clone()) {
                 Ok(c) => Some(c),
                 Err(CallError::ProcletGone(_)) => None,
+                Err(e) if node_lost(&e) => None,
                 Err(e) => return Err(e.into()),
             };
             match w.destroy() {
                 Ok(()) | Err(CallError::ProcletGone(_)) => {}
+                Err(e) if node_lost(&e) => {}
                 Err(e) => return Err(e.into()),
             }
             if let Some(c) = ctx {
@@ -427,6 +599,11 @@ struct ScalerState<C: ProcletState> {
     last: std::collections::HashMap<ProcletId, (u64, u64, u64, (f64, u64))>,
     /// Splits and merges by CPU used (cooldowns and the pairs' moving averages inside).
     trigger: Box<dyn Trigger<Load = f64> + Send>,
+    /// Every worker's context (by id): a worker's context never changes while it is in
+    /// the table, and a worker lost with its node cannot be asked for it.
+    ctxs: HashMap<ProcletId, C>,
+    /// The last failure to replace a lost worker (logged once, not every window).
+    heal_error: Option<String>,
 }
 
 impl<C: ProcletState> ScalerState<C> {
@@ -465,8 +642,12 @@ impl ScaleConfig {
 /// Shared between a service's handle and its scaler thread.
 pub(crate) struct Scaler<C: ProcletState> {
     pool: Pool<C>,
-    /// How operators see the service (`"service NAME"`) in events and metrics.
+    /// The service's name (the `service` label of its metrics).
+    name: String,
+    /// How operators see the service (`"service NAME"`) in events and proclet groups.
     label: String,
+    /// Rung by callers that found a worker's node gone.
+    bell: Arc<Bell>,
     config: ScaleConfig,
     state: Mutex<ScalerState<C>>,
     timeline: Mutex<Timeline>,
@@ -477,6 +658,19 @@ pub(crate) struct Scaler<C: ProcletState> {
 impl<C: ProcletState> Scaler<C> {
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
+        BELLS.lock().remove(&self.pool.router.map().id());
+        self.bell.ring();
+    }
+
+    /// Look at the workers now (a caller in this process found a node gone).
+    pub(crate) fn wake(&self) {
+        self.bell.ring();
+    }
+}
+
+impl<C: ProcletState> Drop for Scaler<C> {
+    fn drop(&mut self) {
+        BELLS.lock().remove(&self.pool.router.map().id());
     }
 }
 
@@ -485,7 +679,7 @@ impl<C: Context> Scaler<C> {
     pub(crate) fn start(
         pool: Pool<C>,
         config: ScaleConfig,
-        label: String,
+        name: String,
     ) -> Result<(Arc<Scaler<C>>, std::thread::JoinHandle<()>), ServiceError> {
         let mut table = Replica::new();
         let update = pool
@@ -494,15 +688,26 @@ impl<C: Context> Scaler<C> {
             .run_ref(0u64, |t: &WorkerLog<C>, from: u64| t.since(from))
             .map_err(ServiceError::from)?;
         table.catch_up(0, update);
+        let mut ctxs = HashMap::new();
+        for (_, w) in table.table().to_vec() {
+            let ctx = w.run_ref((), |w: &Worker<C>, ()| w.ctx.clone())?;
+            ctxs.insert(w.id(), ctx);
+        }
         let trigger = Box::new(config.trigger(C::SERIAL));
+        let bell = Arc::new(Bell::default());
+        BELLS.lock().insert(pool.router.map().id(), bell.clone());
         let s = Arc::new(Scaler {
-            label,
+            label: format!("service {name}"),
+            name,
+            bell,
             pool,
             config,
             state: Mutex::new(ScalerState {
                 table,
                 last: Default::default(),
                 trigger,
+                ctxs,
+                heal_error: None,
             }),
             timeline: Mutex::new(Timeline::default()),
             started: Instant::now(),
@@ -524,12 +729,11 @@ impl<C: Context> Scaler<C> {
         let mut next = Instant::now() + self.config.window;
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
-            if next > now {
-                std::thread::sleep(next - now);
-            }
+            let rung = next > now && self.bell.wait(next - now);
             next += self.config.window;
-            // Fell behind (a split takes longer than a window): do not try to catch up.
-            if next < Instant::now() {
+            // Fell behind (a split takes longer than a window), or woken early: the next
+            // window starts now.
+            if rung || next < Instant::now() {
                 next = Instant::now() + self.config.window;
             }
             if self.stop.load(Ordering::Acquire) {
@@ -547,12 +751,13 @@ impl<C: Context> Scaler<C> {
         self.timeline.lock().clone()
     }
 
-    /// Read every worker's load (telling it the table version), then split or merge as
-    /// the trigger decides (one action per window).
+    /// Read every worker's load (telling it the table version), replace the workers lost
+    /// with their nodes, else split or merge as the trigger decides (one action per
+    /// window).
     fn tick(&self) -> Result<(), ServiceError> {
         let mut st = self.state.lock();
         let ranges = st.ranges();
-        let loads = self.measure(&mut st, &ranges)?;
+        let (loads, suspects) = self.measure(&mut st, &ranges)?;
         let calls: u64 = loads.iter().map(|l| l.1).sum();
         let loads: Vec<f64> = loads.into_iter().map(|l| l.0).collect();
         {
@@ -567,6 +772,31 @@ impl<C: Context> Scaler<C> {
                 loads: loads.clone(),
                 calls,
             });
+        }
+        if !suspects.is_empty() {
+            // Healing is not scaling: it runs with `auto` off too. This window's readings
+            // are not to be trusted (an unreadable worker reads as idle): no split or
+            // merge on them.
+            for i in suspects {
+                let (lo, old) = &ranges[i];
+                match self.heal_at(&mut st, *lo, old) {
+                    Ok(_) => st.heal_error = None,
+                    Err(ServiceError::Call(CallError::NoCluster)) => {
+                        return Err(CallError::NoCluster.into())
+                    }
+                    Err(e) => {
+                        let e = e.to_string();
+                        if st.heal_error.as_ref() != Some(&e) {
+                            tracing::warn!(
+                                service = %self.name,
+                                "a compute proclet lost with its node could not be replaced yet (retrying every window): {e}"
+                            );
+                            st.heal_error = Some(e);
+                        }
+                    }
+                }
+            }
+            return Ok(());
         }
         if !self.config.auto {
             return Ok(());
@@ -604,12 +834,15 @@ impl<C: Context> Scaler<C> {
         });
     }
 
-    /// Each worker's (load, calls) over the window since the last reading.
+    /// Each worker's (load, calls) over the window since the last reading, and the
+    /// workers suspected lost (by index): unreachable, or flagged by a call that found
+    /// their context's proclet unreachable.
+    #[allow(clippy::type_complexity)]
     fn measure(
         &self,
         st: &mut ScalerState<C>,
         ranges: &[Range<C>],
-    ) -> Result<Vec<(f64, u64)>, ServiceError> {
+    ) -> Result<(Vec<(f64, u64)>, Vec<usize>), ServiceError> {
         let version = st.table.version();
         let reads = ranges.iter().map(|(_, w)| {
             w.run_ref_async(version, |w: &Worker<C>, v: u64| {
@@ -618,16 +851,26 @@ impl<C: Context> Scaler<C> {
                     w.meter.cpu_ns.load(Ordering::Relaxed),
                     w.meter.calls.load(Ordering::Relaxed),
                     mono_ns(),
+                    w.meter.ctx_lost.swap(false, Ordering::Relaxed),
                 )
             })
         });
         let got = granule_runtime::block_on(futures::future::join_all(reads));
         let mut out = Vec::with_capacity(got.len());
-        for ((_, w), r) in ranges.iter().zip(got) {
+        let mut suspects = Vec::new();
+        for (i, ((_, w), r)) in ranges.iter().zip(got).enumerate() {
             let (cpu, calls, at) = match r {
-                Ok(v) => v,
+                Ok((cpu, calls, at, ctx_lost)) => {
+                    if ctx_lost {
+                        suspects.push(i);
+                    }
+                    (cpu, calls, at)
+                }
                 Err(CallError::NoCluster) => return Err(CallError::NoCluster.into()),
                 Err(e) => {
+                    if node_lost(&e) {
+                        suspects.push(i);
+                    }
                     tracing::debug!(worker = %w.id(), "reading a service worker's load: {e}");
                     out.push((0.0, 0));
                     continue;
@@ -657,7 +900,104 @@ impl<C: Context> Scaler<C> {
             st.last.insert(w.id(), (cpu, calls, at, now));
             out.push(now);
         }
-        Ok(out)
+        Ok((out, suspects))
+    }
+
+    /// Replace the worker `old` serving the range from `lo` if the controller declared
+    /// its node (or its context's) dead: a new worker where the controller places
+    /// compute, with the old context if it survived, else a new one ([`Context::renew`]:
+    /// a stateful pair's clients start again empty, which is logged and counted). Returns
+    /// whether it replaced it (not when the worker was only slow, or its node is not
+    /// declared dead yet: the next window looks again).
+    fn heal_at(
+        &self,
+        st: &mut ScalerState<C>,
+        lo: Option<u64>,
+        old: &Proclet<Worker<C>>,
+    ) -> Result<bool, ServiceError> {
+        let worker_lost = dead_node(old.location());
+        let ctx = match st.ctxs.get(&old.id()) {
+            Some(c) => c.clone(),
+            None => old.run_ref((), |w: &Worker<C>, ()| w.ctx.clone())?,
+        };
+        let ctx_lost = ctx.lost();
+        if worker_lost.is_none() && ctx_lost.is_none() {
+            return Ok(false);
+        }
+        let start = first_key(&lo);
+        let hi = end_key(st.table.table(), &lo);
+        // Not in the table yet: no call reaches it before its context is its own.
+        let w = Proclet::builder(Kind::Compute)
+            .group(self.label.clone())
+            .create(ctx.clone(), |c: C| Worker::new(c))?;
+        let node = w.location().ok();
+        let ctx = match ctx_lost {
+            None => ctx,
+            Some(_) => {
+                let fresh = match ctx.renew(start, hi, node) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let _ = w.destroy();
+                        return Err(e);
+                    }
+                };
+                if let Err(e) = w.run(fresh.clone(), |w: &mut Worker<C>, c: C| w.ctx = c) {
+                    let _ = w.destroy();
+                    let _ = fresh.release();
+                    return Err(e.into());
+                }
+                fresh
+            }
+        };
+        if let Err(e) = self.publish(
+            st,
+            Change::Set {
+                lo,
+                target: w.clone(),
+            },
+        ) {
+            let _ = w.destroy();
+            if ctx_lost.is_some() {
+                let _ = ctx.release();
+            }
+            return Err(e);
+        }
+        st.ctxs.remove(&old.id());
+        st.ctxs.insert(w.id(), ctx);
+        st.last.remove(&old.id());
+        if worker_lost.is_none() {
+            // The old worker lives on (only its context was lost): retire it (handlers in
+            // flight finish; later calls are turned away and catch up with the table).
+            let v = st.table.version();
+            let _ = old.run(v, |w: &mut Worker<C>, v: u64| {
+                w.meter.version.store(v, Ordering::Relaxed);
+                w.meter.retired.store(true, Ordering::Release);
+            });
+        }
+        // The controller forgets it (a lost worker's destroy may fail: nothing is left).
+        let _ = old.destroy();
+        let range = format!("{start:#018x}..{hi:#x}");
+        let lost_on = worker_lost.or(ctx_lost);
+        let on = node.map_or_else(|| "?".into(), |n| n.to_string());
+        tracing::warn!(
+            service = %self.name,
+            "compute proclet {} (key range {range}) was lost with node {}; {} on node {on} serves the range now",
+            old.id(),
+            lost_on.map_or_else(|| "?".into(), |n| n.to_string()),
+            w.id(),
+        );
+        granule_telemetry::install();
+        metrics::counter!("granule_service_proclets_replaced_total", "service" => self.name.clone())
+            .increment(1);
+        if let Some(n) = ctx_lost {
+            tracing::warn!(
+                service = %self.name,
+                "the state of the clients in key range {range} was lost with node {n}: they start again empty (services do not replicate state)"
+            );
+            metrics::counter!("granule_service_shards_lost_total", "service" => self.name.clone())
+                .increment(1);
+        }
+        Ok(true)
     }
 
     /// Split worker `i`'s range in halves; the upper half goes to a new worker placed by
@@ -686,6 +1026,7 @@ impl<C: Context> Scaler<C> {
                 return Err(e);
             }
         };
+        let new_ctx = own.clone().unwrap_or_else(|| ctx.clone());
         if let Some(own) = own {
             if let Err(e) = w.run(own.clone(), |w: &mut Worker<C>, c: C| w.ctx = c) {
                 // Give the upper keys back to the old worker's context.
@@ -702,6 +1043,7 @@ impl<C: Context> Scaler<C> {
                 target: w.clone(),
             },
         )?;
+        st.ctxs.insert(w.id(), new_ctx);
         st.trigger.done(Done::Split {
             old: old.id().0,
             new: w.id().0,
@@ -754,6 +1096,7 @@ impl<C: Context> Scaler<C> {
             right: right.id().0,
         });
         st.last.remove(&right.id());
+        st.ctxs.remove(&right.id());
         granule_runtime::telemetry::record_merge(
             "service",
             self.label.clone(),
@@ -889,6 +1232,46 @@ mod tests {
                 max_ranges: 64
             }
         );
+    }
+
+    #[test]
+    fn only_the_controllers_word_makes_a_node_dead() {
+        let down = CallError::NodeUnreachable {
+            node: NodeId(4),
+            reason: "the controller declared it dead".into(),
+        };
+        assert!(node_lost(&down));
+        assert_eq!(dead_node(Err(down)), Some(NodeId(4)));
+        assert_eq!(dead_node(Ok(NodeId(4))), None);
+        let gone = CallError::ProcletGone(ProcletId(9));
+        assert!(!node_lost(&gone));
+        assert_eq!(dead_node(Err(gone)), None);
+        assert!(!node_lost(&CallError::Timeout(Duration::from_secs(1))));
+    }
+
+    #[test]
+    fn a_rung_bell_wakes_its_scaler_once_and_only_its_own() {
+        let b = Bell::default();
+        // Not rung: the wait times out.
+        assert!(!b.wait(Duration::from_millis(1)));
+        // Rung before the wait (the caller was faster): the wait returns at once, once.
+        b.ring();
+        let t = Instant::now();
+        assert!(b.wait(Duration::from_secs(10)));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert!(!b.wait(Duration::from_millis(1)));
+        // Rung by table id, from another thread, while waiting.
+        let b = Arc::new(Bell::default());
+        let table = ProcletId(u64::MAX - 7);
+        BELLS.lock().insert(table, b.clone());
+        let ringer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            ring(ProcletId(u64::MAX - 8)); // another service's table: not ours
+            ring(table);
+        });
+        assert!(b.wait(Duration::from_secs(10)));
+        ringer.join().expect("ringer");
+        BELLS.lock().remove(&table);
     }
 
     #[test]

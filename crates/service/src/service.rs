@@ -2,7 +2,8 @@
 //! installation, and the handle's common operations.
 //!
 //! - [`StatelessService`]: the handler is registered once; every call gets a random 64-bit
-//!   routing key and runs on the worker serving it.
+//!   routing key and runs on the worker serving it. The service's context (`()`, or the
+//!   value it was started with) is every worker's own copy, which the handler borrows.
 //! - [`StatefulService`]: every call names a client; its routing key is a hash of the
 //!   client id, so a client's calls go to the same pair while the table stands (sticky).
 //!   The service is a row of compute+memory *pairs*, one per routing-key range: the
@@ -19,7 +20,9 @@
 //!   your own.
 
 use crate::http::{self, encode, parse_body, parse_id, Dispatch, HttpError};
-use crate::pool::{Pool, ScaleConfig, Scaler, Timeline, Worker, WorkerInfo};
+use crate::pool::{
+    dead_node, node_lost, Pool, ScaleConfig, Scaler, Timeline, Unserved, Worker, WorkerInfo,
+};
 use crate::ServiceError;
 use futures::future::BoxFuture;
 use granule_runtime::{CallError, Kind, NodeId, NodeState, Proclet, ProcletState, Wire};
@@ -107,13 +110,77 @@ impl ServiceBuilder {
         Resp: Wire,
         F: Fn(Req) -> Resp + Copy + Send + Sync + 'static,
     {
+        self.start_stateless((), Plain(handler))
+    }
+
+    /// Start a stateless service whose handlers all receive `ctx`: `handler(&ctx, req)`
+    /// runs on whichever compute proclet serves the call's random routing key. The
+    /// context is what requests should not have to carry (handles to the structures the
+    /// service reads, settings): every compute proclet holds a copy — it travels to
+    /// those that splits and healing create later — so it must be serializable, and it
+    /// is read-only (a handle inside it reaches shared state). Requests, from Rust or as
+    /// plain JSON over HTTP, carry only the user's own fields. The handler captures
+    /// nothing.
+    ///
+    /// ```no_run
+    /// use granule_runtime::{Kind, Proclet};
+    /// use granule_service::ServiceBuilder;
+    /// use std::collections::BTreeMap;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let _cluster = granule_runtime::Cluster::start()?;
+    /// // Any proclet handle (or a sharded structure's) is a plain serializable value.
+    /// let prices = Proclet::create(Kind::Memory, (), |()| {
+    ///     BTreeMap::from([("apple".to_string(), 3u64), ("pear".to_string(), 5)])
+    /// })?;
+    /// let svc = ServiceBuilder::new("price").stateless_with_context(
+    ///     prices,
+    ///     |prices: &Proclet<BTreeMap<String, u64>>, item: String| {
+    ///         prices.run_ref(item, |m: &BTreeMap<String, u64>, item: String| m.get(&item).copied())
+    ///             .ok()
+    ///             .flatten()
+    ///     },
+    /// )?;
+    /// assert_eq!(svc.call("pear".into())?, Some(5));
+    /// // Over HTTP the body is the request alone: curl -d '"pear"' http://ADDR/v1/services/price
+    /// svc.destroy()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn stateless_with_context<C, Req, Resp, F>(
+        self,
+        ctx: C,
+        handler: F,
+    ) -> Result<StatelessService<Req, Resp, C>, ServiceError>
+    where
+        C: ProcletState + Clone,
+        Req: Wire + Clone + Sync,
+        Resp: Wire,
+        F: Fn(&C, Req) -> Resp + Copy + Send + Sync + 'static,
+    {
+        self.start_stateless(ctx, WithContext(handler))
+    }
+
+    fn start_stateless<C, Req, Resp, H>(
+        self,
+        ctx: C,
+        handler: H,
+    ) -> Result<StatelessService<Req, Resp, C>, ServiceError>
+    where
+        C: ProcletState + Clone,
+        Req: Wire + Clone + Sync,
+        Resp: Wire,
+        H: StatelessHandler<C, Req, Resp>,
+    {
         self.check_name()?;
-        let pool = Pool::create((), None, &format!("service {}", self.name))?;
-        let (scaler, thread) = Scaler::start(
-            pool.clone(),
-            self.scale.clone(),
-            format!("service {}", self.name),
-        )?;
+        let pool = Pool::create(Shared(ctx), None, &format!("service {}", self.name))?;
+        let (scaler, thread) =
+            match Scaler::start(pool.clone(), self.scale.clone(), self.name.clone()) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = pool.destroy();
+                    return Err(e);
+                }
+            };
         let mut common = Common {
             name: self.name.clone(),
             scaler,
@@ -125,7 +192,7 @@ impl ServiceBuilder {
                 door.run_ref_with(
                     (pool.clone(), ip, port),
                     handler,
-                    install_stateless::<Req, Resp, F>,
+                    install_stateless::<C, Req, Resp, H>,
                 )
             }) {
                 let _ = common.destroy();
@@ -136,7 +203,7 @@ impl ServiceBuilder {
         let invoke: Invoke<u64, Req, Resp> = Arc::new(move |key: u64, req: Req| {
             let p = p.clone();
             Box::pin(async move {
-                p.call(key, req, handler, stateless_via::<Req, Resp, F>)
+                p.call(key, req, handler, stateless_via::<C, Req, Resp, H>)
                     .await
             })
         });
@@ -211,17 +278,14 @@ impl ServiceBuilder {
                 return Err(e);
             }
         };
-        let (scaler, thread) = match Scaler::start(
-            pool.clone(),
-            self.scale.clone(),
-            format!("service {}", self.name),
-        ) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = pool.destroy();
-                return Err(e);
-            }
-        };
+        let (scaler, thread) =
+            match Scaler::start(pool.clone(), self.scale.clone(), self.name.clone()) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = pool.destroy();
+                    return Err(e);
+                }
+            };
         let mut common = Common {
             name: self.name.clone(),
             scaler,
@@ -345,6 +409,7 @@ impl<C: crate::pool::Context> Common<C> {
     fn destroy(&self) -> Result<(), ServiceError> {
         self.stop_scaler();
         for (_, door, _) in &self.doors {
+            // A door lost with its node is gone with its front door.
             let r = door.run_ref((), |d: &Door, ()| {
                 if let Ok((key, _)) = node_key() {
                     http::unregister(&key, &d.name);
@@ -352,10 +417,12 @@ impl<C: crate::pool::Context> Common<C> {
             });
             match r {
                 Ok(()) | Err(CallError::ProcletGone(_)) => {}
+                Err(e) if node_lost(&e) => continue,
                 Err(e) => return Err(e.into()),
             }
             match door.destroy() {
                 Ok(()) | Err(CallError::ProcletGone(_)) => {}
+                Err(e) if node_lost(&e) => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -411,14 +478,21 @@ macro_rules! common_methods {
 // ----- the stateless service -------------------------------------------------------------
 
 /// A stateless service (see the [module docs](self)). Started with
-/// [`StatelessService::start`] or [`ServiceBuilder::stateless`]; the handle that started
-/// it runs its scaler, which stops when the handle is dropped or destroyed.
-pub struct StatelessService<Req, Resp> {
-    common: Common<()>,
+/// [`StatelessService::start`] or [`ServiceBuilder::stateless`], or with a context `C`
+/// that every handler receives ([`StatelessService::start_with_context`],
+/// [`ServiceBuilder::stateless_with_context`]); the handle that started it runs its
+/// scaler, which stops when the handle is dropped or destroyed.
+///
+/// A compute proclet lost with its node is replaced on a live node, and calls meanwhile
+/// wait and are sent again: under node loss a call may run twice (once on the lost node,
+/// whatever it did to other proclets before the node died, and once on the replacement;
+/// see [`ServiceError::Lost`] for when they give up).
+pub struct StatelessService<Req, Resp, C: ProcletState = ()> {
+    common: Common<Shared<C>>,
     invoke: Invoke<u64, Req, Resp>,
 }
 
-impl<Req, Resp> fmt::Debug for StatelessService<Req, Resp> {
+impl<Req, Resp, C: ProcletState> fmt::Debug for StatelessService<Req, Resp, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StatelessService")
             .field("name", &self.common.name)
@@ -433,6 +507,26 @@ impl<Req: Wire + Clone + Sync, Resp: Wire> StatelessService<Req, Resp> {
         F: Fn(Req) -> Resp + Copy + Send + Sync + 'static,
     {
         ServiceBuilder::new(name).stateless(handler)
+    }
+}
+
+impl<Req, Resp, C> StatelessService<Req, Resp, C>
+where
+    Req: Wire + Clone + Sync,
+    Resp: Wire,
+    C: ProcletState + Clone,
+{
+    /// Start a service named `name` with default options whose handlers all receive
+    /// `ctx` (see [`ServiceBuilder::stateless_with_context`]).
+    pub fn start_with_context<F>(
+        name: impl Into<String>,
+        ctx: C,
+        handler: F,
+    ) -> Result<Self, ServiceError>
+    where
+        F: Fn(&C, Req) -> Resp + Copy + Send + Sync + 'static,
+    {
+        ServiceBuilder::new(name).stateless_with_context(ctx, handler)
     }
 
     /// Call the service: a random routing key picks the compute proclet.
@@ -453,33 +547,77 @@ impl<Req: Wire + Clone + Sync, Resp: Wire> StatelessService<Req, Resp> {
     }
 }
 
-fn stateless_via<Req, Resp, F: Fn(Req) -> Resp>(
-    w: &Worker<()>,
+/// A stateless service's compute proclets' context: the value the service was started
+/// with (`()` without one). Every worker holds a copy, splits and healing copy it on.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(bound(serialize = "C: Serialize", deserialize = "C: DeserializeOwned"))]
+pub(crate) struct Shared<C>(C);
+
+impl<C: ProcletState + Clone> crate::pool::Context for Shared<C> {}
+
+/// A stateless handler: how a call reaches the user's function, with or without the
+/// service's context.
+pub(crate) trait StatelessHandler<C, Req, Resp>: Copy + Send + Sync + 'static {
+    fn handle(&self, ctx: &C, req: Req) -> Resp;
+}
+
+/// A handler without context: `f(req)`.
+#[derive(Clone, Copy)]
+pub(crate) struct Plain<F>(F);
+
+impl<Req, Resp, F> StatelessHandler<(), Req, Resp> for Plain<F>
+where
+    F: Fn(Req) -> Resp + Copy + Send + Sync + 'static,
+{
+    fn handle(&self, (): &(), req: Req) -> Resp {
+        (self.0)(req)
+    }
+}
+
+/// A handler of the service's context: `f(&ctx, req)`.
+#[derive(Clone, Copy)]
+pub(crate) struct WithContext<F>(F);
+
+impl<C, Req, Resp, F> StatelessHandler<C, Req, Resp> for WithContext<F>
+where
+    F: Fn(&C, Req) -> Resp + Copy + Send + Sync + 'static,
+{
+    fn handle(&self, ctx: &C, req: Req) -> Resp {
+        (self.0)(ctx, req)
+    }
+}
+
+fn stateless_via<C, Req, Resp, H: StatelessHandler<C, Req, Resp>>(
+    w: &Worker<Shared<C>>,
     req: Req,
-    f: &F,
-) -> Result<Resp, Req> {
-    Ok(w.timed(|| f(req)))
+    h: &H,
+) -> Result<Resp, Unserved<Req>>
+where
+    C: ProcletState,
+{
+    Ok(w.timed(|| h.handle(&w.ctx.0, req)))
 }
 
 /// Install a stateless service in this node's front door (runs on the node's door).
-fn install_stateless<Req, Resp, F>(
+fn install_stateless<C, Req, Resp, H>(
     door: &Door,
-    (pool, ip, port): (Pool<()>, Option<IpAddr>, u16),
-    f: &F,
+    (pool, ip, port): (Pool<Shared<C>>, Option<IpAddr>, u16),
+    h: &H,
 ) -> Result<SocketAddr, String>
 where
+    C: ProcletState + Clone,
     Req: Wire + Clone + Sync,
     Resp: Wire,
-    F: Fn(Req) -> Resp + Copy + Send + Sync + 'static,
+    H: StatelessHandler<C, Req, Resp>,
 {
-    let f = *f;
+    let f = *h;
     let (key, node_ip) = node_key()?;
     let dispatch: Dispatch = Arc::new(move |_id: Option<String>, body| {
         let pool = pool.clone();
         Box::pin(async move {
             let req: Req = parse_body(&body)?;
             let resp = pool
-                .call(rand::random(), req, f, stateless_via::<Req, Resp, F>)
+                .call(rand::random(), req, f, stateless_via::<C, Req, Resp, H>)
                 .await
                 .map_err(|e| HttpError::Unavailable(e.to_string()))?;
             encode(&resp)
@@ -745,8 +883,31 @@ impl<S: ServiceState> crate::pool::Context for Pair<S> {
     fn release(&self) -> Result<(), ServiceError> {
         match self.mem.destroy() {
             Ok(()) | Err(CallError::ProcletGone(_)) => Ok(()),
+            // Lost with its node: nothing left to release.
+            Err(e) if node_lost(&e) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    fn lost(&self) -> Option<NodeId> {
+        dead_node(self.mem.location())
+    }
+
+    fn renew(&self, lo: u64, hi: u128, node: Option<NodeId>) -> Result<Self, ServiceError> {
+        // The lost clients' range, empty, next to the new compute proclet.
+        let mut b = Proclet::builder(Kind::Memory).group(self.group.clone());
+        if let Some(n) = node {
+            b = b.on(n);
+        }
+        let mem = b.create((lo, hi), |(lo, hi): (u64, u128)| PairState {
+            lo,
+            hi,
+            state: S::default(),
+        })?;
+        Ok(Pair {
+            mem,
+            group: self.group.clone(),
+        })
     }
 }
 
@@ -818,8 +979,10 @@ where
     {
         let key = routing_key(id);
         let started = Instant::now();
+        let mut lost = None;
         loop {
-            // The pair serving the key per the scaler's table, then its memory half.
+            // The pair serving the key per the scaler's table, then its memory half. A
+            // pair lost with its node: the scaler replaces it (now), then look again.
             let worker = self
                 .common
                 .scaler
@@ -828,6 +991,11 @@ where
             let pair = match worker.run_ref((), |w: &Worker<Pair<S>>, ()| w.ctx.clone()) {
                 Ok(p) => Some(p),
                 Err(CallError::ProcletGone(_)) => None,
+                Err(e) if node_lost(&e) => {
+                    self.common.scaler.wake();
+                    lost = Some(e);
+                    None
+                }
                 Err(e) => return Err(e.into()),
             };
             if let Some(pair) = pair {
@@ -841,11 +1009,15 @@ where
                 match r {
                     Ok(Some(v)) => return Ok(v),
                     Ok(None) | Err(CallError::ProcletGone(_)) => {}
+                    Err(e) if node_lost(&e) => {
+                        self.common.scaler.wake();
+                        lost = Some(e);
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }
             if started.elapsed() > LEASE_PATIENCE {
-                return Err(ServiceError::Stuck);
+                return Err(lost.map_or(ServiceError::Stuck, ServiceError::Lost));
             }
             pause(Duration::from_micros(200));
         }
@@ -949,7 +1121,7 @@ fn stateful_via<S, Req, Resp, H>(
     w: &Worker<Pair<S>>,
     arg: (u64, S::Id, Req),
     h: &H,
-) -> Result<Result<Resp, String>, (u64, S::Id, Req)>
+) -> Result<Result<Resp, String>, Unserved<(u64, S::Id, Req)>>
 where
     S: ServiceState,
     Req: Wire,
@@ -962,7 +1134,13 @@ where
             w.charge(t.elapsed().as_nanos() as u64);
             Ok(r)
         }
-        Ok(PairReply::NotHere(a)) => Err(a),
+        Ok(PairReply::NotHere(a)) => Err(Unserved::NotRun(a)),
+        // The state went with its node (pressure had moved it away from this worker):
+        // the scaler re-creates it, empty, and the caller sends the call again.
+        Err(e) if node_lost(&e) => {
+            w.context_lost();
+            Err(Unserved::Lost(e))
+        }
         Err(e) => Ok(Err(format!("the service's state: {e}"))),
     }
 }
