@@ -145,6 +145,8 @@ struct Run<'p, T: Element, A, O, F, W> {
     /// Whether policy ticks run; off while the policy says nothing can change before
     /// the next event (see [`ScalingPolicy::wants_ticks`]), on again at every event.
     ticking: bool,
+    /// Work calls made so far (the last call's id).
+    calls: u64,
 }
 
 /// How long a node where a worker was lost is left out of placement.
@@ -202,6 +204,7 @@ where
         growing: HashMap::new(),
         stranded_since: None,
         ticking: true,
+        calls: 0,
     };
     let out = r.main().await;
     r.cleanup().await;
@@ -329,7 +332,9 @@ where
     }
 
     fn call(&mut self, wid: usize, assign: Option<(u64, u64)>) {
+        self.calls += 1;
         let req = WorkReq {
+            call: self.calls,
             assign,
             budget_us: self.cfg.budget.as_micros() as u64,
             chunk_us: self.cfg.chunk.as_micros() as u64,

@@ -3,8 +3,9 @@
 //! through an index range of the input.
 //!
 //! This crate owns the operators, the compute proclets' work loop (`worker`), the job's
-//! coordinator (`coordinator`), the scaling policies ([`policy`]) and the per-node idle
-//! core probe (`probe`). It does not own the data (`granule-sharded`) or placement and
+//! coordinator (`coordinator`), the sinks that take a job's output from its workers
+//! (`sink`), the scaling policies ([`policy`]) and the per-node idle core probe
+//! (`probe`). It does not own the data (`granule-sharded`) or placement and
 //! migration (`granule-runtime` and the controller).
 //!
 //! A job starts with one compute proclet over the whole input. Every policy interval
@@ -20,6 +21,17 @@
 //! counted exactly once.
 //!
 //! Closures capture nothing (they are shipped as code): pass what they need in `arg`.
+//!
+//! **Sinks.** `map`, `flat_map` and `filter` return their output as a new vector, which
+//! passes through the job's driver. [`map_into`], [`flat_map_into`] and
+//! [`reduce_by_key_into`] instead write it from the workers straight into a
+//! [`ShardedVec`] (appended, in input order) or a [`ShardedMap`] (inserted, or merged per
+//! key), in batches of one call per target shard; the driver gets a [`SinkSummary`] of
+//! counts. Exactly once, even when workers are lost: each work call's output is *staged*
+//! in the target tagged with the call, and only the calls the coordinator accepted (one
+//! per input range) are committed when the job ends (module `sink`). A reduce-by-key
+//! reduces each call's items by key on its worker, and each key is merged into the map
+//! once, at the commit.
 //!
 //! ```no_run
 //! // Applications write `use granule::batch;` and `granule::sharded::ShardedVec`.
@@ -43,14 +55,19 @@
 mod coordinator;
 pub mod policy;
 mod probe;
+mod sink;
 mod worker;
 
 pub use policy::{Fixed, Greedy, MinimizeQueue, NodeView, ScalingPolicy, Target, View};
+pub use sink::{Sink, SinkSummary};
 
 use coordinator::{Outputs, Settings};
 use granule_runtime::{CallError, NodeId, Wire};
-use granule_sharded::{Element, ShardError, ShardedVec};
+use granule_sharded::{Element, MapKey, MapValue, ShardError, ShardedMap, ShardedVec};
 use parking_lot::Mutex;
+use sink::Put;
+#[cfg(test)]
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -364,6 +381,240 @@ impl Batch {
     }
 }
 
+impl Batch {
+    /// Write `f(&arg, item)` for every item into `sink`, from the workers: a
+    /// [`ShardedVec`] gets the outputs appended in the input's order; a [`ShardedMap`]
+    /// gets every `(key, value)` output inserted (of outputs with the same key, the one
+    /// from the latest item in input order wins, and it replaces what the map held).
+    /// The output never travels to the caller: each worker stages the output of each of
+    /// its work calls in batches (one call per target shard), and once every input
+    /// range is accepted the output is committed, exactly once however many workers
+    /// were lost and ranges computed again (see [`Sink`]). Returns counts only.
+    ///
+    /// The target must not be sealed. Readers see none of the job's output before the
+    /// commit; a map commits shard by shard, so a reader during the commit may see it in
+    /// some shards and not yet in others. If the job fails, nothing is committed; if the
+    /// commit itself fails (a node holding the target's shards died), the error says so
+    /// and the target may hold part of the output.
+    ///
+    /// ```no_run
+    /// use granule_batch as batch;
+    /// use granule_sharded::{ShardedMap, ShardedVec};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let cluster = granule_runtime::Cluster::start()?;
+    /// let v: ShardedVec<u64> = ShardedVec::new()?;
+    /// v.extend((0..1000).collect())?;
+    /// v.seal()?;
+    /// // Squares into a map from each number to its square.
+    /// let squares: ShardedMap<u64, u64> = ShardedMap::new()?;
+    /// let done = batch::Batch::new().map_into(&v, (), |_: &(), x: &u64| (*x, x * x), &squares)?;
+    /// assert_eq!((done.items, done.written), (1000, 1000));
+    /// assert_eq!(squares.get(&12)?, Some(144));
+    /// // Appended to an existing vector, in the input's order.
+    /// let log: ShardedVec<String> = ShardedVec::new()?;
+    /// batch::map_into(&v, (), |_: &(), x: &u64| format!("item {x}"), &log)?;
+    /// assert_eq!(log.get(3)?, Some("item 3".to_string()));
+    /// # cluster.shutdown();
+    /// # Ok(()) }
+    /// ```
+    pub fn map_into<T, A, U, F, S>(
+        self,
+        input: &ShardedVec<T>,
+        arg: A,
+        f: F,
+        sink: &S,
+    ) -> Result<SinkSummary, BatchError>
+    where
+        T: Element,
+        A: Wire + Clone + Sync,
+        U: Wire,
+        S: Sink<U>,
+        F: Fn(&A, &T) -> U + Copy + Send + Sync + 'static,
+    {
+        self.into_sink(
+            input,
+            arg,
+            f,
+            sink,
+            worker::map_into_kernel::<T, A, U, S, F>,
+        )
+    }
+
+    /// [`Batch::map_into`] for a closure with any number of outputs per item.
+    ///
+    /// ```no_run
+    /// use granule_batch as batch;
+    /// use granule_sharded::ShardedVec;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let cluster = granule_runtime::Cluster::start()?;
+    /// let lines: ShardedVec<String> = ShardedVec::new()?;
+    /// lines.extend(vec!["a b".into(), "".into(), "c".into()])?;
+    /// lines.seal()?;
+    /// let words: ShardedVec<String> = ShardedVec::new()?;
+    /// let done = batch::flat_map_into(
+    ///     &lines,
+    ///     (),
+    ///     |_: &(), l: &String| l.split_whitespace().map(String::from).collect(),
+    ///     &words,
+    /// )?;
+    /// assert_eq!(done.written, 3);
+    /// assert_eq!(words.read_range(0, 3)?, vec!["a", "b", "c"]);
+    /// # cluster.shutdown();
+    /// # Ok(()) }
+    /// ```
+    pub fn flat_map_into<T, A, U, F, S>(
+        self,
+        input: &ShardedVec<T>,
+        arg: A,
+        f: F,
+        sink: &S,
+    ) -> Result<SinkSummary, BatchError>
+    where
+        T: Element,
+        A: Wire + Clone + Sync,
+        U: Wire,
+        S: Sink<U>,
+        F: Fn(&A, &T) -> Vec<U> + Copy + Send + Sync + 'static,
+    {
+        self.into_sink(
+            input,
+            arg,
+            f,
+            sink,
+            worker::flat_map_into_kernel::<T, A, U, S, F>,
+        )
+    }
+
+    /// Group `f(&arg, item)`'s `(key, value)` outputs by key and merge each group into
+    /// `target`: values of one key are combined with `merge(&mut acc, value)` in the
+    /// input's order (so `merge` need not commute), and the result is merged into the
+    /// key's entry the same way (or inserted when the key is absent), once per key.
+    ///
+    /// Each worker reduces the items of a work call by key fully and stages one value per
+    /// key in the target's shards; when the job is done each shard folds the accepted
+    /// calls' values into its entries in one call. A range computed twice (its worker
+    /// lost) is merged once, and a repeated commit merges nothing, so the result is
+    /// exact. Readers see none of the job's output before the commit; see
+    /// [`Batch::map_into`] for what a failure leaves.
+    ///
+    /// ```no_run
+    /// use granule_batch as batch;
+    /// use granule_sharded::{ShardedMap, ShardedVec};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let cluster = granule_runtime::Cluster::start()?;
+    /// // An inverted index: word -> the documents it appears in, in document order.
+    /// let docs: ShardedVec<(u64, String)> = ShardedVec::new()?;
+    /// docs.extend(vec![(1, "a b".into()), (2, "b c".into())])?;
+    /// docs.seal()?;
+    /// let index: ShardedMap<String, Vec<u64>> = ShardedMap::new()?;
+    /// let done = batch::reduce_by_key_into(
+    ///     &docs,
+    ///     (),
+    ///     |_: &(), (id, text): &(u64, String)| {
+    ///         text.split_whitespace().map(|w| (w.to_string(), vec![*id])).collect()
+    ///     },
+    ///     |ids: &mut Vec<u64>, more: Vec<u64>| ids.extend(more),
+    ///     &index,
+    /// )?;
+    /// assert_eq!(done.written, 3);
+    /// assert_eq!(index.get(&"b".to_string())?, Some(vec![1, 2]));
+    /// # cluster.shutdown();
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_by_key_into<T, A, K, V, F, M>(
+        self,
+        input: &ShardedVec<T>,
+        arg: A,
+        f: F,
+        merge: M,
+        target: &ShardedMap<K, V>,
+    ) -> Result<SinkSummary, BatchError>
+    where
+        T: Element,
+        A: Wire + Clone + Sync,
+        K: MapKey,
+        V: MapValue + Clone,
+        F: Fn(&A, &T) -> Vec<(K, V)> + Copy + Send + Sync + 'static,
+        M: Fn(&mut V, V) + Copy + Send + Sync + 'static,
+    {
+        let job = sink::new_job_id();
+        let run = self.start(
+            input,
+            (arg, target.clone(), job),
+            (f, merge),
+            worker::reduce_by_key_kernel::<T, A, K, V, F, M>,
+        );
+        let (items, out) = match run {
+            Ok(r) => r,
+            Err(e) => {
+                if let Err(d) = target.discard_staged(job) {
+                    tracing::warn!("dropping a failed job's staged output: {d}");
+                }
+                return Err(e);
+            }
+        };
+        let (accepted, produced) = accepted(&out);
+        let written = target.commit_staged(job, accepted, merge)?;
+        Ok(SinkSummary {
+            items,
+            produced,
+            written,
+        })
+    }
+
+    fn into_sink<T, A, U, S, F, W>(
+        self,
+        input: &ShardedVec<T>,
+        arg: A,
+        f: F,
+        sink: &S,
+        kernel: W,
+    ) -> Result<SinkSummary, BatchError>
+    where
+        T: Element,
+        A: Wire + Clone + Sync,
+        S: Sink<U>,
+        F: Copy + Send + Sync + 'static,
+        W: Fn(
+                &worker::Worker<T, (A, S::Stage, u64)>,
+                worker::WorkReq,
+                &F,
+            ) -> Result<worker::WorkReply<Put>, String>
+            + Copy
+            + Send
+            + Sync
+            + 'static,
+    {
+        let job = sink::new_job_id();
+        let stage = sink.open()?;
+        let (items, out) = match self.start(input, (arg, stage.clone(), job), f, kernel) {
+            Ok(r) => r,
+            Err(e) => {
+                sink.abort(&stage, job);
+                return Err(e);
+            }
+        };
+        let (accepted, produced) = accepted(&out);
+        let written = sink.close(&stage, job, accepted)?;
+        Ok(SinkSummary {
+            items,
+            produced,
+            written,
+        })
+    }
+}
+
+/// The ids of the calls whose output counts (one per input range), sorted (the sinks
+/// look them up by binary search), and their outputs.
+fn accepted(out: &Outputs<Put>) -> (Vec<u64>, u64) {
+    let mut ids: Vec<u64> = out.values().map(|(_, p)| p.call).collect();
+    ids.sort_unstable();
+    (ids, out.values().map(|(_, p)| p.items).sum())
+}
+
 /// The replies must cover `0..len` exactly once, in order: anything else is a bug in
 /// the coordinator, reported rather than returned as a wrong result.
 fn check_cover<O>(out: &Outputs<O>, len: u64) -> Result<(), BatchError> {
@@ -447,6 +698,59 @@ where
     Batch::new().filter(input, arg, f)
 }
 
+/// [`Batch::map_into`] with the default options.
+pub fn map_into<T, A, U, F, S>(
+    input: &ShardedVec<T>,
+    arg: A,
+    f: F,
+    sink: &S,
+) -> Result<SinkSummary, BatchError>
+where
+    T: Element,
+    A: Wire + Clone + Sync,
+    U: Wire,
+    S: Sink<U>,
+    F: Fn(&A, &T) -> U + Copy + Send + Sync + 'static,
+{
+    Batch::new().map_into(input, arg, f, sink)
+}
+
+/// [`Batch::flat_map_into`] with the default options.
+pub fn flat_map_into<T, A, U, F, S>(
+    input: &ShardedVec<T>,
+    arg: A,
+    f: F,
+    sink: &S,
+) -> Result<SinkSummary, BatchError>
+where
+    T: Element,
+    A: Wire + Clone + Sync,
+    U: Wire,
+    S: Sink<U>,
+    F: Fn(&A, &T) -> Vec<U> + Copy + Send + Sync + 'static,
+{
+    Batch::new().flat_map_into(input, arg, f, sink)
+}
+
+/// [`Batch::reduce_by_key_into`] with the default options.
+pub fn reduce_by_key_into<T, A, K, V, F, M>(
+    input: &ShardedVec<T>,
+    arg: A,
+    f: F,
+    merge: M,
+    target: &ShardedMap<K, V>,
+) -> Result<SinkSummary, BatchError>
+where
+    T: Element,
+    A: Wire + Clone + Sync,
+    K: MapKey,
+    V: MapValue + Clone,
+    F: Fn(&A, &T) -> Vec<(K, V)> + Copy + Send + Sync + 'static,
+    M: Fn(&mut V, V) + Copy + Send + Sync + 'static,
+{
+    Batch::new().reduce_by_key_into(input, arg, f, merge, target)
+}
+
 /// [`Batch::reduce`] with the default options.
 pub fn reduce<T, A, Acc, F, C>(
     input: &ShardedVec<T>,
@@ -463,4 +767,20 @@ where
     C: Fn(&mut Acc, Acc),
 {
     Batch::new().reduce(input, arg, f, init, combine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepted_calls_are_sorted_by_id_whatever_their_ranges_order() {
+        // Later ranges finished by earlier calls (steals hand the upper half of a range
+        // to a new call): ids out of order by range.
+        let mut out: Outputs<Put> = BTreeMap::new();
+        out.insert(0, (10, Put { call: 7, items: 3 }));
+        out.insert(10, (20, Put { call: 2, items: 0 }));
+        out.insert(20, (30, Put { call: 5, items: 4 }));
+        assert_eq!(accepted(&out), (vec![2, 5, 7], 7));
+    }
 }

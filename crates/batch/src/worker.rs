@@ -1,5 +1,6 @@
 //! The compute proclet that works through an index range of a sealed input, and the
-//! kernels (`for_all`, `map`, `filter`, `flat_map`, `reduce`) it runs.
+//! kernels (`for_all`, `map`, `filter`, `flat_map`, `reduce`, and the sink kernels that
+//! stage their output in a target structure instead of replying with it) it runs.
 //!
 //! A worker's state is the input's handle, the job's argument and a *cursor*: the next
 //! index to claim and the end of its range. The worker claims items in chunks (a few
@@ -15,11 +16,14 @@
 //! a steal only lowers `end`, never below what the worker has claimed, so claimed
 //! chunks stay contiguous and nothing is computed twice.
 
+use crate::sink::{Put, Sink};
 use granule_host::proc::{thread_cpu_time as thread_cpu, OwnSchedstat};
 use granule_runtime::{should_yield, Wire};
-use granule_sharded::{Element, ShardError, ShardedVec};
+use granule_sharded::{Element, MapKey, MapValue, ShardError, ShardedMap, ShardedVec};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+use std::collections::btree_map::Entry;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -128,6 +132,9 @@ pub(crate) struct Watch {
 /// One work call's request.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub(crate) struct WorkReq {
+    /// The call's id, unique within the job: what a sink tags the call's output with,
+    /// so that only the output of calls the coordinator accepted is committed.
+    pub call: u64,
     /// A new range for a worker whose cursor is empty.
     pub assign: Option<(u64, u64)>,
     /// Return after about this long, microseconds.
@@ -471,6 +478,124 @@ where
 {
     let init = w.arg.1.clone();
     work_loop(w, req, init, |(a, _), x, acc| f(a, acc, x))
+}
+
+// ---- sink kernels: the output goes to a sink's stage from here; the reply says how
+// much, and which call wrote it ----
+
+/// `map_into` / `flat_map_into`: the worker's argument is `(arg, stage, job)`; `emit`
+/// appends an item's outputs. The call's output is staged, tagged with the call, before
+/// the reply: a reply the coordinator accepts means its output is in the stage.
+fn sink_loop<T, A, U, S, E>(
+    w: &Worker<T, (A, S::Stage, u64)>,
+    req: WorkReq,
+    emit: E,
+) -> Result<WorkReply<Put>, String>
+where
+    T: Element,
+    A: Wire + Sync,
+    U: Send,
+    S: Sink<U>,
+    E: FnMut(&(A, S::Stage, u64), &T, &mut Vec<U>),
+{
+    let call = req.call;
+    let r = work_loop(w, req, Vec::new(), emit)?;
+    let items = r.out.len() as u64;
+    if r.end > r.start {
+        let (_, stage, job) = &w.arg;
+        S::put(stage, *job, (r.start, call), r.out)
+            .map_err(|e| format!("writing items {}..{} to the sink: {e}", r.start, r.end))?;
+    }
+    Ok(WorkReply {
+        start: r.start,
+        end: r.end,
+        out: Put { call, items },
+        stop: r.stop,
+        rest: r.rest,
+        cpu_s: r.cpu_s,
+        wall_s: r.wall_s,
+    })
+}
+
+pub(crate) fn map_into_kernel<T, A, U, S, F>(
+    w: &Worker<T, (A, S::Stage, u64)>,
+    req: WorkReq,
+    f: &F,
+) -> Result<WorkReply<Put>, String>
+where
+    T: Element,
+    A: Wire + Sync,
+    U: Send,
+    S: Sink<U>,
+    F: Fn(&A, &T) -> U,
+{
+    sink_loop::<T, A, U, S, _>(w, req, |(a, _, _), x, o| o.push(f(a, x)))
+}
+
+pub(crate) fn flat_map_into_kernel<T, A, U, S, F>(
+    w: &Worker<T, (A, S::Stage, u64)>,
+    req: WorkReq,
+    f: &F,
+) -> Result<WorkReply<Put>, String>
+where
+    T: Element,
+    A: Wire + Sync,
+    U: Send,
+    S: Sink<U>,
+    F: Fn(&A, &T) -> Vec<U>,
+{
+    sink_loop::<T, A, U, S, _>(w, req, |(a, _, _), x, o| o.extend(f(a, x)))
+}
+
+/// `reduce_by_key_into`: the worker's argument is `(arg, target, job)`, `fm` is the pair
+/// (the user's `f`, `merge`). The call reduces its own items by key fully (in input
+/// order), then stages one value per key.
+pub(crate) fn reduce_by_key_kernel<T, A, K, V, F, M>(
+    w: &Worker<T, (A, ShardedMap<K, V>, u64)>,
+    req: WorkReq,
+    fm: &(F, M),
+) -> Result<WorkReply<Put>, String>
+where
+    T: Element,
+    A: Wire + Sync,
+    K: MapKey,
+    V: MapValue + Clone,
+    F: Fn(&A, &T) -> Vec<(K, V)>,
+    M: Fn(&mut V, V),
+{
+    let (f, merge) = fm;
+    let call = req.call;
+    let r = work_loop(w, req, BTreeMap::<K, V>::new(), |(a, _, _), x, acc| {
+        for (k, v) in f(a, x) {
+            match acc.entry(k) {
+                Entry::Vacant(e) => {
+                    e.insert(v);
+                }
+                Entry::Occupied(mut e) => merge(e.get_mut(), v),
+            }
+        }
+    })?;
+    let keys = r.out.len() as u64;
+    if r.end > r.start {
+        let (_, target, job) = &w.arg;
+        let tag = (r.start, call);
+        let staged = r.out.into_iter().map(|(k, v)| (*job, k, tag, v)).collect();
+        target.stage(staged).map_err(|e| {
+            format!(
+                "staging items {}..{} in the target map: {e}",
+                r.start, r.end
+            )
+        })?;
+    }
+    Ok(WorkReply {
+        start: r.start,
+        end: r.end,
+        out: Put { call, items: keys },
+        stop: r.stop,
+        rest: r.rest,
+        cpu_s: r.cpu_s,
+        wall_s: r.wall_s,
+    })
 }
 
 #[cfg(test)]

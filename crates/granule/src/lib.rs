@@ -4,6 +4,8 @@
 //! This is the crate applications depend on. It re-exports the proclet API and the
 //! cluster entry points from the layers below (`granule-runtime` for proclets and the
 //! local cluster, `granule-wire` for the ids and specs they use); it owns no logic itself.
+//! [`Footprint`] is both the memory-accounting trait and its derive,
+//! `#[derive(granule::Footprint)]`, which user types stored in sharded structures need.
 //!
 //! ```no_run
 //! use granule::{Cluster, Kind, Proclet};
@@ -28,7 +30,9 @@
 
 /// Batch computing over sharded inputs: [`batch::for_all`], [`batch::map`],
 /// [`batch::filter`], [`batch::reduce`], run by compute proclets that scale with the
-/// cluster's idle cores.
+/// cluster's idle cores; [`batch::map_into`], [`batch::flat_map_into`] and
+/// [`batch::reduce_by_key_into`] write the output straight from the workers into a
+/// [`sharded::ShardedVec`] or [`sharded::ShardedMap`], exactly once.
 pub use granule_batch as batch;
 /// The key-range router sharded structures and services share: [`router::Router`] over
 /// a versioned [`router::RangeTable`] kept as a compacted [`router::ChangeLog`], and the
@@ -51,6 +55,24 @@ pub use granule_runtime::{
 pub use granule_service as service;
 /// Sharded data structures: [`sharded::ShardedMap`], [`sharded::ShardedVec`], and the
 /// [`sharded::AutoSharder`] they are built on.
+///
+/// Their elements, keys and values must implement [`Footprint`] (shards count their
+/// bytes to know when to split). The standard types do; derive it for your own:
+///
+/// ```no_run
+/// use granule::sharded::ShardedMap;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Clone, Serialize, Deserialize, granule::Footprint)]
+/// struct Doc { id: u64, words: Vec<String> }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let cluster = granule::Cluster::start()?;
+/// let docs: ShardedMap<u64, Doc> = ShardedMap::new()?;
+/// docs.insert(1, Doc { id: 1, words: vec!["hello".into()] })?;
+/// # cluster.shutdown();
+/// # Ok(()) }
+/// ```
 pub use granule_sharded as sharded;
 
 /// The README's Rust examples are compiled and run as doc tests.

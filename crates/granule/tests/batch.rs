@@ -1,12 +1,15 @@
 //! Multi-process tests of batch computing: every operator against a sequential run
 //! (random inputs, random policies and split points), straggler mitigation, a node lost
-//! mid-job, and a job shrinking away from a contended core and growing back.
+//! mid-job, and a job shrinking away from a contended core and growing back; sinks
+//! (`map_into`, `flat_map_into`, `reduce_by_key_into`) against a local run, and with a
+//! worker's node lost after staging output it never reported.
 
 use granule::batch::{self, Batch, Fixed, JobLog, Trigger};
-use granule::sharded::ShardedVec;
+use granule::sharded::{ShardedMap, ShardedVec};
 use granule::{Cluster, NodeId};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -359,5 +362,292 @@ fn minimize_queue_matches_production_to_a_slow_consumer() {
         assert!(asked >= 1, "the policy never shrank the job");
         queue.destroy().expect("destroy");
         cluster.shutdown();
+    });
+}
+
+/// A user type as an element and a value of sharded structures: its `Footprint` comes
+/// from the facade's derive.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, granule::Footprint)]
+struct Doc {
+    id: u64,
+    text: String,
+}
+
+/// `n` documents of 0..8 words each from a vocabulary of 300, deterministically.
+fn docs(n: u64) -> Vec<Doc> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..n)
+        .map(|id| {
+            let words: Vec<String> = (0..next() % 8)
+                .map(|_| format!("w{}", next() % 300))
+                .collect();
+            Doc {
+                id,
+                text: words.join(" "),
+            }
+        })
+        .collect()
+}
+
+fn sealed_docs(docs: &[Doc]) -> ShardedVec<Doc> {
+    let v = ShardedVec::new().expect("vec");
+    for c in docs.chunks(500) {
+        v.extend(c.to_vec()).expect("extend");
+    }
+    v.seal().expect("seal");
+    v
+}
+
+fn words_of(_: &(), d: &Doc) -> Vec<(String, Vec<u64>)> {
+    d.text
+        .split_whitespace()
+        .map(|w| (w.to_string(), vec![d.id]))
+        .collect()
+}
+
+fn append_ids(ids: &mut Vec<u64>, more: Vec<u64>) {
+    ids.extend(more)
+}
+
+fn whole_map<V: granule::sharded::MapValue + Clone>(m: &ShardedMap<String, V>) -> Vec<(String, V)> {
+    m.range(None, None, usize::MAX).expect("range")
+}
+
+#[test]
+fn sinks_write_exactly_what_a_local_run_computes() {
+    bounded(Duration::from_secs(240), || {
+        let (cluster, _) = cluster(2);
+        let docs = docs(3000);
+        let input = sealed_docs(&docs);
+        // Several policies and split sizes: many work calls, steals at varying points.
+        for (policy, workers, min_split) in [(0u8, 1usize, 1u64), (1, 3, 40), (1, 2, 300)] {
+            let job = || options(policy, workers, min_split).budget(Duration::from_millis(20));
+
+            // An inverted index, merged into a map that already holds one of its words.
+            let index: ShardedMap<String, Vec<u64>> = ShardedMap::new().expect("map");
+            index.insert("w7".into(), vec![u64::MAX]).expect("insert");
+            let done = job()
+                .reduce_by_key_into(&input, (), words_of, append_ids, &index)
+                .expect("reduce_by_key_into");
+            let mut want: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+            want.insert("w7".into(), vec![u64::MAX]);
+            for d in &docs {
+                for (w, ids) in words_of(&(), d) {
+                    want.entry(w).or_default().extend(ids);
+                }
+            }
+            assert_eq!(done.items, docs.len() as u64);
+            assert_eq!(done.written, want.len() as u64);
+            assert_eq!(whole_map(&index), want.into_iter().collect::<Vec<_>>());
+            index.destroy().expect("destroy");
+
+            // Words appended after what a vector already holds, in input order.
+            let words: ShardedVec<String> = ShardedVec::new().expect("vec");
+            words
+                .extend(vec!["first".into(), "second".into()])
+                .expect("extend");
+            let done = job()
+                .flat_map_into(
+                    &input,
+                    (),
+                    |_: &(), d: &Doc| d.text.split_whitespace().map(String::from).collect(),
+                    &words,
+                )
+                .expect("flat_map_into");
+            let mut want: Vec<String> = vec!["first".into(), "second".into()];
+            want.extend(
+                docs.iter()
+                    .flat_map(|d| d.text.split_whitespace().map(String::from)),
+            );
+            assert_eq!(done.written, want.len() as u64 - 2);
+            assert_eq!(done.produced, done.written);
+            assert_eq!(read_all(&words), want);
+            words.destroy().expect("destroy");
+
+            // Documents into a map by id modulo 100: the latest document in input order
+            // wins each key, replacing what the map held.
+            let latest: ShardedMap<u64, Doc> = ShardedMap::new().expect("map");
+            let stale = Doc {
+                id: u64::MAX,
+                text: "stale".into(),
+            };
+            latest.insert(5, stale).expect("insert");
+            let done = job()
+                .map_into(
+                    &input,
+                    (),
+                    |_: &(), d: &Doc| (d.id % 100, d.clone()),
+                    &latest,
+                )
+                .expect("map_into");
+            let want: BTreeMap<u64, Doc> = docs.iter().map(|d| (d.id % 100, d.clone())).collect();
+            assert_eq!(done.written, 100);
+            let got = latest.range(None, None, usize::MAX).expect("range");
+            assert_eq!(got, want.into_iter().collect::<Vec<_>>());
+            latest.destroy().expect("destroy");
+        }
+        // A sealed target is refused before anything runs.
+        let sealed_target: ShardedVec<u64> = ShardedVec::new().expect("vec");
+        sealed_target.seal().expect("seal");
+        let err = batch::map_into(&input, (), |_: &(), d: &Doc| d.id, &sealed_target).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                batch::BatchError::Data(granule::sharded::ShardError::Sealed)
+            ),
+            "{err}"
+        );
+        input.destroy().expect("destroy");
+        cluster.shutdown();
+    });
+}
+
+/// Every input item `x` counted under `x % 1000`.
+fn count_mod(_: &(), x: &u64) -> Vec<(u64, u64)> {
+    spin(100);
+    vec![(x % 1000, 1)]
+}
+
+fn add(a: &mut u64, b: u64) {
+    *a += b
+}
+
+#[test]
+fn a_node_lost_after_staging_output_still_commits_it_exactly_once() {
+    bounded(Duration::from_secs(180), || {
+        // Two nodes with little memory: the victims, one per job. Memory proclets (the
+        // structures' shards, the staging map a vector sink makes) go to the nodes with
+        // the most free memory, so none lands on a victim; the workers do.
+        let c = Cluster::builder()
+            .nodes("cpu=1,mem=1GiB;cpu=1,mem=1GiB;cpu=1,mem=256MiB;cpu=1,mem=256MiB")
+            .expect("node specs")
+            .shed(false)
+            .faults(true)
+            .failure_timeout(Duration::from_secs(2))
+            .start()
+            .expect("cluster starts");
+        let infos = granule::cluster_nodes().expect("nodes");
+        let mut small: Vec<NodeId> = infos
+            .iter()
+            .filter(|n| n.spec.mem_bytes < (512 << 20))
+            .map(|n| n.id)
+            .collect();
+        small.sort();
+        assert_eq!(small.len(), 2, "{infos:?}");
+        let big = c
+            .worker_nodes()
+            .expect("nodes")
+            .into_iter()
+            .find(|n| !small.contains(n))
+            .expect("a big node");
+        let n = 30_000u64;
+        let input = sealed(&(0..n).collect::<Vec<_>>());
+        // Wide bounds: the targets never split (a split's new shard is placed anew).
+        let counts: ShardedMap<u64, u64> =
+            ShardedMap::with_bounds(granule::sharded::Bounds::BATCHING).expect("map");
+        counts.insert(0, 5).expect("insert");
+        let out: ShardedVec<u64> = ShardedVec::batching().expect("vec");
+        let mut keep = vec![
+            input.sharder().map_proclet().id(),
+            counts.sharder().map_proclet().id(),
+        ];
+        keep.push(out.sharder().map_proclet().id());
+        keep.extend(
+            input
+                .sharder()
+                .shards()
+                .expect("shards")
+                .into_iter()
+                .map(|(_, s)| s.id()),
+        );
+        keep.extend(
+            counts
+                .sharder()
+                .shards()
+                .expect("shards")
+                .into_iter()
+                .map(|(_, s)| s.id()),
+        );
+        keep.extend(
+            out.sharder()
+                .shards()
+                .expect("shards")
+                .into_iter()
+                .map(|(_, s)| s.id()),
+        );
+        for id in keep {
+            c.move_proclet(id, big).expect("move to the big node");
+        }
+
+        // Each victim crashes when about to answer its third call: a work call whose
+        // output is staged and never reported, so its range is computed again.
+        let run =
+            |victim: NodeId,
+             workers: usize,
+             job: &dyn Fn(Batch) -> Result<batch::SinkSummary, batch::BatchError>| {
+                c.faults()
+                    .failpoints(victim, "call.before_reply=2*off->crash")
+                    .expect("arm the victim");
+                let log = JobLog::new();
+                let done = job(Batch::new().policy(Fixed(workers)).log(log.clone()))
+                    .expect("job completes");
+                let lost = log
+                    .events()
+                    .iter()
+                    .filter(|e| e.what == Trigger::Lost && e.node == victim)
+                    .count();
+                assert!(
+                    lost >= 1,
+                    "the job never lost its worker on {victim}: {:?}",
+                    log.events()
+                );
+                done
+            };
+
+        let done = run(small[0], 4, &|b| {
+            b.reduce_by_key_into(&input, (), count_mod, add, &counts)
+        });
+        assert_eq!(done.items, n);
+        let got = counts.range(None, None, usize::MAX).expect("range");
+        let want: Vec<(u64, u64)> = (0..1000)
+            .map(|k| (k, if k == 0 { 35 } else { 30 }))
+            .collect();
+        let wrong: Vec<_> = got
+            .iter()
+            .zip(&want)
+            .filter(|(g, w)| g != w)
+            .take(5)
+            .collect();
+        assert!(
+            got.len() == want.len() && wrong.is_empty(),
+            "every item counted exactly once: {} keys, first wrong (got, want): {wrong:?}",
+            got.len()
+        );
+
+        let done = run(small[1], 3, &|b| {
+            b.map_into(
+                &input,
+                (),
+                |_: &(), x: &u64| {
+                    spin(100);
+                    x * 3 + 1
+                },
+                &out,
+            )
+        });
+        assert_eq!(done.written, n);
+        let want: Vec<u64> = (0..n).map(|x| x * 3 + 1).collect();
+        assert_eq!(
+            read_all(&out),
+            want,
+            "every output exactly once, in input order"
+        );
+        c.shutdown();
     });
 }

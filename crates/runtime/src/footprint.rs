@@ -11,6 +11,40 @@
 //! encoding (what a move would send), measured at creation and, after calls that mutate
 //! it, again at most every [`ESTIMATE_EVERY`] (a counting serializer walks the state, so
 //! this costs about as much as encoding it once, without allocating).
+//!
+//! Sharded structures need it of every element, key and value (they keep each shard's
+//! byte count exact as entries come and go, so shards split at the right size). For a
+//! type of your own, derive it:
+//!
+//! ```
+//! use granule_runtime::Footprint;
+//!
+//! #[derive(Footprint)]
+//! struct Doc {
+//!     id: u64,
+//!     words: Vec<String>,
+//! }
+//!
+//! #[derive(Footprint)]
+//! enum Shape<T> {
+//!     Point,
+//!     Tagged(T, String),
+//! }
+//!
+//! let d = Doc { id: 1, words: vec!["a".into()] };
+//! // Its own bytes, the vector's buffer, and the string's buffer.
+//! assert_eq!(
+//!     d.footprint(),
+//!     (std::mem::size_of::<Doc>() + std::mem::size_of::<String>() + d.words[0].capacity()) as u64
+//! );
+//! assert_eq!(Shape::<u8>::Point.heap_bytes(), 0);
+//! ```
+//!
+//! The derive (`granule::Footprint` for applications, which get it from the facade)
+//! counts `size_of::<Self>()` plus each field's [`Footprint::heap_bytes`]: inline bytes
+//! once, heap bytes of every field (for an enum, of the variant held). Types with fields
+//! that do not implement it (a foreign type) implement it by hand: return the inline size
+//! plus what the value owns on the heap.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::mem::size_of;
@@ -20,6 +54,15 @@ use std::time::Duration;
 pub const ESTIMATE_EVERY: Duration = Duration::from_millis(50);
 
 /// Bytes a value holds: its own size plus everything it owns on the heap.
+///
+/// Implemented for the primitive types, `String`, the standard containers, `Option`,
+/// `Box`, arrays and tuples of up to four, and Granule's own types. Derive it for your
+/// own with `#[derive(Footprint)]` (see the [module docs](self)).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not implement `Footprint`, which memory accounting needs (sharded structures need it of every element, key and value)",
+    label = "`{Self}` has no `Footprint` impl",
+    note = "derive it with `#[derive(granule::Footprint)]` (every field must implement `Footprint` too), or implement it by hand"
+)]
 pub trait Footprint {
     /// Total bytes, including `size_of::<Self>()`.
     fn footprint(&self) -> u64;
@@ -30,6 +73,9 @@ pub trait Footprint {
         self.footprint().saturating_sub(size_of_val_u64(self))
     }
 }
+
+/// `#[derive(Footprint)]` (the macro shares the trait's name, as serde's derives do).
+pub use granule_derive::Footprint;
 
 fn size_of_val_u64<T: ?Sized>(v: &T) -> u64 {
     std::mem::size_of_val(v) as u64
@@ -201,6 +247,76 @@ mod tests {
         assert_eq!(t.footprint(), size_of::<(u64, String)>() as u64 + 2);
         let b: Box<Vec<u8>> = Box::new(vec![0; 10]);
         assert_eq!(b.footprint(), 8 + 24 + 10);
+    }
+
+    #[derive(Footprint)]
+    struct Named {
+        id: u64,
+        name: String,
+        tags: Vec<String>,
+    }
+
+    #[derive(Footprint)]
+    struct Tuple(u32, Vec<u8>);
+
+    #[derive(Footprint)]
+    struct Unit;
+
+    #[derive(Footprint)]
+    enum Either<T> {
+        Nothing,
+        One(T),
+        Named { label: String, more: Box<T> },
+    }
+
+    #[derive(Footprint)]
+    struct Wrapper<T, U> {
+        inner: T,
+        other: Option<U>,
+    }
+
+    #[test]
+    fn derived_impls_count_inline_size_once_and_every_fields_heap() {
+        let n = Named {
+            id: 7,
+            name: String::with_capacity(10),
+            tags: vec![String::with_capacity(3), String::new()],
+        };
+        let want = size_of::<Named>() + 10 + n.tags.capacity() * size_of::<String>() + 3;
+        assert_eq!(n.footprint(), want as u64);
+        assert_eq!(n.heap_bytes(), (want - size_of::<Named>()) as u64);
+
+        let t = Tuple(1, Vec::with_capacity(100));
+        assert_eq!(t.footprint(), (size_of::<Tuple>() + 100) as u64);
+        assert_eq!(Unit.footprint(), 0);
+        assert_eq!(Unit.heap_bytes(), 0);
+
+        // An enum counts the variant it holds.
+        let none: Either<Vec<u8>> = Either::Nothing;
+        assert_eq!(none.footprint(), size_of::<Either<Vec<u8>>>() as u64);
+        let one: Either<Vec<u8>> = Either::One(Vec::with_capacity(50));
+        assert_eq!(one.heap_bytes(), 50);
+        let named: Either<Vec<u8>> = Either::Named {
+            label: String::with_capacity(4),
+            more: Box::new(Vec::with_capacity(8)),
+        };
+        // The string's buffer, and the box's allocation (a Vec header) with its buffer.
+        assert_eq!(named.heap_bytes(), 4 + 24 + 8);
+
+        // Generic fields go through their own impls; a derived type nests like any other.
+        let w = Wrapper {
+            inner: Tuple(0, vec![0; 16]),
+            other: Some(String::with_capacity(5)),
+        };
+        assert_eq!(
+            w.footprint(),
+            size_of::<Wrapper<Tuple, String>>() as u64 + 16 + 5
+        );
+        let in_vec = vec![Tuple(0, Vec::with_capacity(9))];
+        assert_eq!(
+            in_vec.footprint(),
+            (size_of::<Vec<Tuple>>() + size_of::<Tuple>() + 9) as u64
+        );
     }
 
     #[test]

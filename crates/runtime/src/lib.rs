@@ -23,7 +23,7 @@
 //! | `codec` | encoding states in chunks, for streams |
 //! | `context` | per-thread context: the call chain, the node a thread acts through, `block_on` that never holds a core |
 //! | `accounting` | which proclet each thread runs (CPU accounting) and yield requests |
-//! | `footprint` | [`Footprint`]: a state's memory, exactly or estimated |
+//! | `footprint` | [`Footprint`] (and its derive): a state's memory, exactly or estimated |
 //! | `busy` | which workers are inside closures; the watchdog that keeps I/O moving |
 //! | `usage` | the process's CPU time as cores busy (for heartbeats) |
 //! | `telemetry` | cluster events and the node's `/metrics` |
@@ -36,6 +36,10 @@
 //! both are read-only and fails with [`CallError::Reentrant`] otherwise (it could never be
 //! granted), instead of deadlocking.
 #![deny(unsafe_code)]
+
+// `#[derive(Footprint)]` names the trait as `::granule_runtime::Footprint`; this makes
+// that path work inside this crate too.
+extern crate self as granule_runtime;
 
 mod accounting;
 mod boot;

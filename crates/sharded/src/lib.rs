@@ -22,6 +22,37 @@
 //! This crate owns no transport, placement or migration: shards are ordinary proclets of
 //! `granule-runtime`, placed by the controller and moved by the pressure policy.
 //!
+//! # Elements, keys and values: `Footprint`
+//!
+//! Every element of a [`ShardedVec`] and every key and value of a [`ShardedMap`] must
+//! implement [`Footprint`] (besides serde's traits): each shard keeps an exact count of
+//! the bytes it holds, and splits and merges by it. The primitive types, `String`, the
+//! standard containers, `Option`, `Box`, arrays and small tuples implement it; for a type
+//! of your own, derive it (`#[derive(granule::Footprint)]` in an application, which gets
+//! it from the `granule` facade; `#[derive(granule_runtime::Footprint)]` in a crate that
+//! depends on the runtime directly). The derive counts the type's inline size plus what
+//! each field owns on the heap, so every field must implement it too.
+//!
+//! ```no_run
+//! use granule_runtime::Footprint;
+//! use granule_sharded::ShardedVec;
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Clone, Serialize, Deserialize, Footprint)]
+//! struct Reading { sensor: u32, values: Vec<f64> }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let cluster = granule_runtime::Cluster::start()?;
+//! let v: ShardedVec<Reading> = ShardedVec::new()?;
+//! v.push(Reading { sensor: 7, values: vec![1.5, 2.0] })?;
+//! # cluster.shutdown();
+//! # Ok(()) }
+//! ```
+//!
+//! A map also holds *staged writes* ([`ShardedMap::stage`]): a batch job's output parked
+//! in the shards its keys fall in, invisible to reads until the job commits it, once per
+//! key. `granule-batch`'s sinks write through them.
+//!
 //! # A structure of your own in a page
 //!
 //! A sharded set of `u64`: a shard type, its [`Shard`] impl, and two routed calls.
@@ -67,13 +98,16 @@ mod sharder;
 mod vec;
 
 pub use batch::Pusher;
-pub use map::{MapInserter, MapKey, MapShard, MapValue, ShardedMap};
+pub use map::{MapInserter, MapKey, MapShard, MapValue, ShardedMap, StagedPair};
 pub use partitions::{Partition, PartitionShard, PartitionsPusher, ShardedPartitions};
 pub use queue::{QueuePusher, QueueShard, ShardedQueue};
 pub use sharder::{AutoSharder, Bounds, Cell, Hint, MapLog, Shard};
 pub use vec::{Element, ShardedVec, VecIter, VecPusher, VecShard};
 
 use granule_runtime::CallError;
+/// The trait every element, key and value must implement, and its derive (see the crate
+/// docs).
+pub use granule_runtime::Footprint;
 
 /// What can go wrong with a sharded structure.
 #[derive(Debug, thiserror::Error)]
