@@ -201,6 +201,14 @@ fn doors_of(
 }
 
 fn start_cluster(settings: &[(&str, &str)]) -> (Cluster, NodeId, NodeId) {
+    // The flood's sockets are this process's descriptors (and its nodes inherit its
+    // hard limit).
+    let soft = granule_host::os::raise_nofile_limit().expect("raise this process's limit");
+    assert!(
+        soft >= (FLOOD + 1024) as u64,
+        "these tests need a hard limit on open files of at least {} (ulimit -Hn), not {soft}",
+        FLOOD + 1024
+    );
     let mut b = Cluster::builder()
         .nodes("cpu=1,mem=512MiB;cpu=1,mem=512MiB")
         .expect("node specs")
@@ -220,7 +228,6 @@ fn start_cluster(settings: &[(&str, &str)]) -> (Cluster, NodeId, NodeId) {
 #[test]
 fn thousands_of_idle_connections_are_capped_and_timed_out_while_peers_keep_calling() {
     bounded(Duration::from_secs(120), || {
-        granule_host::os::raise_nofile_limit().expect("raise this process's limit");
         let (c, target, peer) = start_cluster(&[
             ("http.max_connections", "64"),
             ("http.header_timeout", "3s"),
@@ -340,7 +347,6 @@ fn the_descriptor_reserve_keeps_a_flooded_node_in_its_cluster() {
         /// The target's soft limit on open files, and the reserve kept below it.
         const LIMIT: u64 = 1024;
         const RESERVE: u64 = 256;
-        granule_host::os::raise_nofile_limit().expect("raise this process's limit");
         let (c, target, peer) = start_cluster(&[
             ("http.max_connections", "100000"),
             ("http.header_timeout", "60s"),

@@ -19,6 +19,7 @@
 //! serves. HTTP itself is hyper's; this crate only decides which connections live. It
 //! serves the router it is given and knows nothing of nodes, proclets or services; it
 //! counts the process's descriptors through `granule-host` (the one reader of `/proc`).
+#![forbid(unsafe_code)]
 
 mod fds;
 
