@@ -195,8 +195,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 failure_timeout: c.cluster.failure_timeout,
                 heartbeat: c.cluster.heartbeat,
                 dashboard: c.cluster.dashboard.clone(),
+                http: granule_http::Limits::from_config(&c),
                 ..Default::default()
             };
+            // All the descriptors the system grants: the dashboard keeps node.fd_reserve
+            // of them free for the nodes' connections.
+            if let Err(e) = granule_host::os::raise_nofile_limit() {
+                eprintln!("granule controller: cannot raise the limit on open files: {e}");
+            }
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;

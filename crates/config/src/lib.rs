@@ -2,8 +2,8 @@
 //!
 //! Every setting of a Granule process lives in [`Config`], in sections named by what
 //! they tune: [`Cluster`] (nodes, the controller, membership timing, cgroups, the
-//! dashboard, logging), [`Node`] (its threads), [`Transport`] (connections, waiting for
-//! replies), [`Migration`] (moving and streaming state), [`Pressure`] (the monitor and
+//! dashboard, logging), [`Node`] (its threads, its file descriptors), [`Transport`]
+//! (connections, waiting for replies), [`Http`] (the bounds of every HTTP listener), [`Migration`] (moving and streaming state), [`Pressure`] (the monitor and
 //! the shedding policy) and [`Faults`] (fault injection, for tests). The table
 //! [`SETTINGS`] names each one once: its key (`migration.throttle`), its environment
 //! variable (`GRANULE_MIGRATION_THROTTLE`), what it accepts and what it does. Loading,
@@ -47,6 +47,7 @@ pub struct Config {
     pub cluster: Cluster,
     pub node: Node,
     pub transport: Transport,
+    pub http: Http,
     pub migration: Migration,
     pub pressure: Pressure,
     pub faults: Faults,
@@ -143,12 +144,43 @@ pub struct Node {
     /// is unchanged: it is only cut into shorter pieces. Long computations (`cpu_bound`)
     /// go back to the default slice while they run. Measured in `granule bench pressure`.
     pub worker_slice: Option<Duration>,
+    /// File descriptors kept free for cluster traffic (connections to and from peers, the
+    /// controller, state streams): a process's HTTP listeners refuse a connection that
+    /// would leave fewer free below its limit (`RLIMIT_NOFILE`, which a node raises to
+    /// the hard limit at start), so no HTTP client can cut a node off from its cluster.
+    pub fd_reserve: u64,
 }
 
 impl Default for Node {
     fn default() -> Self {
         Node {
             worker_slice: Some(Duration::from_micros(100)),
+            fd_reserve: 256,
+        }
+    }
+}
+
+/// The bounds of every HTTP listener of a Granule process (a node's `/metrics`, a
+/// service front door, the controller's dashboard), each on its own.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Http {
+    /// Connections one listener serves at once; a connection beyond is answered 503 and
+    /// closed at once (never queued).
+    pub max_connections: u64,
+    /// A connection must send a request's complete headers within this time of opening,
+    /// or of the first byte of its next request (a slow client holds no slot for long).
+    pub header_timeout: Duration,
+    /// A connection with no request running and no bytes moving for this long is closed
+    /// (idle keep-alive connections, clients that stop reading their answer).
+    pub idle_timeout: Duration,
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Http {
+            max_connections: 256,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
         }
     }
 }

@@ -292,6 +292,15 @@ pub static SETTINGS: &[Setting] = &[
         },
         |v: &Option<Duration>| v.map(format_duration).unwrap_or_else(|| "off".into()),
     ),
+    setting!(
+        "node.fd_reserve",
+        "GRANULE_FD_RESERVE",
+        "a whole number in 0..=1000000",
+        "file descriptors kept free for cluster traffic: HTTP listeners refuse connections that would leave fewer below the process's limit",
+        node.fd_reserve,
+        |v: &str| int_in(v, 0, 1_000_000).map(|n| n as u64),
+        |n: &u64| n.to_string(),
+    ),
     // ---- transport -----------------------------------------------------------------------
     setting!(
         "transport.max_frame",
@@ -336,6 +345,34 @@ pub static SETTINGS: &[Setting] = &[
         "how long a thread waiting for a reply polls before it sleeps",
         transport.spin,
         |v: &str| dur_in(v, Duration::ZERO, Duration::from_millis(10)),
+        |d: &Duration| format_duration(*d),
+    ),
+    // ---- http ----------------------------------------------------------------------------
+    setting!(
+        "http.max_connections",
+        "GRANULE_HTTP_MAX_CONNECTIONS",
+        "a whole number in 1..=1000000",
+        "connections each HTTP listener (node /metrics, service front door, dashboard) serves at once; beyond, 503 and closed",
+        http.max_connections,
+        |v: &str| int_in(v, 1, 1_000_000).map(|n| n as u64),
+        |n: &u64| n.to_string(),
+    ),
+    setting!(
+        "http.header_timeout",
+        "GRANULE_HTTP_HEADER_TIMEOUT",
+        "a duration in 10ms..=1h",
+        "an HTTP connection that has not sent a request's complete headers this long after opening (or after its next request's first byte) is closed",
+        http.header_timeout,
+        |v: &str| dur_in(v, Duration::from_millis(10), Duration::from_secs(3600)),
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "http.idle_timeout",
+        "GRANULE_HTTP_IDLE_TIMEOUT",
+        "a duration in 10ms..=24h",
+        "an HTTP connection with no request running and no bytes moving this long is closed",
+        http.idle_timeout,
+        |v: &str| dur_in(v, Duration::from_millis(10), Duration::from_secs(86_400)),
         |d: &Duration| format_duration(*d),
     ),
     // ---- migration -----------------------------------------------------------------------

@@ -143,7 +143,8 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
         .with_state(inner)
 }
 
-/// Serve until the future is dropped.
+/// Serve until the future is dropped, within the configured bounds
+/// ([`crate::ControllerConfig::http`]).
 pub(crate) async fn serve(listener: std::net::TcpListener, inner: Arc<Inner>) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
@@ -152,9 +153,8 @@ pub(crate) async fn serve(listener: std::net::TcpListener, inner: Arc<Inner>) {
             return;
         }
     };
-    if let Err(e) = axum::serve(listener, router(inner)).await {
-        tracing::warn!("the dashboard stopped: {e}");
-    }
+    let limits = inner.state.lock().config.http;
+    granule_http::serve(listener, router(inner), limits, "the dashboard").await;
 }
 
 /// Bind the dashboard's address now, so a port in use is reported at start-up.

@@ -46,6 +46,9 @@ pub struct ControllerConfig {
     /// (`IP:PORT`; port 0 picks a free one). `None`: no HTTP side. Default
     /// `127.0.0.1:0` (the runtime and the command pass `cluster.dashboard`).
     pub dashboard: Option<String>,
+    /// The bounds of the dashboard's HTTP listener (connections, timeouts, descriptor
+    /// reserve; the runtime and the command pass `http.*` and `node.fd_reserve`).
+    pub http: granule_http::Limits,
 }
 
 impl Default for ControllerConfig {
@@ -55,6 +58,7 @@ impl Default for ControllerConfig {
             failure_timeout: Duration::from_millis(1000),
             max_id_block: 1 << 16,
             dashboard: Some("127.0.0.1:0".into()),
+            http: granule_http::Limits::default(),
         }
     }
 }

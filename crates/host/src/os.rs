@@ -166,6 +166,57 @@ pub fn affinity(tid: i32) -> std::io::Result<Vec<usize>> {
         .collect())
 }
 
+/// This process's limit on open file descriptors (`RLIMIT_NOFILE`): (soft, hard).
+/// `u64::MAX` stands for no limit.
+pub fn nofile_limit() -> std::io::Result<(u64, u64)> {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_err(std::io::Error::from)
+}
+
+/// Raise this process's soft limit on open file descriptors to its hard limit, and
+/// return the new soft limit. Why: the soft limit is often 1024 while the hard limit is
+/// far higher; a node (or a test holding thousands of client sockets) should have every
+/// descriptor the system grants it, and the HTTP doors keep a reserve of them for cluster
+/// traffic below that limit.
+pub fn raise_nofile_limit() -> std::io::Result<u64> {
+    use nix::sys::resource::{setrlimit, Resource};
+    let (soft, hard) = nofile_limit()?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(std::io::Error::from)?;
+    }
+    Ok(soft.max(hard))
+}
+
+/// Set the soft limit on open file descriptors of process `pid` to `soft` (its hard
+/// limit is kept; a soft limit above it is refused by the kernel). Tests use it to give
+/// one node process a small limit after it started (a node raises its own soft limit at
+/// start-up); it needs the same user as the target, or root.
+pub fn set_nofile_soft_limit_of(pid: u32, soft: u64) -> std::io::Result<()> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "pid out of range"))?;
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit with a null new limit only writes the current limits into `old`, a
+    // valid, exclusively borrowed rlimit for the duration of the call.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let new = libc::rlimit {
+        rlim_cur: soft as libc::rlim_t,
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: `new` is a valid rlimit read by the kernel during the call; the old value is
+    // not asked for (null).
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,6 @@
 //! Readings of processes and threads from `/proc`: CPU time, resident memory, each
-//! thread's scheduler statistics, the task list, a process's state.
+//! thread's scheduler statistics, the task list, a process's state, its open file
+//! descriptors.
 //!
 //! Monitors call some of these every few milliseconds; they allocate little and never
 //! panic on odd content (a reading that cannot be made is `None` or 0).
@@ -228,9 +229,35 @@ pub fn thread_slice_ns() -> Option<u64> {
     line.split(':').nth(1)?.trim().parse().ok()
 }
 
+/// How many file descriptors this process has open (entries of `/proc/self/fd`, less the
+/// one the listing itself opens). The HTTP doors count them to keep a reserve for cluster
+/// traffic.
+pub fn open_fds() -> std::io::Result<u64> {
+    let n = std::fs::read_dir("/proc/self/fd")?.count() as u64;
+    Ok(n.saturating_sub(1))
+}
+
+/// How many file descriptors process `pid` has open (`/proc/<pid>/fd`; `None` when it
+/// cannot be read: gone, or another user's).
+pub fn open_fds_of(pid: u32) -> Option<u64> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_descriptors_are_counted() {
+        let f = std::fs::File::open("/proc/self/stat").unwrap();
+        // The standard streams and `f` at least.
+        assert!(open_fds().unwrap() >= 4);
+        assert!(open_fds_of(std::process::id()).unwrap() >= 4);
+        drop(f);
+        assert!(crate::os::raise_nofile_limit().unwrap() >= crate::os::nofile_limit().unwrap().0);
+        let (soft, hard) = crate::os::nofile_limit().unwrap();
+        assert_eq!(soft, hard, "raised to the hard limit");
+    }
 
     #[test]
     fn own_readings_are_plausible() {

@@ -244,6 +244,7 @@ impl Cluster {
                         heartbeat: cl.heartbeat,
                         failure_timeout: cl.failure_timeout,
                         dashboard: cl.dashboard.clone(),
+                        http: granule_http::Limits::from_config(&config),
                         ..ControllerConfig::default()
                     },
                 )?;

@@ -310,6 +310,13 @@ pub fn here() -> Option<granule_wire::NodeId> {
     current_node().map(|n| n.id)
 }
 
+/// The configuration of the node the calling code runs on (as [`here`]): libraries that
+/// start something per node (a service's front door) take their settings from it. `None`
+/// outside any cluster.
+pub fn node_config() -> Option<Arc<crate::Config>> {
+    current_node().map(|n| n.config.clone())
+}
+
 /// Wait for a future from synchronous code, Granule's way: inside a closure running on
 /// a node, the worker's core is handed to another thread while waiting, so nested calls
 /// (including ones back to this node) keep being served. Use it instead of other

@@ -69,7 +69,7 @@ pub use cluster::{run, Cluster, ClusterBuilder};
 pub use config::Config;
 pub use context::{
     block_on_public as block_on, cluster_nodes, cluster_nodes_async, cpu_bound, here, hosted_kind,
-    set_spin, spawn, thread_context, ThreadContext,
+    node_config, set_spin, spawn, thread_context, ThreadContext,
 };
 pub use error::{CallError, ClusterError};
 pub use footprint::Footprint;

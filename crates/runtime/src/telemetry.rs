@@ -170,11 +170,18 @@ pub(crate) fn bind(host: &str) -> std::io::Result<std::net::TcpListener> {
     Ok(l)
 }
 
-/// Serve `/metrics` until the node is gone.
+/// Serve `/metrics` until the node is gone, within the bounds of the node's
+/// configuration (`http.*`, `node.fd_reserve`).
 pub(crate) async fn serve(listener: std::net::TcpListener, node: Weak<NodeInner>) {
     use axum::http::header;
     use axum::response::IntoResponse;
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+        return;
+    };
+    let Some(limits) = node
+        .upgrade()
+        .map(|n| granule_http::Limits::from_config(&n.config))
+    else {
         return;
     };
     let app = axum::Router::new().route(
@@ -193,9 +200,7 @@ pub(crate) async fn serve(listener: std::net::TcpListener, node: Weak<NodeInner>
             }
         }),
     );
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::warn!("the node's /metrics endpoint stopped: {e}");
-    }
+    granule_http::serve(listener, app, limits, "the node's /metrics").await;
 }
 
 #[cfg(test)]

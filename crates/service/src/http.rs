@@ -6,7 +6,9 @@
 //! service's request and response types and its handler, so it can build a typed
 //! *dispatch* function on that node (JSON bytes → `Req` → routed call → `Resp` → JSON)
 //! and register it under the service's name. The first service installed on a node
-//! starts the node's server.
+//! starts the node's server. It serves through `granule-http`, within the node's bounds
+//! (`http.max_connections`, `http.header_timeout`, `http.idle_timeout`,
+//! `node.fd_reserve`).
 //!
 //! Routes:
 //! - `GET /v1/services`: the services installed here, as JSON.
@@ -136,6 +138,10 @@ fn start_server(ip: IpAddr, port: u16) -> Result<Server, String> {
     let addr = listener
         .local_addr()
         .map_err(|e| format!("front door socket: {e}"))?;
+    // The bounds of the node's configuration (`http.*`, `node.fd_reserve`).
+    let limits = granule_runtime::node_config()
+        .map(|c| granule_http::Limits::from_config(&c))
+        .unwrap_or_default();
     let services: Services = Default::default();
     let app = Router::new()
         .route("/v1/services", get(list))
@@ -150,13 +156,7 @@ fn start_server(ip: IpAddr, port: u16) -> Result<Server, String> {
                 return;
             }
         };
-        use axum::serve::ListenerExt;
-        let l = l.tap_io(|s| {
-            let _ = s.set_nodelay(true);
-        });
-        if let Err(e) = axum::serve(l, app).await {
-            tracing::warn!("front door on {addr} stopped: {e}");
-        }
+        granule_http::serve(l, app, limits, format!("front door on {addr}")).await;
     })
     .ok_or_else(|| "not on a Granule node".to_string())?;
     tracing::debug!("front door listening on http://{addr}");

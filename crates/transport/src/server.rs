@@ -50,6 +50,10 @@ pub async fn serve(
     config: Arc<TransportConfig>,
     handler: Arc<dyn Handler>,
 ) {
+    // Accept trouble is logged at most once a second (out of file descriptors, accept
+    // fails at every try: a line per try would flood the log).
+    let mut last_warned: Option<std::time::Instant> = None;
+    let mut held = 0u64;
     loop {
         match listener.inner.accept().await {
             Ok((stream, peer)) => {
@@ -61,9 +65,26 @@ pub async fn serve(
                     handler.clone(),
                 );
             }
+            // One connection reset before it was accepted: take the next.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
             Err(e) => {
                 // Typically out of file descriptors: back off instead of spinning.
-                tracing::warn!("accept failed on {}: {e}", listener.addr);
+                if last_warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    let more = std::mem::take(&mut held);
+                    tracing::warn!(
+                        "accept failed on {}: {e} ({more} more failures since the last report)",
+                        listener.addr
+                    );
+                    last_warned = Some(std::time::Instant::now());
+                } else {
+                    held += 1;
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }

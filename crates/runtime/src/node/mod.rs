@@ -263,6 +263,11 @@ impl Node {
         .map_err(|e| io_err("bind", e))?
         .map_err(|e| io_err("cannot listen for other nodes", e))?;
         let addr = advertised_addr(listener.local_addr(), &opts.controller);
+        // Every descriptor the system grants: the HTTP doors keep node.fd_reserve of them
+        // free below this limit for cluster traffic.
+        if let Err(e) = granule_host::os::raise_nofile_limit() {
+            tracing::warn!("cannot raise the limit on open files: {e}");
+        }
         let metrics_listener = crate::telemetry::bind(&config.cluster.listen_host)
             .map_err(|e| io_err("cannot serve /metrics", e))?;
         let metrics_addr = metrics_listener
