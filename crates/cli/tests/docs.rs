@@ -1,0 +1,1335 @@
+//! Documentation that cannot drift: every error or log line the docs quote, and every
+//! default they state, is checked here against the code.
+//!
+//! The documents: `README.md`, every chapter of `docs/guide/`, and the `//!` front page
+//! of `crates/granule/src/lib.rs`.
+//!
+//! - **Quoted messages.** Every line of a code block that begins with `granule: error:`
+//!   or is a `WARN` log line must be reproduced by one of [`scenarios`]: a real run of the
+//!   `granule` binary (arguments, environment, a port the test holds, a cluster this test
+//!   drives, run as an unprivileged user where the message needs one) whose stderr
+//!   contains the quoted line. In a quote, `...` matches anything; the parts that vary
+//!   (ports, paths, the euid) are named per scenario as substitutions. A message that
+//!   cannot be provoked from outside is built from the code's own string literals
+//!   instead ([`How::Source`]: each literal must still be in its file). A quote that no
+//!   scenario reproduces fails, saying what to add.
+//! - **Stated defaults.** Every mention of "default" next to a value (a number, a size,
+//!   a duration, a backticked value), and every flag default in the guide's command
+//!   table, must be covered by an entry of [`claims`]: the phrase as written and a check
+//!   against the code (`Config::default()`, a flag's `[default: ..]` in `--help`, an
+//!   exported constant, or a literal in the source). The settings tables of
+//!   `docs/guide/configuration.md` are checked row by row against `Config::default()`.
+//!   A phrase no longer in its file fails too, so the tables stay true.
+//!
+//! Run: `cargo test -p granule-cli --test docs`.
+
+mod common;
+
+use common::{Reaped, GRANULE};
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+// ---- the documents ---------------------------------------------------------------------
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// One document: its path from the repository root and its lines (for `lib.rs`, the
+/// text of its `//!` lines).
+struct Doc {
+    name: String,
+    lines: Vec<String>,
+}
+
+fn docs() -> Vec<Doc> {
+    let root = repo();
+    let mut names = vec!["README.md".to_string()];
+    let mut guide: Vec<String> = std::fs::read_dir(root.join("docs/guide"))
+        .expect("docs/guide")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/guide/{n}"))
+        .collect();
+    guide.sort();
+    assert!(guide.len() >= 7, "guide chapters: {guide:?}");
+    names.extend(guide);
+    let mut out: Vec<Doc> = names
+        .into_iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(root.join(&name)).expect("document");
+            Doc {
+                lines: text.lines().map(str::to_owned).collect(),
+                name,
+            }
+        })
+        .collect();
+    let lib = std::fs::read_to_string(root.join("crates/granule/src/lib.rs")).expect("lib.rs");
+    out.push(Doc {
+        name: "crates/granule/src/lib.rs".into(),
+        lines: lib
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("//!"))
+            .map(|l| l.strip_prefix(' ').unwrap_or(l).to_owned())
+            .collect(),
+    });
+    out
+}
+
+/// A line of a document, whether it sits in a fenced code block.
+struct Line<'a> {
+    doc: &'a str,
+    no: usize,
+    text: &'a str,
+    in_code: bool,
+}
+
+fn lines(docs: &[Doc]) -> Vec<Line<'_>> {
+    let mut out = Vec::new();
+    for d in docs {
+        let mut in_code = false;
+        for (i, l) in d.lines.iter().enumerate() {
+            if l.trim_start().starts_with("```") {
+                in_code = !in_code;
+                continue;
+            }
+            out.push(Line {
+                doc: &d.name,
+                no: i + 1,
+                text: l,
+                in_code,
+            });
+        }
+    }
+    out
+}
+
+// ---- matching ------------------------------------------------------------------------
+
+/// `quote` (with `...` matching anything) occurs in `text`, within one line.
+fn matches(quote: &str, text: &str) -> bool {
+    let quote = quote.replace('…', "...");
+    let pieces: Vec<&str> = quote.split("...").collect();
+    text.lines().any(|line| {
+        let mut at = 0;
+        pieces.iter().all(|p| match line[at..].find(p) {
+            Some(i) => {
+                at += i + p.len();
+                true
+            }
+            None => false,
+        })
+    })
+}
+
+/// Remove terminal colour codes (the log's formatter writes them even to a pipe).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Spaces and backticks do not count when a claim's value is looked for in its phrase.
+fn squash(s: &str) -> String {
+    s.chars()
+        .filter(|c| !c.is_whitespace() && *c != '`')
+        .collect()
+}
+
+// ---- quoted messages: the scenarios -----------------------------------------------------
+
+/// How a scenario gets the text the quotes are matched against.
+enum How {
+    /// Run `granule ARGS` with `env` (on top of an environment without `GRANULE_*`
+    /// variables). In arguments and values, `{held}` is a 127.0.0.1 port this test holds
+    /// open, `{cluster}` the controller of a cluster this test process drives (so the
+    /// `granule` binary is a foreign executable to it). `nobody`: run as uid/gid 65534
+    /// when the test runs as root (the messages of an unprivileged user).
+    Run {
+        args: &'static [&'static str],
+        env: &'static [(&'static str, &'static str)],
+        nobody: bool,
+    },
+    /// A message no run from outside can provoke deterministically: `example` is what the
+    /// code prints, and each `(file, literal)` of `from` is a string literal of that file
+    /// whose text (`{...}` placeholders matching anything) must appear in `example`, in
+    /// order. Rewording the code's message fails the test until the example and the
+    /// docs follow.
+    Source {
+        example: &'static str,
+        from: &'static [(&'static str, &'static str)],
+    },
+}
+
+struct Scenario {
+    name: &'static str,
+    how: How,
+    /// Parts of a quote that vary: (as the docs write it, what stands there in this run).
+    /// Values may use `{held}`, `{cluster}`, `{euid}`, `{granule}` (this build's
+    /// `granule` binary) and `{driver}` (this test binary, the driver of `{cluster}`).
+    subst: &'static [(&'static str, &'static str)],
+}
+
+/// Every scenario a quoted message can come from. To cover a new quote, add one here
+/// (or a substitution to an existing one).
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "a bad rate in the environment",
+            how: How::Run {
+                args: &["demo", "--seconds", "0.01"],
+                env: &[("GRANULE_MIGRATION_THROTTLE", "fast")],
+                nobody: false,
+            },
+            subst: &[],
+        },
+        Scenario {
+            name: "a bad node spec in the environment",
+            how: How::Run {
+                args: &["demo", "--seconds", "0.01"],
+                env: &[("GRANULE_NODES", "cpu=1,mem=lots")],
+                nobody: false,
+            },
+            subst: &[],
+        },
+        Scenario {
+            name: "a bad --mem",
+            how: How::Run {
+                args: &["node", "--controller", "127.0.0.1:1", "--mem", "lots"],
+                env: &[],
+                nobody: false,
+            },
+            subst: &[],
+        },
+        Scenario {
+            name: "--cpu 0",
+            how: How::Run {
+                args: &["node", "--controller", "127.0.0.1:1", "--cpu", "0"],
+                env: &[],
+                nobody: false,
+            },
+            subst: &[],
+        },
+        Scenario {
+            name: "the controller's port in use",
+            how: How::Run {
+                args: &["controller", "--listen", "{held}"],
+                env: &[],
+                nobody: false,
+            },
+            subst: &[("127.0.0.1:7070", "{held}")],
+        },
+        Scenario {
+            name: "the dashboard's port in use",
+            how: How::Run {
+                args: &["demo", "--seconds", "0.01"],
+                env: &[("GRANULE_DASHBOARD", "{held}")],
+                nobody: false,
+            },
+            subst: &[("127.0.0.1:8080", "{held}")],
+        },
+        Scenario {
+            // 192.0.2.0/24 is reserved for documentation: never this machine's.
+            name: "a --listen-host of another machine",
+            how: How::Run {
+                args: &[
+                    "node",
+                    "--controller",
+                    "127.0.0.1:1",
+                    "--listen-host",
+                    "192.0.2.1",
+                ],
+                env: &[],
+                nobody: false,
+            },
+            subst: &[],
+        },
+        Scenario {
+            name: "--listen that is not IP:PORT",
+            how: How::Run {
+                args: &["controller", "--listen", "nonsense"],
+                env: &[],
+                nobody: false,
+            },
+            subst: &[],
+        },
+        Scenario {
+            name: "no controller at the address",
+            how: How::Run {
+                args: &["status", "--controller", "127.0.0.1:1"],
+                env: &[],
+                nobody: false,
+            },
+            subst: &[],
+        },
+        Scenario {
+            name: "a node from another binary",
+            how: How::Run {
+                args: &["node", "--controller", "{cluster}", "--mem", "128MiB"],
+                env: &[],
+                nobody: false,
+            },
+            subst: &[
+                ("/home/me/.cargo/bin/granule", "{granule}"),
+                ("/path/to/my-app", "{driver}"),
+            ],
+        },
+        Scenario {
+            // The warning comes when the driver starts its node processes; a 1 ms
+            // start-up timeout then ends the run at once.
+            name: "an embedded cluster without cgroups (not root)",
+            how: How::Run {
+                args: &["demo", "--seconds", "0.01"],
+                env: &[("GRANULE_START_TIMEOUT", "1ms")],
+                nobody: true,
+            },
+            subst: &[("(euid 1000)", "(euid {euid})")],
+        },
+        Scenario {
+            name: "an antagonist without cgroups (not root)",
+            how: How::Run {
+                args: &[
+                    "antagonist",
+                    "cpu",
+                    "--node",
+                    "n1",
+                    "--controller",
+                    "127.0.0.1:1",
+                ],
+                env: &[],
+                nobody: true,
+            },
+            subst: &[("(euid 65534)", "(euid {euid})")],
+        },
+        Scenario {
+            // A node process that fails in `Node::start` exits with status 3; nothing a
+            // test can set from outside makes a spawned node fail while its driver
+            // starts.
+            name: "a node process that exits during start-up",
+            how: How::Source {
+                example: "granule: error: starting the local cluster: node process 0 exited during start-up (exit status: 3); its messages are above on stderr",
+                from: &[
+                    ("crates/cli/src/main.rs", "granule: error: {e:#}"),
+                    ("crates/cli/src/demo.rs", "starting the local cluster"),
+                    (
+                        "crates/runtime/src/cluster.rs",
+                        "node process {} exited during start-up ({status}); its messages are above on stderr",
+                    ),
+                ],
+            },
+            subst: &[],
+        },
+    ]
+}
+
+/// The values of the scenarios' placeholders, and what keeps them valid.
+struct Setup {
+    vars: BTreeMap<&'static str, String>,
+    _held: std::net::TcpListener,
+    _cluster: Option<granule::Cluster>,
+}
+
+fn setup(needs_cluster: bool) -> Setup {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
+    let mut vars = BTreeMap::new();
+    vars.insert("{held}", held.local_addr().expect("addr").to_string());
+    vars.insert("{granule}", GRANULE.to_string());
+    vars.insert(
+        "{driver}",
+        std::env::current_exe()
+            .expect("current_exe")
+            .display()
+            .to_string(),
+    );
+    vars.insert("{euid}", effective_uid(true).to_string());
+    let cluster = needs_cluster.then(|| {
+        granule::Cluster::builder()
+            .nodes("cpu=1,mem=128MiB")
+            .expect("spec")
+            .start()
+            .expect("a cluster driven by this test")
+    });
+    if let Some(c) = &cluster {
+        vars.insert("{cluster}", c.controller_addr().to_string());
+    }
+    Setup {
+        vars,
+        _held: held,
+        _cluster: cluster,
+    }
+}
+
+/// The euid a scenario runs with: 65534 when this test is root and the scenario drops
+/// privileges (`nobody`), else this process's own (read from a file it creates).
+fn effective_uid(nobody: bool) -> u32 {
+    if nobody && granule_host::proc::is_root() {
+        return 65534;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let f = tempfile::NamedTempFile::new().expect("temp file");
+    f.as_file().metadata().expect("metadata").uid()
+}
+
+fn fill(s: &str, vars: &BTreeMap<&'static str, String>) -> String {
+    let mut s = s.to_string();
+    for (k, v) in vars {
+        s = s.replace(k, v);
+    }
+    s
+}
+
+/// Run `granule args` with `env`, bounded; the child is killed on the way out. Returns
+/// its stderr, colour codes removed.
+fn run_scenario(
+    args: &[&str],
+    env: &[(&str, &str)],
+    nobody: bool,
+    vars: &BTreeMap<&'static str, String>,
+) -> String {
+    let mut cmd = Command::new(GRANULE);
+    cmd.args(args.iter().map(|a| fill(a, vars)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .current_dir(std::env::temp_dir());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("GRANULE_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, fill(v, vars));
+    }
+    if nobody && granule_host::proc::is_root() {
+        cmd.uid(65534).gid(65534);
+    }
+    let child = cmd.spawn().expect("start granule");
+    let mut child = Reaped(child);
+    let mut stderr = child.0.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.0.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(child); // kills it if it is still running
+    strip_ansi(&reader.join().unwrap_or_default())
+}
+
+/// Check a [`How::Source`] scenario's literals against their files; returns its example.
+fn source_example(example: &str, from: &[(&str, &str)]) -> Result<String, String> {
+    let mut at = 0;
+    for (file, literal) in from {
+        let text = std::fs::read_to_string(repo().join(file))
+            .map_err(|e| format!("cannot read {file}: {e}"))?;
+        if !text.contains(literal) {
+            return Err(format!(
+                "{file} no longer contains the literal \"{literal}\": update the scenario (and the docs that quote it)"
+            ));
+        }
+        // The literal's fixed text, placeholders dropped, in order in the example.
+        let mut rest = *literal;
+        while !rest.is_empty() {
+            let (fixed, after) = match rest.find('{') {
+                Some(i) => {
+                    let close = rest[i..].find('}').map(|j| i + j + 1).unwrap_or(rest.len());
+                    (&rest[..i], &rest[close..])
+                }
+                None => (rest, ""),
+            };
+            if !fixed.is_empty() {
+                match example[at..].find(fixed) {
+                    Some(i) => at += i + fixed.len(),
+                    None => {
+                        return Err(format!(
+                            "the example \"{example}\" does not contain \"{fixed}\" (from {file}) where expected"
+                        ))
+                    }
+                }
+            }
+            rest = after;
+        }
+    }
+    Ok(example.to_string())
+}
+
+/// A quoted message: a code-block line that begins with `granule: error:`, or a
+/// `WARN` log line.
+fn is_quoted_message(line: &Line<'_>) -> bool {
+    let t = line.text.trim_start();
+    let t = t.strip_prefix("$ ").unwrap_or(t);
+    line.in_code && (t.starts_with("granule: error:") || t.starts_with("WARN "))
+}
+
+#[test]
+fn every_quoted_message_is_what_the_code_prints() {
+    let started = Instant::now();
+    let docs = docs();
+    let quotes: Vec<(String, String)> = lines(&docs)
+        .iter()
+        .filter(|l| is_quoted_message(l))
+        .map(|l| {
+            let t = l.text.trim_start();
+            (
+                format!("{}:{}", l.doc, l.no),
+                t.strip_prefix("$ ").unwrap_or(t).trim_end().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        quotes.len() >= 14,
+        "expected the docs to quote the troubleshooting messages: {quotes:#?}"
+    );
+
+    let scenarios = scenarios();
+    let needs_cluster = scenarios.iter().any(
+        |s| matches!(&s.how, How::Run { args, .. } if args.iter().any(|a| a.contains("{cluster}"))),
+    );
+    let setup = setup(needs_cluster);
+    // Every scenario once, in parallel (each is a short run).
+    let outputs: Vec<Result<String, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = scenarios
+            .iter()
+            .map(|s| {
+                let vars = &setup.vars;
+                scope.spawn(move || match &s.how {
+                    How::Run { args, env, nobody } => Ok(run_scenario(args, env, *nobody, vars)),
+                    How::Source { example, from } => source_example(example, from),
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("scenario thread"))
+            .collect()
+    });
+    let mut failures = Vec::new();
+    for (s, out) in scenarios.iter().zip(&outputs) {
+        if let Err(e) = out {
+            failures.push(format!("scenario \"{}\": {e}", s.name));
+        }
+    }
+    let mut used = vec![false; scenarios.len()];
+    let mut unreproduced = false;
+    for (at, quote) in &quotes {
+        let mut found = false;
+        for (i, (s, out)) in scenarios.iter().zip(&outputs).enumerate() {
+            let Ok(out) = out else { continue };
+            let mut q = quote.clone();
+            for (written, actual) in s.subst {
+                let nobody = matches!(s.how, How::Run { nobody: true, .. });
+                let mut vars = setup.vars.clone();
+                vars.insert("{euid}", effective_uid(nobody).to_string());
+                q = q.replace(written, &fill(actual, &vars));
+            }
+            if matches(&q, out) {
+                found = true;
+                used[i] = true;
+            }
+        }
+        if !found {
+            unreproduced = true;
+            failures.push(format!(
+                "{at} quotes a message no scenario reproduces:\n    {quote}\n\
+                 Fix the quote to what the code prints (`...` matches anything), or add a \
+                 scenario to `scenarios()` in crates/cli/tests/docs.rs (command, environment, \
+                 substitutions for the parts that vary) whose stderr contains it."
+            ));
+        }
+    }
+    for (s, used) in scenarios.iter().zip(&used) {
+        if !used {
+            failures.push(format!(
+                "scenario \"{}\" reproduces no quoted line of the docs: remove it, or fix it",
+                s.name
+            ));
+        }
+    }
+    if unreproduced {
+        let outs: Vec<String> = scenarios
+            .iter()
+            .zip(&outputs)
+            .map(|(s, o)| match o {
+                Ok(o) => format!("  [{}]\n{}", s.name, indent(o)),
+                Err(e) => format!("  [{}] failed: {e}", s.name),
+            })
+            .collect();
+        failures.push(format!("What the scenarios printed:\n{}", outs.join("\n")));
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
+    eprintln!(
+        "{} quoted messages checked against {} scenarios in {:.1} s",
+        quotes.len(),
+        scenarios.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+fn indent(s: &str) -> String {
+    s.lines()
+        .take(20)
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// ---- stated defaults: the claims ----------------------------------------------------
+
+/// How a claim is checked against the code.
+enum Check {
+    /// `granule_config::Config::default().get(key)` prints this.
+    Setting(&'static str, &'static str),
+    /// `granule SUBCOMMAND.. --help` shows `[default: VALUE]` for the flag.
+    Flag(&'static [&'static str], &'static str, &'static str),
+    /// A value the code exports, printed, equals the expected text.
+    Value(fn() -> String, &'static str),
+    /// A file of the repository contains this literal (for values that are not
+    /// exported).
+    Source(&'static str, &'static str),
+    /// The phrase mentions a default but states none of Granule's (say why).
+    NotAClaim(&'static str),
+}
+
+struct Claim {
+    /// The document, from the repository root.
+    file: &'static str,
+    /// The phrase, exactly as written on one line of the file.
+    phrase: &'static str,
+    /// The value as the phrase writes it (spaces and backticks aside); must be in it.
+    says: &'static str,
+    check: Check,
+}
+
+fn setting(file: &'static str, phrase: &'static str, key: &'static str, v: &'static str) -> Claim {
+    Claim {
+        file,
+        phrase,
+        says: v,
+        check: Check::Setting(key, v),
+    }
+}
+
+fn claim(file: &'static str, phrase: &'static str, says: &'static str, check: Check) -> Claim {
+    Claim {
+        file,
+        phrase,
+        says,
+        check,
+    }
+}
+
+fn not_a_claim(file: &'static str, phrase: &'static str, why: &'static str) -> Claim {
+    Claim {
+        file,
+        phrase,
+        says: "",
+        check: Check::NotAClaim(why),
+    }
+}
+
+const README: &str = "README.md";
+const CONCEPTS: &str = "docs/guide/concepts.md";
+const CONFIGURATION: &str = "docs/guide/configuration.md";
+const MULTI: &str = "docs/guide/multi-machine.md";
+const OPERATIONS: &str = "docs/guide/operations.md";
+const TROUBLESHOOTING: &str = "docs/guide/troubleshooting.md";
+const TUTORIAL: &str = "docs/guide/tutorial.md";
+const LIB: &str = "crates/granule/src/lib.rs";
+
+fn two_default_nodes() -> String {
+    let c = granule::Config::default();
+    let specs: Vec<String> = c
+        .cluster
+        .nodes
+        .iter()
+        .map(|s| format!("cpu={},mem={}GiB", s.cores, s.mem_bytes >> 30))
+        .collect();
+    format!("{} of {}", specs.len(), specs.join(" and "))
+}
+
+const MEM_FREE_MIN_AUTO: &str =
+    "default auto: a size such as 64MiB, or auto (10% of the limit, within 32MiB..=256MiB)";
+
+fn mem_free_min_accepts() -> String {
+    let key = "pressure.mem_free_min";
+    let s = granule::config::setting(key).expect("pressure.mem_free_min");
+    let default = granule::Config::default().get(key).unwrap_or_default();
+    format!("default {default}: {}", s.accepts)
+}
+
+/// Every default the docs state, with its check. A new mention of a default (the word
+/// next to a value) fails the test until it is added here.
+fn claims() -> Vec<Claim> {
+    const DEMO_NODES: Check = Check::Source(
+        "crates/cli/src/demo.rs",
+        "\"cpu=1,mem=512MiB;cpu=1,mem=512MiB;cpu=1,mem=512MiB\"",
+    );
+    vec![
+        // README.md
+        claim(
+            README,
+            "starts, by default, a controller inside the",
+            "a controller inside the",
+            Check::Setting("cluster.controller", "off"),
+        ),
+        claim(
+            README,
+            "failure-detection timeout, default 1 s",
+            "1 s",
+            Check::Setting("cluster.failure_timeout", "1s"),
+        ),
+        claim(
+            README,
+            "`ArgmaxPolicy` the default",
+            "ArgmaxPolicy",
+            Check::Source(
+                "crates/runtime/src/node/monitor.rs",
+                "policy: Box::new(ArgmaxPolicy::default())",
+            ),
+        ),
+        claim(
+            README,
+            "low-latency default: at most 2 MiB",
+            "2 MiB",
+            Check::Value(
+                || format!("{} MiB", granule::sharded::Bounds::LOW_LATENCY.upper >> 20),
+                "2 MiB",
+            ),
+        ),
+        claim(
+            README,
+            "`Greedy` (the default)",
+            "Greedy",
+            Check::Source(
+                "crates/batch/src/lib.rs",
+                "policy: Box::new(Greedy::default())",
+            ),
+        ),
+        claim(
+            README,
+            "(`short`, default 64)",
+            "64",
+            Check::Source("crates/batch/src/policy.rs", "short: 64,"),
+        ),
+        setting(
+            README,
+            "(default `127.0.0.1:0`, a free port;",
+            "cluster.dashboard",
+            "127.0.0.1:0",
+        ),
+        setting(README, "(default `warn`;", "cluster.log", "warn"),
+        claim(
+            README,
+            "own given to `ClusterBuilder::defaults` (`granule demo` brings three nodes this way); the",
+            "three nodes",
+            Check::Source(
+                "crates/cli/src/demo.rs",
+                "\"cpu=1,mem=512MiB;cpu=1,mem=512MiB;cpu=1,mem=512MiB\"",
+            ),
+        ),
+        setting(
+            README,
+            "`faults.enabled` is off by default",
+            "faults.enabled",
+            "off",
+        ),
+        claim(
+            README,
+            "throttled node stalls at most 20 ms, not the kernel default's 100)",
+            "20 ms",
+            Check::Setting("cluster.cfs_period", "20ms"),
+        ),
+        not_a_claim(
+            README,
+            "with the default weight",
+            "the kernel's default cpu.shares; the value given next to it is an example flag",
+        ),
+        claim(
+            README,
+            "(DIR defaults to `docs/results`)",
+            "docs/results",
+            Check::Flag(&["bench"], "--out", "docs/results"),
+        ),
+        // README.md: defaults stated without the word (not required by the detector;
+        // checked all the same)
+        claim(
+            README,
+            "in 512 KiB chunks",
+            "512 KiB",
+            Check::Setting("migration.chunk", "512KiB"),
+        ),
+        setting(README, "chunks, 8 in flight", "migration.window", "8"),
+        claim(
+            README,
+            "averaged with a 1 s time constant",
+            "1 s",
+            Check::Setting("pressure.cpu_window", "1s"),
+        ),
+        claim(
+            README,
+            "samples its memory every 5 ms",
+            "5 ms",
+            Check::Setting("pressure.mem_interval", "5ms"),
+        ),
+        claim(
+            README,
+            "10 % of the limit, at least 32 MiB and at most 256 MiB",
+            "32 MiB",
+            Check::Value(mem_free_min_accepts, MEM_FREE_MIN_AUTO),
+        ),
+        claim(
+            README,
+            "less than 2 s at the rate",
+            "2 s",
+            Check::Setting("pressure.mem_horizon", "2s"),
+        ),
+        claim(
+            README,
+            "throttled in more than 20 % of its",
+            "20 %",
+            Check::Setting("pressure.cpu_throttled_max", "0.2"),
+        ),
+        claim(
+            README,
+            "decided every 2 ms",
+            "2 ms",
+            Check::Value(
+                || format!("{:?}", granule::batch::policy::DEFAULT_INTERVAL),
+                "2ms",
+            ),
+        ),
+        claim(
+            README,
+            "(`new()`, shards ≤ 2 MiB",
+            "2 MiB",
+            Check::Value(
+                || format!("{} MiB", granule::sharded::Bounds::LOW_LATENCY.upper >> 20),
+                "2 MiB",
+            ),
+        ),
+        claim(
+            README,
+            "(`batching()`, shards ≤ 32 MiB",
+            "32 MiB",
+            Check::Value(
+                || format!("{} MiB", granule::sharded::Bounds::BATCHING.upper >> 20),
+                "32 MiB",
+            ),
+        ),
+        claim(
+            README,
+            "heartbeats (every 100 ms)",
+            "100 ms",
+            Check::Setting("cluster.heartbeat", "100ms"),
+        ),
+        claim(
+            README,
+            "it keeps the last 2000",
+            "2000",
+            Check::Source(
+                "crates/controller/src/state.rs",
+                "pub const EVENT_LOG: usize = 2000;",
+            ),
+        ),
+        claim(
+            README,
+            "grows onto nodes with ≥ 0.6 idle cores",
+            "0.6",
+            Check::Value(
+                || granule::batch::Greedy::default().min_spare.to_string(),
+                "0.6",
+            ),
+        ),
+        // docs/guide/concepts.md
+        claim(
+            CONCEPTS,
+            "samples its memory every 5 ms",
+            "5 ms",
+            Check::Setting("pressure.mem_interval", "5ms"),
+        ),
+        claim(
+            CONCEPTS,
+            "CPU every 20 ms",
+            "20 ms",
+            Check::Setting("pressure.cpu_interval", "20ms"),
+        ),
+        claim(
+            CONCEPTS,
+            "below 10 % of its limit",
+            "10 %",
+            Check::Value(mem_free_min_accepts, MEM_FREE_MIN_AUTO),
+        ),
+        claim(
+            CONCEPTS,
+            "out within 2 s at the current growth rate",
+            "2 s",
+            Check::Setting("pressure.mem_horizon", "2s"),
+        ),
+        claim(
+            CONCEPTS,
+            "`Greedy` (the default: every",
+            "Greedy",
+            Check::Source(
+                "crates/batch/src/lib.rs",
+                "policy: Box::new(Greedy::default())",
+            ),
+        ),
+        // docs/guide/configuration.md (its settings tables are checked row by row)
+        claim(
+            CONFIGURATION,
+            "`ClusterBuilder::defaults` (that is how `granule demo` starts three nodes);",
+            "three nodes",
+            DEMO_NODES,
+        ),
+        claim(
+            CONFIGURATION,
+            "`--seconds S` (each call-rate measurement, default 0.5)",
+            "0.5",
+            Check::Flag(&["demo"], "--seconds", "0.5"),
+        ),
+        claim(
+            CONFIGURATION,
+            "three `cpu=1,mem=512MiB` nodes unless `cluster.nodes` says otherwise",
+            "cpu=1,mem=512MiB",
+            DEMO_NODES,
+        ),
+        claim(
+            CONFIGURATION,
+            "`--out DIR` (default `docs/results`)",
+            "docs/results",
+            Check::Flag(&["bench"], "--out", "docs/results"),
+        ),
+        claim(
+            CONFIGURATION,
+            "`--listen ADDR` (default `0.0.0.0:7070`)",
+            "0.0.0.0:7070",
+            Check::Flag(&["controller"], "--listen", "0.0.0.0:7070"),
+        ),
+        claim(
+            CONFIGURATION,
+            "`--cpu N` (1)",
+            "1",
+            Check::Flag(&["node"], "--cpu", "1"),
+        ),
+        claim(
+            CONFIGURATION,
+            "`--mem SIZE` (`1GiB`)",
+            "1GiB",
+            Check::Flag(&["node"], "--mem", "1GiB"),
+        ),
+        claim(
+            CONFIGURATION,
+            "`--interval D` (`1s`)",
+            "1s",
+            Check::Flag(&["top"], "--interval", "1s"),
+        ),
+        // docs/guide/multi-machine.md
+        claim(
+            MULTI,
+            "The dashboard binds to 127.0.0.1 by default",
+            "127.0.0.1",
+            Check::Setting("cluster.dashboard", "127.0.0.1:0"),
+        ),
+        setting(
+            MULTI,
+            "`GRANULE_DASHBOARD` (default `127.0.0.1:0`)",
+            "cluster.dashboard",
+            "127.0.0.1:0",
+        ),
+        setting(
+            MULTI,
+            "`127.0.0.1`, the default,",
+            "cluster.listen_host",
+            "127.0.0.1",
+        ),
+        claim(
+            MULTI,
+            "Nodes send heartbeats every 100 ms",
+            "100 ms",
+            Check::Setting("cluster.heartbeat", "100ms"),
+        ),
+        claim(
+            MULTI,
+            "a node silent for 1 s",
+            "1 s",
+            Check::Setting("cluster.failure_timeout", "1s"),
+        ),
+        // docs/guide/operations.md
+        setting(
+            OPERATIONS,
+            "(default `127.0.0.1:0`, a free local port;",
+            "cluster.dashboard",
+            "127.0.0.1:0",
+        ),
+        claim(
+            OPERATIONS,
+            "`?after=SEQ` (default 0)",
+            "0",
+            Check::Source(
+                "crates/controller/src/http.rs",
+                "let after = query_u64(&q, \"after\").unwrap_or(0);",
+            ),
+        ),
+        claim(
+            OPERATIONS,
+            "at most `?limit=N` (default 500)",
+            "500",
+            Check::Source("crates/controller/src/http.rs", ".unwrap_or(500)"),
+        ),
+        claim(
+            OPERATIONS,
+            "the controller keeps its last 2000",
+            "2000",
+            Check::Source(
+                "crates/controller/src/state.rs",
+                "pub const EVENT_LOG: usize = 2000;",
+            ),
+        ),
+        claim(
+            OPERATIONS,
+            "every `--interval` (default `1s`)",
+            "1s",
+            Check::Flag(&["top"], "--interval", "1s"),
+        ),
+        setting(OPERATIONS, "(default `warn`; `info` shows", "cluster.log", "warn"),
+        // docs/guide/troubleshooting.md
+        setting(
+            TROUBLESHOOTING,
+            "(`GRANULE_SHED` on, the default)",
+            "pressure.shed",
+            "on",
+        ),
+        // docs/guide/tutorial.md
+        claim(
+            TUTORIAL,
+            "default two nodes of cpu=1,mem=1GiB",
+            "two",
+            Check::Value(two_default_nodes, "2 of cpu=1,mem=1GiB and cpu=1,mem=1GiB"),
+        ),
+        // crates/granule/src/lib.rs
+        claim(
+            LIB,
+            "two of cpu=1,mem=1GiB by default",
+            "two of cpu=1,mem=1GiB",
+            Check::Value(two_default_nodes, "2 of cpu=1,mem=1GiB and cpu=1,mem=1GiB"),
+        ),
+    ]
+}
+
+/// `granule PATH --help`.
+fn help(path: &[&str]) -> String {
+    let out = Command::new(GRANULE)
+        .args(path)
+        .arg("--help")
+        .output()
+        .expect("granule --help");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `[default: ..]` clap prints for `flag` in `help`, if any.
+fn flag_default(help: &str, flag: &str) -> Option<String> {
+    let lines: Vec<&str> = help.lines().collect();
+    let start = lines.iter().position(|l| {
+        l.split(|c: char| c.is_whitespace() || c == ',' || c == '=')
+            .any(|w| w == flag)
+    })?;
+    let mut text = String::new();
+    for (i, l) in lines[start..].iter().enumerate() {
+        if i > 0 && l.trim_start().starts_with('-') {
+            break;
+        }
+        text.push_str(l);
+        text.push(' ');
+    }
+    let at = text.find("[default: ")? + "[default: ".len();
+    let end = text[at..].find(']')? + at;
+    Some(text[at..end].to_string())
+}
+
+fn run_check(check: &Check) -> Result<(), String> {
+    match check {
+        Check::Setting(key, want) => match granule::Config::default().get(key) {
+            Some(got) if got == *want => Ok(()),
+            Some(got) => Err(format!(
+                "the code's default of {key} is `{got}`, not `{want}`"
+            )),
+            None => Err(format!("no setting {key}")),
+        },
+        Check::Flag(path, flag, want) => {
+            let help = help(path);
+            match flag_default(&help, flag) {
+                Some(got) if got == *want => Ok(()),
+                got => Err(format!(
+                    "`granule {} --help` gives {flag} the default {got:?}, not `{want}`:\n{help}",
+                    path.join(" ")
+                )),
+            }
+        }
+        Check::Value(f, want) => match f() {
+            got if got == *want => Ok(()),
+            got => Err(format!("the code gives `{got}`, not `{want}`")),
+        },
+        Check::Source(file, literal) => {
+            let text = std::fs::read_to_string(repo().join(file))
+                .map_err(|e| format!("cannot read {file}: {e}"))?;
+            if text.contains(literal) {
+                Ok(())
+            } else {
+                Err(format!("{file} no longer contains `{literal}`"))
+            }
+        }
+        Check::NotAClaim(why) if why.trim().is_empty() => {
+            Err("a phrase that states no default needs the reason".into())
+        }
+        Check::NotAClaim(_) => Ok(()),
+    }
+}
+
+/// The byte offsets in `line` where a stated default must be covered by a claim: the
+/// word "default" (or "defaults") next to a value, outside backticks (there it names
+/// code: `Config::default()`), and in code blocks only inside comments; and in the
+/// guide's table of `granule` commands, a flag followed by its value in parentheses.
+fn default_mentions(line: &Line<'_>) -> Vec<usize> {
+    let text = line.text;
+    let mut out = Vec::new();
+    let from = if line.in_code {
+        match text.find("//").or_else(|| text.find("# ")) {
+            Some(i) => i,
+            None => return out,
+        }
+    } else {
+        // A numbered list's marker ("1. ") is not a value.
+        let t = text.trim_start();
+        let digits = t.chars().take_while(char::is_ascii_digit).count();
+        if digits > 0 && t[digits..].starts_with(". ") {
+            text.len() - t.len() + digits + 2
+        } else {
+            0
+        }
+    };
+    // A value near the word: a digit or a backtick within 25 bytes before it or 45 after.
+    let near_value = |i: usize| {
+        let (mut lo, mut hi) = (i.saturating_sub(25).max(from), (i + 45).min(text.len()));
+        while !text.is_char_boundary(lo) {
+            lo += 1;
+        }
+        while !text.is_char_boundary(hi) {
+            hi -= 1;
+        }
+        text[lo..hi].chars().any(|c| c.is_ascii_digit() || c == '`')
+    };
+    let lower = text.to_ascii_lowercase();
+    let mut in_ticks = false;
+    let bytes = text.as_bytes();
+    for i in 0..text.len() {
+        if bytes[i] == b'`' {
+            in_ticks = !in_ticks;
+        }
+        if i < from || (in_ticks && !line.in_code) || !text.is_char_boundary(i) {
+            continue;
+        }
+        if lower[i..].starts_with("default") {
+            let before = if i == 0 { b' ' } else { bytes[i - 1] };
+            let names_code = before.is_ascii_alphanumeric() || matches!(before, b'_' | b':' | b'.');
+            if !names_code && near_value(i) {
+                out.push(i);
+            }
+        }
+    }
+    if !line.in_code && text.starts_with("| `granule ") {
+        // `--flag X` (VALUE): a value, not a setting's key or variable.
+        let mut at = 0;
+        while let Some(i) = text[at..].find("` (") {
+            let open = at + i + 2;
+            let close = text[open..]
+                .find(')')
+                .map(|j| open + j)
+                .unwrap_or(text.len());
+            let inner = text[open + 1..close].trim_matches('`');
+            let names_a_setting = inner.starts_with("GRANULE_")
+                || granule::config::SETTINGS.iter().any(|s| s.key == inner);
+            if !inner.contains(' ') && !inner.is_empty() && !names_a_setting {
+                out.push(open);
+            }
+            at = open;
+        }
+    }
+    out
+}
+
+/// A settings-table row of the configuration chapter: (key, default cell).
+fn settings_row(text: &str) -> Option<(String, String)> {
+    let cells: Vec<&str> = text.split('|').map(str::trim).collect();
+    if cells.len() < 6 || !cells[2].starts_with("`GRANULE_") {
+        return None;
+    }
+    Some((cells[1].trim_matches('`').to_string(), cells[3].to_string()))
+}
+
+#[test]
+fn every_stated_default_is_the_codes() {
+    let docs = docs();
+    let all = lines(&docs);
+    let claims = claims();
+    let mut failures = Vec::new();
+
+    // The settings tables: every row's default is Config::default()'s.
+    let defaults = granule::Config::default();
+    let mut rows = 0;
+    for l in all.iter().filter(|l| l.doc == CONFIGURATION && !l.in_code) {
+        let Some((key, cell)) = settings_row(l.text) else {
+            continue;
+        };
+        rows += 1;
+        let want = match defaults.get(&key) {
+            Some(v) if v.is_empty() => "(empty)".to_string(),
+            Some(v) => format!("`{v}`"),
+            None => {
+                failures.push(format!("{CONFIGURATION}:{}: no setting {key}", l.no));
+                continue;
+            }
+        };
+        if cell != want {
+            failures.push(format!(
+                "{CONFIGURATION}:{}: {key} defaults to {want}, the table says {cell} \
+                 (`cargo run -p granule-config --example settings_table` prints the tables)",
+                l.no
+            ));
+        }
+    }
+    assert_eq!(
+        rows,
+        granule::config::SETTINGS.len(),
+        "one settings-table row per setting in {CONFIGURATION}"
+    );
+
+    // Every claim: its phrase is still in its file, says its value, and the code agrees.
+    let mut covered: Vec<(String, usize, usize, usize)> = Vec::new(); // doc, line, from, to
+    for c in &claims {
+        let hits: Vec<&Line<'_>> = all
+            .iter()
+            .filter(|l| l.doc == c.file && l.text.contains(c.phrase))
+            .collect();
+        if hits.is_empty() {
+            failures.push(format!(
+                "claim \"{}\" is no longer in {}: update or remove it in `claims()` of crates/cli/tests/docs.rs",
+                c.phrase, c.file
+            ));
+            continue;
+        }
+        for l in hits {
+            let from = l.text.find(c.phrase).expect("found above");
+            covered.push((c.file.to_string(), l.no, from, from + c.phrase.len()));
+        }
+        if !matches!(c.check, Check::NotAClaim(_)) && !squash(c.phrase).contains(&squash(c.says)) {
+            failures.push(format!(
+                "claim \"{}\" ({}): its phrase does not say `{}`",
+                c.phrase, c.file, c.says
+            ));
+        }
+        if let Err(e) = run_check(&c.check) {
+            failures.push(format!("{}: \"{}\": {e}", c.file, c.phrase));
+        }
+    }
+
+    // Every mention of a default is covered by a claim.
+    for l in &all {
+        if l.doc == CONFIGURATION && settings_row(l.text).is_some() {
+            continue;
+        }
+        for at in default_mentions(l) {
+            let ok = covered
+                .iter()
+                .any(|(d, no, from, to)| d == l.doc && *no == l.no && (*from..*to).contains(&at));
+            if !ok {
+                failures.push(format!(
+                    "{}:{} states a default no test checks:\n    {}\n\
+                     Add a claim to `claims()` in crates/cli/tests/docs.rs: the phrase as \
+                     written (it must contain the position marked: `{}`), the value it \
+                     says, and a check (Check::Setting for a configuration setting, \
+                     Check::Flag for a flag, Check::Value for an exported constant, \
+                     Check::Source for a literal, Check::NotAClaim with the reason if it \
+                     states no default of Granule's).",
+                    l.doc,
+                    l.no,
+                    l.text.trim(),
+                    &l.text[at..(at + 24).min(l.text.len())]
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
+}
+
+/// The detector of stated defaults itself: what it must flag and what it must not.
+#[test]
+fn the_default_detector_flags_values_and_skips_code_names() {
+    let line = |text: &'static str, in_code: bool| Line {
+        doc: "x",
+        no: 1,
+        text,
+        in_code,
+    };
+    assert_eq!(
+        default_mentions(&line("a timeout (default 1 s)", false)).len(),
+        1
+    );
+    assert_eq!(
+        default_mentions(&line("binds to `127.0.0.1` by default", false)).len(),
+        1
+    );
+    assert!(default_mentions(&line("never replaced by a default:", false)).is_empty());
+    assert!(default_mentions(&line("1. the defaults: the built-in ones, or a", false)).is_empty());
+    assert!(default_mentions(&line(
+        "`Cluster::builder()` follows the precedence: the defaults, then",
+        false
+    ))
+    .is_empty());
+    assert_eq!(
+        default_mentions(&line("`plot.png` (DIR defaults to `docs/results`)", false)).len(),
+        1
+    );
+    assert!(default_mentions(&line("`Config::default()` and `or_default` 1", false)).is_empty());
+    assert!(default_mentions(&line("let c = Config::default(); // 1", true)).is_empty());
+    assert_eq!(
+        default_mentions(&line("x(); // two of cpu=1 by default", true)).len(),
+        1
+    );
+    assert_eq!(
+        default_mentions(&line(
+            "| `granule top` | `--controller ADDR` (`GRANULE_CONTROLLER`), `--interval D` (`1s`) | x |",
+            false
+        ))
+        .len(),
+        1
+    );
+    assert!(matches(
+        "WARN a: b ... (euid 7)",
+        &strip_ansi("2024 \u{1b}[33m WARN\u{1b}[0m a: b c (euid 7). For")
+    ));
+    assert!(!matches(
+        "granule: error: a ... c",
+        "granule: error: c ... a"
+    ));
+    assert_eq!(
+        flag_default("  --cpu <CPU>\n          Cores [default: 1]\n  --mem <MEM>\n          [default: 1GiB]\n", "--mem"),
+        Some("1GiB".into())
+    );
+}
