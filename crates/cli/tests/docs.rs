@@ -9,10 +9,9 @@
 //!   `granule` binary (arguments, environment, a port the test holds, a cluster this test
 //!   drives, run as an unprivileged user where the message needs one) whose stderr
 //!   contains the quoted line. In a quote, `...` matches anything; the parts that vary
-//!   (ports, paths, the euid) are named per scenario as substitutions. A message that
-//!   cannot be provoked from outside is built from the code's own string literals
-//!   instead ([`How::Source`]: each literal must still be in its file). A quote that no
-//!   scenario reproduces fails, saying what to add.
+//!   (ports, paths, the euid) are named per scenario as substitutions; failures inside
+//!   node processes are provoked with failpoints armed from the configuration. A quote
+//!   that no scenario reproduces fails, saying what to add.
 //! - **Stated defaults.** Every mention of "default" next to a value (a number, a size,
 //!   a duration, a backticked value), and every flag default in the guide's command
 //!   table, must be covered by an entry of [`claims`]: the phrase as written and a check
@@ -164,15 +163,6 @@ enum How {
         env: &'static [(&'static str, &'static str)],
         nobody: bool,
     },
-    /// A message no run from outside can provoke deterministically: `example` is what the
-    /// code prints, and each `(file, literal)` of `from` is a string literal of that file
-    /// whose text (`{...}` placeholders matching anything) must appear in `example`, in
-    /// order. Rewording the code's message fails the test until the example and the
-    /// docs follow.
-    Source {
-        example: &'static str,
-        from: &'static [(&'static str, &'static str)],
-    },
 }
 
 struct Scenario {
@@ -316,20 +306,17 @@ fn scenarios() -> Vec<Scenario> {
             subst: &[("(euid 65534)", "(euid {euid})")],
         },
         Scenario {
-            // A node process that fails in `Node::start` exits with status 3; nothing a
-            // test can set from outside makes a spawned node fail while its driver
-            // starts.
+            // The `node.start` failpoint (armed from the configuration; spawned nodes
+            // get the driver's) fails a node process's start-up, never the driver's.
             name: "a node process that exits during start-up",
-            how: How::Source {
-                example: "granule: error: starting the local cluster: node process 0 exited during start-up (exit status: 3); its messages are above on stderr",
-                from: &[
-                    ("crates/cli/src/main.rs", "granule: error: {e:#}"),
-                    ("crates/cli/src/demo.rs", "starting the local cluster"),
-                    (
-                        "crates/runtime/src/cluster.rs",
-                        "node process {} exited during start-up ({status}); its messages are above on stderr",
-                    ),
+            how: How::Run {
+                args: &["demo", "--seconds", "0.01"],
+                env: &[
+                    ("GRANULE_NODES", "cpu=1,mem=256MiB"),
+                    ("GRANULE_FAULTS", "on"),
+                    ("GRANULE_FAILPOINTS", "node.start=error"),
                 ],
+                nobody: false,
             },
             subst: &[],
         },
@@ -433,43 +420,6 @@ fn run_scenario(
     strip_ansi(&reader.join().unwrap_or_default())
 }
 
-/// Check a [`How::Source`] scenario's literals against their files; returns its example.
-fn source_example(example: &str, from: &[(&str, &str)]) -> Result<String, String> {
-    let mut at = 0;
-    for (file, literal) in from {
-        let text = std::fs::read_to_string(repo().join(file))
-            .map_err(|e| format!("cannot read {file}: {e}"))?;
-        if !text.contains(literal) {
-            return Err(format!(
-                "{file} no longer contains the literal \"{literal}\": update the scenario (and the docs that quote it)"
-            ));
-        }
-        // The literal's fixed text, placeholders dropped, in order in the example.
-        let mut rest = *literal;
-        while !rest.is_empty() {
-            let (fixed, after) = match rest.find('{') {
-                Some(i) => {
-                    let close = rest[i..].find('}').map(|j| i + j + 1).unwrap_or(rest.len());
-                    (&rest[..i], &rest[close..])
-                }
-                None => (rest, ""),
-            };
-            if !fixed.is_empty() {
-                match example[at..].find(fixed) {
-                    Some(i) => at += i + fixed.len(),
-                    None => {
-                        return Err(format!(
-                            "the example \"{example}\" does not contain \"{fixed}\" (from {file}) where expected"
-                        ))
-                    }
-                }
-            }
-            rest = after;
-        }
-    }
-    Ok(example.to_string())
-}
-
 /// A quoted message: a code-block line that begins with `granule: error:`, or a
 /// `WARN` log line.
 fn is_quoted_message(line: &Line<'_>) -> bool {
@@ -510,8 +460,9 @@ fn every_quoted_message_is_what_the_code_prints() {
             .map(|s| {
                 let vars = &setup.vars;
                 scope.spawn(move || match &s.how {
-                    How::Run { args, env, nobody } => Ok(run_scenario(args, env, *nobody, vars)),
-                    How::Source { example, from } => source_example(example, from),
+                    How::Run { args, env, nobody } => {
+                        Ok::<String, String>(run_scenario(args, env, *nobody, vars))
+                    }
                 })
             })
             .collect();

@@ -37,6 +37,10 @@ use std::time::{Duration, Instant};
 /// error (a typo must not silently test nothing).
 pub const CATALOGUE: &[(&str, &str)] = &[
     (
+        "node.start",
+        "a node process (not a driver) starting, before it registers: error fails its start-up (it exits with status 3)",
+    ),
+    (
         "migrate.before_lock",
         "source of a move: before it takes the proclet's lock (calls still run)",
     ),

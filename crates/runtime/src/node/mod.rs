@@ -217,6 +217,11 @@ impl Node {
         context::install_panic_hook();
         let config = opts.config.clone();
         let faults = NodeFaults::new(&config.faults).map_err(ClusterError::Config)?;
+        if opts.role == Role::Node && granule_failpoints::hit_blocking("node.start").is_err() {
+            return Err(ClusterError::Startup(
+                "failpoint node.start: this node's start-up fails on purpose".into(),
+            ));
+        }
         let cell: Arc<NodeCell> = Arc::new(OnceLock::new());
         let workers_n = (opts.spec.cores.ceil() as usize).max(1);
         let slice = config.node.worker_slice;
