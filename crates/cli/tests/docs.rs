@@ -12,6 +12,10 @@
 //!   (ports, paths, the euid) are named per scenario as substitutions; failures inside
 //!   node processes are provoked with failpoints armed from the configuration. A quote
 //!   that no scenario reproduces fails, saying what to add.
+//! - **Messages quoted in running text** (an inline code span of five words or more that
+//!   is not code or a command) must each have an entry of [`inline_messages`] that makes
+//!   the message with the code itself (its `Display`, a configuration error, a real run)
+//!   and contains the quote (`N`, `MESSAGE`, `ADDR` and `...` match anything).
 //! - **Stated defaults.** Every mention of "default" next to a value (a number, a size,
 //!   a duration, a backticked value), and every flag default in the guide's command
 //!   table, must be covered by an entry of [`claims`]: the phrase as written and a check
@@ -1283,4 +1287,249 @@ fn the_default_detector_flags_values_and_skips_code_names() {
         flag_default("  --cpu <CPU>\n          Cores [default: 1]\n  --mem <MEM>\n          [default: 1GiB]\n", "--mem"),
         Some("1GiB".into())
     );
+}
+
+// ---- quoted messages in running text ---------------------------------------------------
+
+/// Inline code spans of five words or more outside code blocks: messages quoted in running
+/// text, unless they are code or commands (which the guide test and the doc tests check).
+fn inline_spans(docs: &[Doc]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for d in docs {
+        let mut in_code = false;
+        let mut prose = String::new();
+        for l in &d.lines {
+            if l.trim_start().starts_with("```") {
+                in_code = !in_code;
+                prose.push('\n');
+                continue;
+            }
+            if !in_code {
+                prose.push_str(l);
+                prose.push('\n');
+            }
+        }
+        let mut parts = prose.split('`');
+        parts.next(); // text before the first span
+        while let (Some(span), Some(_after)) = (parts.next(), parts.next()) {
+            let span = span.split_whitespace().collect::<Vec<_>>().join(" ");
+            let code = span.contains("::")
+                || span.contains("(&")
+                || span.contains('|')
+                || ["cargo ", "granule bench", "granule controller --"]
+                    .iter()
+                    .any(|p| span.starts_with(p));
+            if span.split(' ').count() >= 5 && !code {
+                out.push((d.name.clone(), span));
+            }
+        }
+    }
+    out
+}
+
+/// Quote placeholders (`N`, `MESSAGE`, `ADDR`) match anything, as `...` does.
+fn placeholders_as_wildcards(quote: &str) -> String {
+    quote
+        .split(' ')
+        .map(|w| {
+            let w = w.replace("nN", "n...").replace("pN", "p...");
+            match w.as_str() {
+                "N" | "MESSAGE" | "ADDR" => "...".to_string(),
+                _ => w.replace("ADDR:", "...:"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Makes the text a quoted message must occur in.
+type MakeText = Box<dyn Fn() -> String>;
+
+/// Every message quoted in running text, with how the code makes it: the quote (spaces
+/// squashed to one) and the text it must occur in.
+fn inline_messages() -> Vec<(&'static str, MakeText)> {
+    use granule::{CallError, Config, NodeId, ProcletId};
+    let env_error = |var: &'static str, value: &'static str| {
+        Config::load_over(Config::default(), move |k: &str| {
+            (k == var).then(|| value.to_string())
+        })
+        .expect_err("the value is refused")
+        .to_string()
+    };
+    vec![
+        (
+            "cluster.cgroups (GRANULE_CGROUPS=yes): 'yes' is not a cgroups mode (accepts auto or off)",
+            Box::new(move || env_error("GRANULE_CGROUPS", "yes")),
+        ),
+        (
+            "cluster.heartbeat (2s) must be shorter than cluster.failure_timeout (1s)",
+            Box::new(|| {
+                let mut c = Config::default();
+                c.set("cluster.heartbeat", "2s").expect("a duration");
+                c.set("cluster.failure_timeout", "1s").expect("a duration");
+                c.validate().expect_err("refused").to_string()
+            }),
+        ),
+        (
+            "unknown setting 'migration.throtle' (in granule.toml: '1GB/s') (did you mean migration.throttle?)",
+            Box::new(|| {
+                let dir = tempfile::tempdir().expect("tempdir");
+                std::fs::write(dir.path().join("granule.toml"), "[migration]\nthrotle = \"1GB/s\"\n")
+                    .expect("write");
+                // Relative, as a user names it.
+                let cwd = std::env::current_dir().expect("cwd");
+                let file = dir.path().join("granule.toml");
+                let shown = file.strip_prefix(&cwd).unwrap_or(&file).display().to_string();
+                let e = Config::default()
+                    .apply_toml_file(&file)
+                    .expect_err("refused")
+                    .to_string();
+                e.replace(&shown, "granule.toml")
+                    .replace(&file.display().to_string(), "granule.toml")
+            }),
+        ),
+        (
+            "no capacity: no node has room for a memory proclet of N bytes (every node is out of memory budget)",
+            Box::new(|| {
+                let cluster = granule::Cluster::builder()
+                    .nodes("cpu=1,mem=64MiB")
+                    .expect("spec")
+                    .driver(granule::config::parse_spec("cpu=1,mem=64MiB").expect("spec"))
+                    .start()
+                    .expect("a small cluster");
+                let e = granule::Proclet::builder(granule::Kind::Memory)
+                    .mem_hint(1 << 40)
+                    .create((), |()| 0u64)
+                    .expect_err("a TiB fits nowhere")
+                    .to_string();
+                cluster.shutdown();
+                e
+            }),
+        ),
+        (
+            "node nN is unreachable: ...",
+            Box::new(|| {
+                CallError::NodeUnreachable {
+                    node: NodeId(3),
+                    reason: "the controller declared it dead".into(),
+                }
+                .to_string()
+            }),
+        ),
+        (
+            "closure on proclet pN panicked: MESSAGE",
+            Box::new(|| {
+                CallError::RemotePanic {
+                    proclet: ProcletId(7),
+                    message: "index out of bounds".into(),
+                }
+                .to_string()
+            }),
+        ),
+        (
+            "granule node 0: cannot start: ...",
+            Box::new(|| {
+                run_scenario(
+                    &["demo", "--seconds", "0.01"],
+                    &[
+                        ("GRANULE_NODES", "cpu=1,mem=256MiB"),
+                        ("GRANULE_FAULTS", "on"),
+                        ("GRANULE_FAILPOINTS", "node.start=error"),
+                    ],
+                    false,
+                    &BTreeMap::new(),
+                )
+            }),
+        ),
+        (
+            "granule controller listening on ...",
+            Box::new(|| {
+                use std::io::BufRead;
+                let mut ctl = Reaped(
+                    Command::new(GRANULE)
+                        .args(["controller", "--listen", "127.0.0.1:0", "--dashboard", "off"])
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .expect("start a controller"),
+                );
+                let out = ctl.0.stdout.take().expect("stdout");
+                std::io::BufReader::new(out)
+                    .lines()
+                    .next()
+                    .and_then(Result::ok)
+                    .unwrap_or_default()
+            }),
+        ),
+        (
+            // The HTTP doors' warnings under a flood (crates/granule/tests/http_doors.rs
+            // floods them; here the literal is checked where the code formats it).
+            "front door on ADDR: refusing connections: ...",
+            Box::new(|| {
+                let http = std::fs::read_to_string(repo().join("crates/http/src/lib.rs"))
+                    .expect("http");
+                let service = std::fs::read_to_string(repo().join("crates/service/src/http.rs"))
+                    .expect("service http");
+                let door = if service.contains("format!(\"front door on {addr}\")") {
+                    "front door on 127.0.0.1:80"
+                } else {
+                    "(the service crate no longer names its door 'front door on {addr}')"
+                };
+                if http.contains("\"{door}: refusing connections: ") {
+                    format!("{door}: refusing connections: 256 open (http.max_connections)")
+                } else {
+                    "(crates/http no longer formats '{door}: refusing connections: ')".into()
+                }
+            }),
+        ),
+        (
+            "accepting a connection failed: Too many open files",
+            Box::new(|| {
+                let http = std::fs::read_to_string(repo().join("crates/http/src/lib.rs"))
+                    .expect("http");
+                let e = std::io::Error::from_raw_os_error(24); // EMFILE
+                if http.contains("\"{door}: accepting a connection failed: {e}\"") {
+                    format!("door: accepting a connection failed: {e}")
+                } else {
+                    "(crates/http no longer formats '{door}: accepting a connection failed: {e}')"
+                        .into()
+                }
+            }),
+        ),
+    ]
+}
+
+#[test]
+fn every_message_quoted_in_running_text_is_what_the_code_says() {
+    let docs = docs();
+    let spans = inline_spans(&docs);
+    let known = inline_messages();
+    let mut failures = Vec::new();
+    for (doc, span) in &spans {
+        if !known.iter().any(|(q, _)| q == span) {
+            failures.push(format!(
+                "{doc} quotes `{span}` in running text, and no entry of inline_messages() in \
+                 crates/cli/tests/docs.rs makes it: add one (the quote and a closure that \
+                 produces the code's text), or put the message in a code block a scenario \
+                 reproduces"
+            ));
+        }
+    }
+    for (quote, make) in &known {
+        if !spans.iter().any(|(_, s)| s == quote) {
+            failures.push(format!(
+                "inline_messages() checks `{quote}`, which no document quotes any more: \
+                 remove the entry"
+            ));
+            continue;
+        }
+        let text = strip_ansi(&make());
+        if !matches(&placeholders_as_wildcards(quote), &text) {
+            failures.push(format!(
+                "`{quote}` is not what the code says:\n{}",
+                indent(&text)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
 }
