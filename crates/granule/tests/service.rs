@@ -3,7 +3,8 @@
 //! and merge; every request answered exactly once, per-client state exact. Services
 //! heal when a node holding their proclets is killed or frozen (every call still
 //! answered; a stateful pair's lost clients start again empty, and the metrics say so),
-//! and a service started with a context takes plain JSON over HTTP.
+//! and a service started with a context, stateless or stateful, takes plain JSON over
+//! HTTP.
 
 use granule::service::client::HttpClient;
 use granule::service::{
@@ -333,10 +334,11 @@ fn stateful_counters_exact_across_splits_and_merges() {
 }
 
 /// Every compute proclet has its own memory proclet, on the same node.
-fn assert_pairs<S: ServiceState, Req, Resp>(svc: &StatefulService<S, Req, Resp>)
+fn assert_pairs<S: ServiceState, Req, Resp, C>(svc: &StatefulService<S, Req, Resp, C>)
 where
     Req: granule::Wire + Clone + Sync,
     Resp: granule::Wire,
+    C: granule::ProcletState + Clone,
 {
     let pairs = svc.pairs().expect("pairs");
     assert!(!pairs.is_empty());
@@ -958,14 +960,21 @@ fn stateless_service_heals_when_its_node_freezes() {
     stateless_service_heals(Loss::Freeze, "heal-freeze");
 }
 
+/// The stateful healing test's handler: add `n` times the service's context (a step).
+fn add_steps(step: &u64, total: &mut u64, n: u64) -> u64 {
+    *total += step * n;
+    *total
+}
+
 #[test]
 fn stateful_service_recreates_a_lost_shard_empty_and_counts_it() {
     bounded(Duration::from_secs(90), || {
         let (c, nodes) = fragile_cluster(2);
         let name = "lost-shard";
-        let svc: StatefulService<Clients<u64, u64>, u64, u64> = ServiceBuilder::new(name)
+        // With a context (a step of 10): the pair that replaces the lost one gets it too.
+        let svc: StatefulService<Clients<u64, u64>, u64, u64, u64> = ServiceBuilder::new(name)
             .scale(manual())
-            .stateful(add)
+            .stateful_with_context(10, add_steps)
             .expect("service starts");
         // Two pairs: the upper one on node 0 (to be lost), the lower one on node 1.
         assert!(svc.split_now().expect("split"));
@@ -980,7 +989,7 @@ fn stateful_service_recreates_a_lost_shard_empty_and_counts_it() {
         let mid = pairs[1].0.lo;
         const CLIENTS: u64 = 32;
         for client in 0..CLIENTS {
-            assert_eq!(svc.call(client, 10).expect("call before"), 10);
+            assert_eq!(svc.call(client, 1).expect("call before"), 10);
         }
         let lost: Vec<u64> = (0..CLIENTS).filter(|c| routing_key(c) >= mid).collect();
         assert!(
@@ -990,14 +999,14 @@ fn stateful_service_recreates_a_lost_shard_empty_and_counts_it() {
 
         c.kill_node(victim).expect("kill node 0");
         let lost_at = Instant::now();
-        // Every client's next call is answered: 11 where the state lived on, 1 where it
-        // was lost with node 0 and started again empty.
+        // Every client's next call is answered: 20 where the state lived on, 10 where it
+        // was lost with node 0 and started again empty (and the context came along).
         let mut slowest = Duration::ZERO;
         for client in 0..CLIENTS {
             let t0 = Instant::now();
             let got = svc.call(client, 1).expect("call after the loss");
             slowest = slowest.max(t0.elapsed());
-            let want = if lost.contains(&client) { 1 } else { 11 };
+            let want = if lost.contains(&client) { 10 } else { 20 };
             assert_eq!(got, want, "client {client}");
         }
         eprintln!(
@@ -1007,7 +1016,7 @@ fn stateful_service_recreates_a_lost_shard_empty_and_counts_it() {
         );
         assert!(slowest < HEAL_BOUND, "a call took {slowest:?}");
         for client in 0..CLIENTS {
-            let want = if lost.contains(&client) { 1 } else { 11 };
+            let want = if lost.contains(&client) { 10 } else { 20 };
             assert_eq!(svc.client_state(&client).expect("state"), Some(want));
         }
         assert_pairs(&svc);
@@ -1091,6 +1100,201 @@ fn stateless_service_with_context_takes_plain_json_over_http() {
         }
         for i in 0..64 {
             assert_eq!(svc.call("dog".into()).expect("call"), 7, "call {i}");
+        }
+        svc.destroy().expect("destroy");
+        c.shutdown();
+    });
+}
+
+/// A client's cart in the stateful context test: items and count, and what they cost.
+#[derive(serde::Serialize, serde::Deserialize, Default, Clone, Debug, PartialEq)]
+struct Cart {
+    items: BTreeMap<String, u64>,
+    total: u64,
+}
+
+/// The stateful context test's handler: put one `item` in the client's cart at its price
+/// in the price list the service was started with; the cart's new total, or `None` (the
+/// cart unchanged) for an item without a price.
+fn add_to_cart(prices: &ShardedMap<String, u64>, cart: &mut Cart, item: String) -> Option<u64> {
+    let price = prices.get(&item).ok().flatten()?;
+    *cart.items.entry(item).or_default() += 1;
+    cart.total += price;
+    Some(cart.total)
+}
+
+/// A stateful service started with a `ShardedMap` handle (a price list) as its context
+/// and a cart per client: calls from Rust and plain JSON through every node's front door
+/// (`/clients/{id}`, the body just the item) reach the price list, before and after the
+/// pairs split (the new pairs' handlers get the context too, and see later prices);
+/// every cart is kept whole across the splits and a merge.
+#[test]
+fn stateful_service_with_context_takes_plain_json_over_http() {
+    bounded(Duration::from_secs(120), || {
+        let (c, _nodes) = cluster(2);
+        let prices: ShardedMap<String, u64> = ShardedMap::new().expect("map");
+        prices.insert("apple".into(), 3).expect("insert");
+        prices.insert("pear".into(), 5).expect("insert");
+        let svc: StatefulService<Clients<String, Cart>, String, Option<u64>, _> =
+            ServiceBuilder::new("cart")
+                .scale(manual())
+                .stateful_with_context(prices.clone(), add_to_cart)
+                .expect("service starts");
+        let doors = svc.http_addrs();
+        assert_eq!(doors.len(), 3, "a front door on the driver and both nodes");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio");
+        // Client `id` adds `item` through door `door`: the status and the body.
+        let post = |door: usize, id: &str, item: &str| -> (u16, String) {
+            rt.block_on(async {
+                let mut cl = HttpClient::connect(doors[door % doors.len()].1)
+                    .await
+                    .expect("connect");
+                let body = serde_json::to_vec(item).expect("json");
+                let (st, b) = cl
+                    .post(&format!("/v1/services/cart/clients/{id}"), &body)
+                    .await
+                    .expect("http call");
+                (st, String::from_utf8_lossy(&b).into_owned())
+            })
+        };
+        const CLIENTS: usize = 32;
+        let ids: Vec<String> = (0..CLIENTS).map(|i| format!("c{i}")).collect();
+        // One pair: an apple from Rust, a pear over HTTP, a kiwi (no price) either way.
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(svc.call(id.clone(), "apple".into()).expect("call"), Some(3));
+            assert_eq!(post(i, id, "pear"), (200, "8".into()), "client {id}");
+            assert_eq!(post(i + 1, id, "kiwi"), (200, "null".into()), "client {id}");
+        }
+        // Split to four pairs: three of them created after the start, from the first.
+        for _ in 0..3 {
+            assert!(svc.split_now().expect("split"));
+        }
+        let pairs = svc.pairs().expect("pairs");
+        assert_eq!(pairs.len(), 4);
+        assert_pairs(&svc);
+        // Every pair serves some of the clients (so the calls below reach every pair).
+        for (k, (w, _)) in pairs.iter().enumerate() {
+            let hi = pairs
+                .get(k + 1)
+                .map_or(u64::MAX as u128 + 1, |p| p.0.lo as u128);
+            assert!(
+                ids.iter().any(|id| {
+                    let key = routing_key(id);
+                    w.lo <= key && (key as u128) < hi
+                }),
+                "no client in the pair at {}",
+                w.lo
+            );
+        }
+        let two = Cart {
+            items: BTreeMap::from([("apple".into(), 1), ("pear".into(), 1)]),
+            total: 8,
+        };
+        for id in &ids {
+            assert_eq!(
+                svc.client_state(id).expect("state"),
+                Some(two.clone()),
+                "{id}"
+            );
+        }
+        // A price set after the splits reaches every pair's handlers, both ways.
+        prices.insert("fig".into(), 11).expect("insert");
+        for (i, id) in ids.iter().enumerate() {
+            if i % 2 == 0 {
+                assert_eq!(svc.call(id.clone(), "fig".into()).expect("call"), Some(19));
+            } else {
+                assert_eq!(post(i, id, "fig"), (200, "19".into()), "client {id}");
+            }
+            assert_eq!(post(i, id, "kiwi"), (200, "null".into()), "client {id}");
+        }
+        // Merge one pair back in; the carts are whole and the handlers still priced.
+        assert!(svc.merge_now().expect("merge"));
+        assert_eq!(svc.pairs().expect("pairs").len(), 3);
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(post(i, id, "apple"), (200, "22".into()), "client {id}");
+            let mut cart = two.clone();
+            cart.items.insert("fig".into(), 1);
+            cart.items.insert("apple".into(), 2);
+            cart.total = 22;
+            assert_eq!(svc.client_state(id).expect("state"), Some(cart), "{id}");
+        }
+        let tl = svc.timeline();
+        assert!(tl.splits() >= 3 && tl.merges() >= 1);
+        svc.destroy().expect("destroy");
+        c.shutdown();
+    });
+}
+
+/// The sharded context test's handler: record the item's price (0 without one) in the
+/// client's history; the history's length.
+#[allow(clippy::ptr_arg)]
+fn record_price(
+    prices: &ShardedMap<String, u64>,
+    l: &mut Ledger,
+    id: &String,
+    item: String,
+) -> usize {
+    let price = prices.get(&item).ok().flatten().unwrap_or(0);
+    record(l, id, price)
+}
+
+/// `stateful_sharded_with_context`: the user's own shard state with a context; its pairs
+/// split off later price with the same list.
+#[test]
+fn stateful_sharded_service_with_context_keeps_it_across_splits() {
+    bounded(Duration::from_secs(90), || {
+        let (c, _nodes) = cluster(2);
+        let prices: ShardedMap<String, u64> = ShardedMap::new().expect("map");
+        prices.insert("apple".into(), 3).expect("insert");
+        // The shorthand, with default options (the scaler on its own).
+        let carts = StatefulService::start_with_context("cart-auto", prices.clone(), add_to_cart)
+            .expect("service starts");
+        assert_eq!(carts.call(7u64, "apple".into()).expect("call"), Some(3));
+        assert_eq!(carts.call(7u64, "apple".into()).expect("call"), Some(6));
+        assert_eq!(carts.call(7u64, "kiwi".into()).expect("call"), None);
+        carts.destroy().expect("destroy");
+        let svc = ServiceBuilder::new("ledger-ctx")
+            .scale(manual())
+            .stateful_sharded_with_context(prices.clone(), record_price)
+            .expect("service starts");
+        let doors = svc.http_addrs();
+        let ids: Vec<String> = (0..16).map(|i| format!("c{i}")).collect();
+        for id in &ids {
+            assert_eq!(svc.call(id.clone(), "apple".into()).expect("call"), 1);
+        }
+        for _ in 0..3 {
+            assert!(svc.split_now().expect("split"));
+        }
+        assert_pairs(&svc);
+        prices.insert("pear".into(), 5).expect("insert");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio");
+        for (i, id) in ids.iter().enumerate() {
+            let (st, b) = rt.block_on(async {
+                let mut cl = HttpClient::connect(doors[i % doors.len()].1)
+                    .await
+                    .expect("connect");
+                cl.post(
+                    &format!("/v1/services/ledger-ctx/clients/{id}"),
+                    b"\"pear\"",
+                )
+                .await
+                .expect("http call")
+            });
+            assert_eq!(
+                (st, String::from_utf8_lossy(&b).as_ref()),
+                (200, "2"),
+                "{id}"
+            );
+            let h = svc
+                .read(id, |l: &Ledger, id: &String| l.history.get(id).cloned())
+                .expect("read");
+            assert_eq!(h, Some(vec![3, 5]), "client {id}");
         }
         svc.destroy().expect("destroy");
         c.shutdown();

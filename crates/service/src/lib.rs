@@ -13,6 +13,13 @@
 //!   ([`Clients`]), or `Fn(&mut S, &Id, Req) -> Resp` over your own [`ServiceState`]
 //!   with its `split` and `merge`; calls are routed by a hash of the client id (sticky)
 //!   to compute+memory proclet pairs, one per key range, split and merged together.
+//!   With a context ([`ServiceBuilder::stateful_with_context`],
+//!   [`ServiceBuilder::stateful_sharded_with_context`],
+//!   [`StatefulService::start_with_context`]) the handler is
+//!   `Fn(&C, &mut State, Req) -> Resp` (or `Fn(&C, &mut S, &Id, Req) -> Resp`): every
+//!   pair holds a copy of `C` — the pairs that splits and healing create get theirs from
+//!   an existing one — so calls, and the bodies of
+//!   `POST /v1/services/{name}/clients/{id}`, carry only the user's own fields.
 //!
 //! What this crate owns:
 //! - `pool`: the compute proclets of a service, their key ranges (a table of
@@ -66,8 +73,9 @@ mod service;
 pub use http::ServiceListing;
 pub use pool::{Sample, ScaleConfig, ScaleEvent, Timeline, WorkerInfo};
 pub use service::{
-    routing_key, ByClient, ByShard, ClientId, Clients, Door, FrontDoor, Handler, Pair, PairState,
-    ServiceBuilder, ServiceState, StatefulService, StatelessService,
+    routing_key, ByClient, ByClientWithContext, ByShard, ByShardWithContext, ClientId, Clients,
+    Door, FrontDoor, Handler, Pair, PairState, ServiceBuilder, ServiceState, StatefulService,
+    StatelessService,
 };
 
 use granule_runtime::CallError;

@@ -17,7 +17,10 @@
 //!   state in exactly one place, and a call turned away is routed again unrun); merging
 //!   moves the right pair's clients into the left one with `merge`. [`Clients`] is the
 //!   ready-made state (one `S` per client); [`ServiceBuilder::stateful_sharded`] takes
-//!   your own.
+//!   your own. The service's context (`()`, or the value it was started with) is in
+//!   every [`Pair`]: the memory proclet keeps a copy the handlers borrow next to the
+//!   state, and a pair created by a split, or in place of one lost with its node, is
+//!   given a copy of its parent's.
 
 use crate::http::{self, encode, parse_body, parse_id, Dispatch, HttpError};
 use crate::pool::{
@@ -224,7 +227,67 @@ impl ServiceBuilder {
         Resp: Wire,
         F: Fn(&mut St, Req) -> Resp + Copy + Send + Sync + 'static,
     {
-        self.start_stateful(ByClient(handler))
+        self.start_stateful((), ByClient(handler))
+    }
+
+    /// Start a stateful service with a state per client whose handlers all receive
+    /// `ctx`: `handler(&ctx, &mut state, req)` runs for a client with that client's
+    /// state (created with `St::default()` on its first call), as with
+    /// [`ServiceBuilder::stateful`]. The context is what requests should not have to
+    /// carry (handles to the structures the service reads or writes, settings), as for
+    /// [`ServiceBuilder::stateless_with_context`]: every compute+memory pair holds a copy
+    /// — pairs created later by splits, and the pair that replaces one lost with its
+    /// node, get theirs from an existing pair — so it must be serializable, and it is
+    /// read-only (a handle inside it reaches shared state). Calls, from Rust or as plain
+    /// JSON over HTTP (`POST /v1/services/{name}/clients/{id}`), carry only the client id
+    /// and the user's own fields. The handler captures nothing.
+    ///
+    /// ```no_run
+    /// use granule_runtime::{Kind, Proclet};
+    /// use granule_service::ServiceBuilder;
+    /// use std::collections::BTreeMap;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let _cluster = granule_runtime::Cluster::start()?;
+    /// // The price list every pair reads: any proclet handle (or a sharded structure's)
+    /// // is a plain serializable value.
+    /// let prices = Proclet::create(Kind::Memory, (), |()| {
+    ///     BTreeMap::from([("apple".to_string(), 3u64), ("pear".to_string(), 5)])
+    /// })?;
+    /// // Each client's state is its cart's total; a request adds one item to it.
+    /// let svc = ServiceBuilder::new("cart").stateful_with_context(
+    ///     prices,
+    ///     |prices: &Proclet<BTreeMap<String, u64>>, total: &mut u64, item: String| {
+    ///         let price = prices
+    ///             .run_ref(item, |m: &BTreeMap<String, u64>, item: String| m.get(&item).copied())
+    ///             .ok()
+    ///             .flatten()
+    ///             .unwrap_or(0);
+    ///         *total += price;
+    ///         *total
+    ///     },
+    /// )?;
+    /// assert_eq!(svc.call("alice".to_string(), "pear".into())?, 5);
+    /// assert_eq!(svc.call("alice".to_string(), "apple".into())?, 8);
+    /// // Over HTTP the body is the request alone:
+    /// //   curl -d '"pear"' http://ADDR/v1/services/cart/clients/alice
+    /// svc.destroy()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn stateful_with_context<C, Id, St, Req, Resp, F>(
+        self,
+        ctx: C,
+        handler: F,
+    ) -> Result<StatefulService<Clients<Id, St>, Req, Resp, C>, ServiceError>
+    where
+        C: ProcletState + Clone,
+        Id: ClientId + DeserializeOwned,
+        St: ProcletState + Default,
+        Req: Wire + Clone + Sync,
+        Resp: Wire,
+        F: Fn(&C, &mut St, Req) -> Resp + Copy + Send + Sync + 'static,
+    {
+        self.start_stateful(ctx, ByClientWithContext(handler))
     }
 
     /// Start a stateful service over your own shard state `S` (its clients, with the
@@ -241,35 +304,60 @@ impl ServiceBuilder {
         Resp: Wire,
         F: Fn(&mut S, &S::Id, Req) -> Resp + Copy + Send + Sync + 'static,
     {
-        self.start_stateful(ByShard(handler))
+        self.start_stateful((), ByShard(handler))
     }
 
-    fn start_stateful<S, Req, Resp, H>(
+    /// [`ServiceBuilder::stateful_sharded`] whose handlers all receive `ctx` (see
+    /// [`ServiceBuilder::stateful_with_context`]): `handler(&ctx, &mut shard, &id, req)`
+    /// runs on the shard holding client `id`. The handler captures nothing.
+    pub fn stateful_sharded_with_context<C, S, Req, Resp, F>(
         self,
-        handler: H,
-    ) -> Result<StatefulService<S, Req, Resp>, ServiceError>
+        ctx: C,
+        handler: F,
+    ) -> Result<StatefulService<S, Req, Resp, C>, ServiceError>
     where
+        C: ProcletState + Clone,
         S: ServiceState,
         S::Id: DeserializeOwned,
         Req: Wire + Clone + Sync,
         Resp: Wire,
-        H: Handler<S, Req, Resp>,
+        F: Fn(&C, &mut S, &S::Id, Req) -> Resp + Copy + Send + Sync + 'static,
+    {
+        self.start_stateful(ctx, ByShardWithContext(handler))
+    }
+
+    fn start_stateful<C, S, Req, Resp, H>(
+        self,
+        ctx: C,
+        handler: H,
+    ) -> Result<StatefulService<S, Req, Resp, C>, ServiceError>
+    where
+        C: ProcletState + Clone,
+        S: ServiceState,
+        S::Id: DeserializeOwned,
+        Req: Wire + Clone + Sync,
+        Resp: Wire,
+        H: Handler<S, Req, Resp, C>,
     {
         self.check_name()?;
         // The first pair: its memory half where the controller puts memory, its compute
-        // half next to it.
+        // half next to it. Both halves hold the context: the compute half's copy seeds
+        // the pairs created later, the memory half's is the one handlers borrow.
         let group = format!("service {}", self.name);
-        let mem = Proclet::builder(Kind::Memory)
-            .group(group.clone())
-            .create((), |(): ()| PairState {
-                lo: 0,
-                hi: u64::MAX as u128 + 1,
-                state: S::default(),
-            })?;
+        let mem =
+            Proclet::builder(Kind::Memory)
+                .group(group.clone())
+                .create(ctx.clone(), |ctx: C| PairState {
+                    lo: 0,
+                    hi: u64::MAX as u128 + 1,
+                    ctx,
+                    state: S::default(),
+                })?;
         let node = mem.location().ok();
         let pair = Pair {
             mem,
             group: group.clone(),
+            ctx,
         };
         let pool = match Pool::create(pair.clone(), node, &group) {
             Ok(p) => p,
@@ -297,7 +385,7 @@ impl ServiceBuilder {
                 door.run_ref_with(
                     (pool.clone(), ip, port),
                     handler,
-                    install_stateful::<S, Req, Resp, H>,
+                    install_stateful::<C, S, Req, Resp, H>,
                 )
             }) {
                 let _ = common.destroy();
@@ -708,9 +796,11 @@ impl<Id: ClientId, S: ProcletState + Default> ServiceState for Clients<Id, S> {
     }
 }
 
-/// A stateful handler: how a call reaches the user's function.
-pub trait Handler<S: ServiceState, Req, Resp>: Copy + Send + Sync + 'static {
-    fn handle(&self, state: &mut S, id: &S::Id, req: Req) -> Resp;
+/// A stateful handler: how a call reaches the user's function, with the service's
+/// context `C` (`()` for a service started without one).
+pub trait Handler<S: ServiceState, Req, Resp, C = ()>: Copy + Send + Sync + 'static {
+    /// Run the call of client `id` on its shard's state, with the service's context.
+    fn handle(&self, ctx: &C, state: &mut S, id: &S::Id, req: Req) -> Resp;
 }
 
 /// A handler of the whole shard state: `f(&mut shard, &id, req)`.
@@ -722,7 +812,7 @@ where
     S: ServiceState,
     F: Fn(&mut S, &S::Id, Req) -> Resp + Copy + Send + Sync + 'static,
 {
-    fn handle(&self, state: &mut S, id: &S::Id, req: Req) -> Resp {
+    fn handle(&self, (): &(), state: &mut S, id: &S::Id, req: Req) -> Resp {
         (self.0)(state, id, req)
     }
 }
@@ -737,43 +827,84 @@ where
     St: ProcletState + Default,
     F: Fn(&mut St, Req) -> Resp + Copy + Send + Sync + 'static,
 {
-    fn handle(&self, state: &mut Clients<Id, St>, id: &Id, req: Req) -> Resp {
+    fn handle(&self, (): &(), state: &mut Clients<Id, St>, id: &Id, req: Req) -> Resp {
         (self.0)(state.client(id), req)
     }
 }
 
+/// A handler of the whole shard state and the service's context:
+/// `f(&ctx, &mut shard, &id, req)` ([`ServiceBuilder::stateful_sharded_with_context`]).
+#[derive(Clone, Copy)]
+pub struct ByShardWithContext<F>(F);
+
+impl<C, S, Req, Resp, F> Handler<S, Req, Resp, C> for ByShardWithContext<F>
+where
+    S: ServiceState,
+    F: Fn(&C, &mut S, &S::Id, Req) -> Resp + Copy + Send + Sync + 'static,
+{
+    fn handle(&self, ctx: &C, state: &mut S, id: &S::Id, req: Req) -> Resp {
+        (self.0)(ctx, state, id, req)
+    }
+}
+
+/// A handler of one client's state and the service's context:
+/// `f(&ctx, &mut client_state, req)` ([`ServiceBuilder::stateful_with_context`]).
+#[derive(Clone, Copy)]
+pub struct ByClientWithContext<F>(F);
+
+impl<C, Id, St, Req, Resp, F> Handler<Clients<Id, St>, Req, Resp, C> for ByClientWithContext<F>
+where
+    Id: ClientId,
+    St: ProcletState + Default,
+    F: Fn(&C, &mut St, Req) -> Resp + Copy + Send + Sync + 'static,
+{
+    fn handle(&self, ctx: &C, state: &mut Clients<Id, St>, id: &Id, req: Req) -> Resp {
+        (self.0)(ctx, state.client(id), req)
+    }
+}
+
 /// The memory half of a compute+memory pair: the state of the clients whose routing
-/// keys are in `lo..hi`. Calls for other keys are turned away unrun (their clients were
-/// handed to another pair, or not yet handed to this one).
+/// keys are in `lo..hi`, and its copy of the service's context, which the handlers
+/// borrow. Calls for other keys are turned away unrun (their clients were handed to
+/// another pair, or not yet handed to this one).
 #[derive(Serialize, Deserialize)]
-#[serde(bound(serialize = "S: Serialize", deserialize = "S: DeserializeOwned"))]
-pub struct PairState<S> {
+#[serde(bound(
+    serialize = "S: Serialize, C: Serialize",
+    deserialize = "S: DeserializeOwned, C: DeserializeOwned"
+))]
+pub struct PairState<S, C = ()> {
     lo: u64,
     /// Exclusive; `u64::MAX + 1` for the last range.
     hi: u128,
+    ctx: C,
     state: S,
 }
 
-impl<S> PairState<S> {
+impl<S, C> PairState<S, C> {
     fn serves(&self, key: u64) -> bool {
         self.lo <= key && (key as u128) < self.hi
     }
 }
 
-/// A stateful compute proclet's context: its memory proclet.
+/// A stateful compute proclet's context: its memory proclet, the service's group label
+/// and the service's context `C` (`()` without one), which every pair created from this
+/// one — by a split, or in place of a pair lost with its node — gets a copy of.
 #[derive(Serialize, Deserialize)]
-#[serde(bound = "")]
-pub struct Pair<S: ServiceState> {
-    mem: Proclet<PairState<S>>,
+#[serde(bound(serialize = "C: Serialize", deserialize = "C: DeserializeOwned"))]
+pub struct Pair<S: ServiceState, C = ()> {
+    mem: Proclet<PairState<S, C>>,
     /// The service's group label (`"service NAME"`), for the pairs split off later.
     group: String,
+    /// The service's context, for the memory proclets of the pairs created later.
+    ctx: C,
 }
 
-impl<S: ServiceState> Clone for Pair<S> {
+impl<S: ServiceState, C: Clone> Clone for Pair<S, C> {
     fn clone(&self) -> Self {
         Pair {
             mem: self.mem.clone(),
             group: self.group.clone(),
+            ctx: self.ctx.clone(),
         }
     }
 }
@@ -782,13 +913,39 @@ fn state_error(what: &str, e: impl fmt::Display) -> ServiceError {
     ServiceError::State(format!("{what}: {e}"))
 }
 
-impl<S: ServiceState> Pair<S> {
+impl<S: ServiceState, C: ProcletState> Pair<S, C> {
+    /// A pair of the same service with a new memory proclet (on `node` if given) that
+    /// serves `lo..hi` with an empty state and a copy of this pair's context.
+    fn sibling(&self, lo: u64, hi: u128, node: Option<NodeId>) -> Result<Self, ServiceError>
+    where
+        C: Clone,
+    {
+        let mut b = Proclet::builder(Kind::Memory).group(self.group.clone());
+        if let Some(n) = node {
+            b = b.on(n);
+        }
+        let mem = b.create(
+            (lo, hi, self.ctx.clone()),
+            |(lo, hi, ctx): (u64, u128, C)| PairState {
+                lo,
+                hi,
+                ctx,
+                state: S::default(),
+            },
+        )?;
+        Ok(Pair {
+            mem,
+            group: self.group.clone(),
+            ctx: self.ctx.clone(),
+        })
+    }
+
     /// Put clients (encoded) and the range end `hi` into this pair's memory proclet.
     fn absorb(&self, bytes: Vec<u8>, hi: u128) -> Result<(), ServiceError> {
         self.mem
             .run(
                 (bytes, hi),
-                |p: &mut PairState<S>, (b, hi): (Vec<u8>, u128)| {
+                |p: &mut PairState<S, C>, (b, hi): (Vec<u8>, u128)| {
                     let other: S = postcard::from_bytes(&b).map_err(|e| e.to_string())?;
                     p.state.merge(other);
                     p.hi = p.hi.max(hi);
@@ -799,27 +956,16 @@ impl<S: ServiceState> Pair<S> {
     }
 }
 
-impl<S: ServiceState> crate::pool::Context for Pair<S> {
+impl<S: ServiceState, C: ProcletState + Clone> crate::pool::Context for Pair<S, C> {
     const SERIAL: bool = true;
 
     fn split(&self, mid: u64, node: Option<NodeId>) -> Result<Option<Self>, ServiceError> {
-        // The new memory proclet first, serving nothing yet, on the new worker's node.
-        let mut b = Proclet::builder(Kind::Memory).group(self.group.clone());
-        if let Some(n) = node {
-            b = b.on(n);
-        }
-        let mem = b.create(mid, |mid: u64| PairState {
-            lo: mid,
-            hi: mid as u128,
-            state: S::default(),
-        })?;
-        let new = Pair {
-            mem,
-            group: self.group.clone(),
-        };
+        // The new memory proclet first, serving nothing yet, on the new worker's node,
+        // with the context.
+        let new = self.sibling(mid, mid as u128, node)?;
         // Then the upper clients leave the old one (which stops serving their keys in the
         // same step), encoded, so a failed hand-over can give them back.
-        let taken = self.mem.run(mid, |p: &mut PairState<S>, mid: u64| {
+        let taken = self.mem.run(mid, |p: &mut PairState<S, C>, mid: u64| {
             if mid <= p.lo || mid as u128 >= p.hi {
                 return Err(format!("{mid} is not inside {}..{}", p.lo, p.hi));
             }
@@ -858,7 +1004,7 @@ impl<S: ServiceState> crate::pool::Context for Pair<S> {
     }
 
     fn merge(&self, right: &Self) -> Result<(), ServiceError> {
-        let taken = right.mem.run((), |p: &mut PairState<S>, ()| {
+        let taken = right.mem.run((), |p: &mut PairState<S, C>, ()| {
             let all = std::mem::take(&mut p.state);
             match postcard::to_allocvec(&all) {
                 Ok(b) => {
@@ -894,33 +1040,24 @@ impl<S: ServiceState> crate::pool::Context for Pair<S> {
     }
 
     fn renew(&self, lo: u64, hi: u128, node: Option<NodeId>) -> Result<Self, ServiceError> {
-        // The lost clients' range, empty, next to the new compute proclet.
-        let mut b = Proclet::builder(Kind::Memory).group(self.group.clone());
-        if let Some(n) = node {
-            b = b.on(n);
-        }
-        let mem = b.create((lo, hi), |(lo, hi): (u64, u128)| PairState {
-            lo,
-            hi,
-            state: S::default(),
-        })?;
-        Ok(Pair {
-            mem,
-            group: self.group.clone(),
-        })
+        // The lost clients' range, empty, next to the new compute proclet, with the
+        // context.
+        self.sibling(lo, hi, node)
     }
 }
 
 /// A stateful service (see the [module docs](self)): started with
 /// [`StatefulService::start`] or [`ServiceBuilder::stateful`] (a state per client), or
 /// [`ServiceBuilder::stateful_sharded`] (your own [`ServiceState`] with its split and
-/// merge).
-pub struct StatefulService<S: ServiceState, Req, Resp> {
-    common: Common<Pair<S>>,
+/// merge); or with a context `C` that every handler receives
+/// ([`StatefulService::start_with_context`], [`ServiceBuilder::stateful_with_context`],
+/// [`ServiceBuilder::stateful_sharded_with_context`]).
+pub struct StatefulService<S: ServiceState, Req, Resp, C: ProcletState = ()> {
+    common: Common<Pair<S, C>>,
     invoke: Invoke<S::Id, Req, Resp>,
 }
 
-impl<S: ServiceState, Req, Resp> fmt::Debug for StatefulService<S, Req, Resp> {
+impl<S: ServiceState, Req, Resp, C: ProcletState> fmt::Debug for StatefulService<S, Req, Resp, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StatefulService")
             .field("name", &self.common.name)
@@ -943,6 +1080,28 @@ where
     {
         ServiceBuilder::new(name).stateful(handler)
     }
+}
+
+impl<Id, St, Req, Resp, C> StatefulService<Clients<Id, St>, Req, Resp, C>
+where
+    Id: ClientId + DeserializeOwned,
+    St: ProcletState + Default + Clone,
+    Req: Wire + Clone + Sync,
+    Resp: Wire,
+    C: ProcletState + Clone,
+{
+    /// Start a service named `name` with default options, with a state per client,
+    /// whose handlers all receive `ctx` (see [`ServiceBuilder::stateful_with_context`]).
+    pub fn start_with_context<F>(
+        name: impl Into<String>,
+        ctx: C,
+        handler: F,
+    ) -> Result<Self, ServiceError>
+    where
+        F: Fn(&C, &mut St, Req) -> Resp + Copy + Send + Sync + 'static,
+    {
+        ServiceBuilder::new(name).stateful_with_context(ctx, handler)
+    }
 
     /// A copy of client `id`'s state (`None` if it never called).
     pub fn client_state(&self, id: &Id) -> Result<Option<St>, ServiceError> {
@@ -950,11 +1109,12 @@ where
     }
 }
 
-impl<S, Req, Resp> StatefulService<S, Req, Resp>
+impl<S, Req, Resp, C> StatefulService<S, Req, Resp, C>
 where
     S: ServiceState,
     Req: Wire + Clone + Sync,
     Resp: Wire,
+    C: ProcletState + Clone,
 {
     /// Call the service for client `id`.
     pub fn call(&self, id: S::Id, req: Req) -> Result<Resp, ServiceError> {
@@ -988,7 +1148,7 @@ where
                 .scaler
                 .worker_for(key)
                 .ok_or(ServiceError::Unmapped)?;
-            let pair = match worker.run_ref((), |w: &Worker<Pair<S>>, ()| w.ctx.clone()) {
+            let pair = match worker.run_ref((), |w: &Worker<Pair<S, C>>, ()| w.ctx.clone()) {
                 Ok(p) => Some(p),
                 Err(CallError::ProcletGone(_)) => None,
                 Err(e) if node_lost(&e) => {
@@ -1002,7 +1162,7 @@ where
                 let r = pair.mem.run_ref_with(
                     (key, id.clone()),
                     f,
-                    |p: &PairState<S>, (key, id): (u64, S::Id), f: &F| {
+                    |p: &PairState<S, C>, (key, id): (u64, S::Id), f: &F| {
                         p.serves(key).then(|| f(&p.state, &id))
                     },
                 );
@@ -1088,20 +1248,20 @@ enum PairReply<R, A> {
 /// The call on a pair's memory proclet: check the key, run the handler on the shard's
 /// state.
 #[allow(clippy::type_complexity)]
-fn on_pair<S, Req, Resp, H>(
-    p: &mut PairState<S>,
+fn on_pair<C, S, Req, Resp, H>(
+    p: &mut PairState<S, C>,
     (key, id, req): (u64, S::Id, Req),
     h: &H,
 ) -> PairReply<Resp, (u64, S::Id, Req)>
 where
     S: ServiceState,
-    H: Handler<S, Req, Resp>,
+    H: Handler<S, Req, Resp, C>,
 {
     if !p.serves(key) {
         return PairReply::NotHere((key, id, req));
     }
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        h.handle(&mut p.state, &id, req)
+        h.handle(&p.ctx, &mut p.state, &id, req)
     }))
     .map_err(|p| {
         p.downcast_ref::<&str>()
@@ -1117,19 +1277,20 @@ where
 /// memory pressure moved it away). The load charged is the time the call held or waited
 /// for the pair's state (see [`ScaleConfig::split_busy`]).
 #[allow(clippy::type_complexity)]
-fn stateful_via<S, Req, Resp, H>(
-    w: &Worker<Pair<S>>,
+fn stateful_via<C, S, Req, Resp, H>(
+    w: &Worker<Pair<S, C>>,
     arg: (u64, S::Id, Req),
     h: &H,
 ) -> Result<Result<Resp, String>, Unserved<(u64, S::Id, Req)>>
 where
+    C: ProcletState,
     S: ServiceState,
     Req: Wire,
     Resp: Wire,
-    H: Handler<S, Req, Resp>,
+    H: Handler<S, Req, Resp, C>,
 {
     let t = Instant::now();
-    match w.ctx.mem.run_with(arg, *h, on_pair::<S, Req, Resp, H>) {
+    match w.ctx.mem.run_with(arg, *h, on_pair::<C, S, Req, Resp, H>) {
         Ok(PairReply::Ran(r)) => {
             w.charge(t.elapsed().as_nanos() as u64);
             Ok(r)
@@ -1145,36 +1306,38 @@ where
     }
 }
 
-async fn call_stateful<S, Req, Resp, H>(
-    pool: &Pool<Pair<S>>,
+async fn call_stateful<C, S, Req, Resp, H>(
+    pool: &Pool<Pair<S, C>>,
     id: S::Id,
     req: Req,
     h: H,
 ) -> Result<Resp, ServiceError>
 where
+    C: ProcletState + Clone,
     S: ServiceState,
     Req: Wire + Clone + Sync,
     Resp: Wire,
-    H: Handler<S, Req, Resp>,
+    H: Handler<S, Req, Resp, C>,
 {
     let key = routing_key(&id);
-    pool.call(key, (key, id, req), h, stateful_via::<S, Req, Resp, H>)
+    pool.call(key, (key, id, req), h, stateful_via::<C, S, Req, Resp, H>)
         .await?
         .map_err(ServiceError::State)
 }
 
 /// Install a stateful service in this node's front door (runs on the node's door).
-fn install_stateful<S, Req, Resp, H>(
+fn install_stateful<C, S, Req, Resp, H>(
     door: &Door,
-    (pool, ip, port): (Pool<Pair<S>>, Option<IpAddr>, u16),
+    (pool, ip, port): (Pool<Pair<S, C>>, Option<IpAddr>, u16),
     h: &H,
 ) -> Result<SocketAddr, String>
 where
+    C: ProcletState + Clone,
     S: ServiceState,
     S::Id: DeserializeOwned,
     Req: Wire + Clone + Sync,
     Resp: Wire,
-    H: Handler<S, Req, Resp>,
+    H: Handler<S, Req, Resp, C>,
 {
     let h = *h;
     let (key, node_ip) = node_key()?;
@@ -1240,12 +1403,14 @@ mod tests {
         let p = PairState {
             lo: 10,
             hi: 20,
+            ctx: (),
             state: (),
         };
         assert!(!p.serves(9) && p.serves(10) && p.serves(19) && !p.serves(20));
         let top = PairState {
             lo: 0,
             hi: u64::MAX as u128 + 1,
+            ctx: (),
             state: (),
         };
         assert!(top.serves(0) && top.serves(u64::MAX));
