@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Granule's whole test suite: formatting, lints, unit + multi-process integration tests,
+# Granule's whole test suite: formatting, lints, rustdoc links, unit + multi-process integration tests,
 # doc tests, and a --quick smoke run of every benchmark. Run from anywhere.
 #
 # It starts by installing what the suite needs besides crates (scripts/deps.txt, through
@@ -33,6 +33,11 @@ run rustfmt cargo fmt --all -- --check
 
 step "clippy (warnings are errors)"
 run clippy cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "rustdoc (broken or private links are errors)"
+# The doc bin target `granule` and the lib `granule` share an output name (cargo #6313):
+# document the libraries only.
+run rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib --quiet
 
 step "tests (unit, multi-process integration, doc)"
 run tests cargo test --workspace --no-fail-fast --quiet

@@ -220,7 +220,7 @@ impl State {
         }
     }
 
-    /// Keep an event (numbering it); the oldest is dropped past [`EVENT_LOG`].
+    /// Keep an event (numbering it); the oldest is dropped past `EVENT_LOG`.
     pub fn record(&mut self, mut e: ClusterEvent) {
         e.seq = self.next_event;
         self.next_event += 1;
@@ -495,7 +495,7 @@ impl State {
     /// again, and the last node that moved it may report its new home after the destroy
     /// (the move's source tells the controller after the destination took it, and the
     /// destination may destroy it first): such late updates are ignored for
-    /// [`TOMBSTONE_TTL`], or the proclet would be "located" on a node that no longer has
+    /// `TOMBSTONE_TTL`, or the proclet would be "located" on a node that no longer has
     /// it and every call to it would bounce there until it gave up.
     pub fn forget(&mut self, proclet: ProcletId) {
         if let Some((node, _, kind)) = self.locations.remove(&proclet) {

@@ -179,7 +179,7 @@ thread_local! {
     static SPIN_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
 
-/// Let (`true`, the default) or stop [`block_on`] spinning before it sleeps, on the
+/// Let (`true`, the default) or stop [`block_on`](crate::block_on) spinning before it sleeps, on the
 /// calling thread. Spinning buys latency with CPU: right for a caller that waits on its
 /// reply, wrong for a background thread that only keeps work ahead of a consumer (a
 /// prefetcher), whose spinning takes the CPU from the thread it works for. Returns the

@@ -651,7 +651,7 @@ fn hex(h: &[u8]) -> String {
 static HASH: OnceLock<[u8; 32]> = OnceLock::new();
 
 /// blake3 hash of this process's executable (computed once, unless a hint from the
-/// driver already proved it: see [`accept_binary_hint`]).
+/// driver already proved it: see `accept_binary_hint`).
 pub fn binary_hash() -> [u8; 32] {
     *HASH.get_or_init(|| {
         let mut hasher = blake3::Hasher::new();

@@ -565,7 +565,7 @@ macro_rules! common_methods {
 
 // ----- the stateless service -------------------------------------------------------------
 
-/// A stateless service (see the [module docs](self)). Started with
+/// A stateless service (see the [crate docs](crate)). Started with
 /// [`StatelessService::start`] or [`ServiceBuilder::stateless`], or with a context `C`
 /// that every handler receives ([`StatelessService::start_with_context`],
 /// [`ServiceBuilder::stateless_with_context`]); the handle that started it runs its
@@ -1046,7 +1046,7 @@ impl<S: ServiceState, C: ProcletState + Clone> crate::pool::Context for Pair<S, 
     }
 }
 
-/// A stateful service (see the [module docs](self)): started with
+/// A stateful service (see the [crate docs](crate)): started with
 /// [`StatefulService::start`] or [`ServiceBuilder::stateful`] (a state per client), or
 /// [`ServiceBuilder::stateful_sharded`] (your own [`ServiceState`] with its split and
 /// merge); or with a context `C` that every handler receives
