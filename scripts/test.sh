@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Granule's whole test suite: formatting, lints, rustdoc links, unit + multi-process integration tests,
-# doc tests, and a --quick smoke run of every benchmark. Run from anywhere.
+# Granule's whole test suite: formatting, lints, rustdoc links, unit + multi-process
+# integration tests, doc tests, and a --quick smoke run of every benchmark. Run from
+# anywhere.
 #
 # It starts by installing what the suite needs besides crates (scripts/deps.txt, through
 # scripts/deps.sh): without root it names what is missing and how to get it, and stops.
