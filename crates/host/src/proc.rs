@@ -265,7 +265,13 @@ mod tests {
         assert!(resident_bytes() > 1 << 20);
         let me = current_tid();
         assert!(thread_ids().contains(&me));
-        assert_eq!(tasks_of(std::process::id()).len(), thread_ids().len());
+        // Other tests start and end threads meanwhile: the two readings agree once the
+        // harness holds still between them.
+        assert!(
+            (0..100).any(|_| tasks_of(std::process::id()).len() == thread_ids().len()),
+            "tasks_of(own pid) and thread_ids() never agreed"
+        );
+        assert!(tasks_of(std::process::id()).contains(&me));
         // The kernel folds running time in at ticks and switches: spin past a few ticks.
         let t = std::time::Instant::now();
         while t.elapsed() < Duration::from_millis(30) {
