@@ -3,9 +3,8 @@
 
 mod common;
 
-use common::{Reaped, GRANULE};
+use common::{start_controller, Reaped, GRANULE};
 use granule::{Cluster, Kind, NodeState, Proclet};
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -113,21 +112,7 @@ fn status_lists_the_nodes_of_a_cluster() {
 /// driver (the demo) that joins them through GRANULE_CONTROLLER.
 #[test]
 fn standalone_controller_manual_nodes_and_a_joining_driver() {
-    let mut ctl = Reaped(
-        Command::new(GRANULE)
-            .args(["controller", "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut lines = BufReader::new(ctl.0.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let l = lines.next().expect("controller output").unwrap();
-        if let Some(a) = l.strip_prefix("granule controller listening on ") {
-            break a.trim().to_string();
-        }
-    };
+    let (_ctl, addr) = start_controller(&["--listen", "127.0.0.1:0"]);
     let nodes: Vec<Reaped> = (0..2)
         .map(|_| {
             Reaped(
@@ -213,9 +198,7 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
     });
     // Ctrl-C on a hand-started node: it leaves cleanly too.
     let mut nodes = nodes;
-    let pid = nodes[0].0.id().to_string();
-    let sent = Command::new("kill").args(["-INT", &pid]).status().unwrap();
-    assert!(sent.success());
+    signal(nodes[0].0.id(), "-INT");
     let t = Instant::now();
     let status = loop {
         if let Some(st) = nodes[0].0.try_wait().unwrap() {
@@ -404,31 +387,16 @@ fn listed_nodes(controller: &str) -> Vec<Listed> {
 /// re-executed itself), a new id, alive — the cluster has its size again.
 #[test]
 fn a_hand_started_node_declared_dead_rejoins_as_a_new_node_when_it_wakes_up() {
-    let mut ctl = Reaped(
-        Command::new(GRANULE)
-            .args([
-                "controller",
-                "--listen",
-                "127.0.0.1:0",
-                "--failure-timeout",
-                "500ms",
-                "--heartbeat",
-                "100ms",
-                "--dashboard",
-                "off",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut lines = BufReader::new(ctl.0.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let l = lines.next().expect("controller output").unwrap();
-        if let Some(a) = l.strip_prefix("granule controller listening on ") {
-            break a.trim().to_string();
-        }
-    };
+    let (_ctl, addr) = start_controller(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--failure-timeout",
+        "500ms",
+        "--heartbeat",
+        "100ms",
+        "--dashboard",
+        "off",
+    ]);
     let node = Reaped(
         Command::new(GRANULE)
             .args(["node", "--controller", &addr, "--mem", "128MiB"])
