@@ -285,11 +285,7 @@ fn a_node_lost_mid_job_costs_only_recomputation() {
         let out = job.join().expect("job thread").expect("job completes");
         let want: Vec<u64> = (0..n).map(|x| x * 3 + 1).collect();
         assert_eq!(read_all(&out), want);
-        let lost = log
-            .events()
-            .iter()
-            .filter(|e| e.what == Trigger::Lost && e.node == victim)
-            .count();
+        let lost = workers_lost_on(&log, victim);
         assert!(
             lost >= 1,
             "the job never saw its worker on {victim} lost: {:#?}",
@@ -508,6 +504,14 @@ fn sinks_write_exactly_what_a_local_run_computes() {
     });
 }
 
+/// How many times a job's log saw a worker on `node` lost.
+fn workers_lost_on(log: &JobLog, node: NodeId) -> usize {
+    log.events()
+        .iter()
+        .filter(|e| e.what == Trigger::Lost && e.node == node)
+        .count()
+}
+
 /// Every input item `x` counted under `x % 1000`.
 fn count_mod(_: &(), x: &u64) -> Vec<(u64, u64)> {
     spin(100);
@@ -601,11 +605,7 @@ fn a_node_lost_after_staging_output_still_commits_it_exactly_once() {
                 let log = JobLog::new();
                 let done = job(Batch::new().policy(Fixed(workers)).log(log.clone()))
                     .expect("job completes");
-                let lost = log
-                    .events()
-                    .iter()
-                    .filter(|e| e.what == Trigger::Lost && e.node == victim)
-                    .count();
+                let lost = workers_lost_on(&log, victim);
                 assert!(
                     lost >= 1,
                     "the job never lost its worker on {victim}: {:?}",
