@@ -70,7 +70,8 @@ impl Inner {
                 if id == n {
                     let _ = c.notify(
                         &Msg::Shutdown {
-                            reason: format!("{}: {why}", granule_wire::DECLARED_DEAD),
+                            reason: format!("the controller declared this node dead: {why}"),
+                            declared_dead: true,
                         },
                         &[],
                     );
@@ -442,6 +443,7 @@ impl ControllerHandle {
             let _ = c.notify(
                 &Msg::Shutdown {
                     reason: "the cluster is shutting down".into(),
+                    declared_dead: false,
                 },
                 &[],
             );

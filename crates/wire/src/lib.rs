@@ -33,11 +33,6 @@ pub use frame::{
     WireError, DEFAULT_MAX_FRAME, HEADER_LEN, PROTOCOL_VERSION,
 };
 pub use msg::{Msg, RemoteError};
-
-/// How the reason of a [`Msg::Shutdown`] begins when the controller sends it to a node it
-/// declared dead (the node then knows its proclets count as lost and it may rejoin only
-/// as a new node); its other reason is the controller's own shutdown.
-pub const DECLARED_DEAD: &str = "the controller declared this node dead";
 pub use types::{
     BinaryHash, CallMode, CgroupPaths, ChainId, ClusterEvent, CodeRef, Epoch, EventKind,
     GroupUsage, Kind, Location, MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId,

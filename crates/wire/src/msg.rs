@@ -210,6 +210,9 @@ pub enum Msg {
     /// Controller → hosts: leave now (cluster shutting down, or you were declared dead).
     Shutdown {
         reason: String,
+        /// The node was declared dead: its proclets count as lost, and it may come back
+        /// only as a new node (`cluster.rejoin`).
+        declared_dead: bool,
     },
     /// Node → controller: this node is leaving on purpose (its program ends); its
     /// proclets go with it. Answered with `Done` before the node closes the connection,

@@ -94,9 +94,11 @@ impl Handler for NodeHandler {
         let from_controller = conn.peer().is_some_and(|p| p.role == Role::Controller);
         match frame.msg {
             Msg::NodeDown { node: n } if from_controller => node.peers.on_node_down(node.id, n),
-            Msg::Shutdown { reason } if from_controller => {
-                // The controller's only other reason to send this is its own shutdown.
-                if reason.starts_with(granule_wire::DECLARED_DEAD) {
+            Msg::Shutdown {
+                reason,
+                declared_dead,
+            } if from_controller => {
+                if declared_dead {
                     node.lifecycle.mark_declared_dead();
                 }
                 node.trigger_shutdown(reason)
