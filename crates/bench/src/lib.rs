@@ -9,8 +9,13 @@
 
 pub mod affinity;
 pub mod batch;
+pub mod consumer;
 pub mod controller;
+pub mod harvest;
 pub mod invoke;
+pub mod kv;
+pub mod kv_secure;
+pub mod market;
 pub mod migrate;
 pub mod pressure;
 pub mod remote_iter;
@@ -44,6 +49,11 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("remote-iter", "a compute loop iterating a sealed remote ShardedVec (100 B to 10 KiB elements, 0-100 µs of work each) vs the same loop over a local Vec"),
     ("batch", "for_all and a word count on 2 cores vs a plain loop, rayon and Ray; compute proclets shrinking from and growing back onto a vCPU an antagonist takes"),
     ("service", "a stateless service under an HTTP load that triples and falls back: compute proclets splitting and merging, vs plain axum"),
+    ("kv", "a producer store vs redis-server under redis-benchmark: GET and SET, 100 B and 4 KiB, unpipelined and -P 16"),
+    ("kv-secure", "market consumer latency with no protection, integrity-only and encrypted values"),
+    ("harvest", "a real redis-server under Zipfian load with and without the harvester: memory harvested vs idle, p99 and throughput"),
+    ("market", "the broker over 48 simulated hours: 1000 consumers, 100 producers, diurnal supply and demand"),
+    ("consumer", "a YCSB-like application whose misses go to disk or a 1 ms service, with and without leased memory"),
     ("pressure", "KV shards under open-loop load while a memory antagonist fills one node: p99 timeline, moves, vs throttled migration"),
 ];
 
@@ -58,6 +68,11 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         "sharded" => sharded::run(opts),
         "batch" => batch::run(opts),
         "service" => service::run(opts),
+        "kv" => kv::run(opts),
+        "kv-secure" => kv_secure::run(opts),
+        "harvest" => harvest::run(opts),
+        "market" => market::run(opts),
+        "consumer" => consumer::run(opts),
         other => anyhow::bail!(
             "unknown benchmark '{other}'; known: {}",
             BENCHMARKS

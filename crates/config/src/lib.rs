@@ -51,6 +51,7 @@ pub struct Config {
     pub migration: Migration,
     pub pressure: Pressure,
     pub faults: Faults,
+    pub market: Market,
 }
 
 /// The cluster: its nodes, its controller, membership timing, cgroups, the dashboard,
@@ -334,6 +335,87 @@ pub struct Faults {
     /// Failpoints armed from the start: `name=action;name=action` (see the runtime's
     /// `failpoint` module for names and actions).
     pub failpoints: String,
+}
+
+/// How the harvester chooses when to take memory and when to give it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HarvestPolicy {
+    /// Memtrade's: compare the workload's recent p99 (an application metric, or the
+    /// anonymous swap-in rate) with a baseline from swap-free periods.
+    Baseline,
+    /// Senpai/TMO's: probe the limit down while memory stall time (PSI) stays under a
+    /// target, back off in proportion to stall.
+    Psi,
+}
+
+impl HarvestPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            HarvestPolicy::Baseline => "baseline",
+            HarvestPolicy::Psi => "psi",
+        }
+    }
+}
+
+/// The memory market: the producer's harvester and stores, the broker, the consumer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Market {
+    // ---- harvester ----
+    /// Which control law harvests.
+    pub policy: HarvestPolicy,
+    /// How much one step lowers the workload's memory limit.
+    pub chunk: u64,
+    /// Time between two steps (the effect of one step shows before the next).
+    pub cooling_period: Duration,
+    /// A drop: the recent p99 worse than the baseline's p99 by more than this fraction.
+    pub slowdown_threshold: f64,
+    /// How long a baseline sample is kept.
+    pub baseline_window: Duration,
+    /// Where a producer stores the record of what it changed on the machine (limits,
+    /// swap, zswap), so the next start undoes it after a SIGKILL.
+    pub state_dir: String,
+    // ---- harvester: more settings go here ----
+
+    // ---- stores ----
+    /// The unit of leasing.
+    pub slab: u64,
+    /// Connections one store serves at once.
+    pub store_max_connections: u64,
+    // ---- stores: more settings go here ----
+
+    // ---- broker ----
+    /// The broker to reach (`host:port`); empty: the cluster's controller.
+    pub broker: Option<String>,
+    /// How often producers report availability.
+    pub report_interval: Duration,
+    /// Lease length when a consumer does not say.
+    pub lease_time: Duration,
+    // ---- broker: more settings go here ----
+
+    // ---- consumer ----
+    /// How a consumer protects values: `encrypt` (AEAD), `integrity` (keyed BLAKE3) or
+    /// `none`.
+    pub protection: String,
+    // ---- consumer: more settings go here ----
+}
+
+impl Default for Market {
+    fn default() -> Self {
+        Market {
+            policy: HarvestPolicy::Baseline,
+            chunk: 64 << 20,
+            cooling_period: Duration::from_secs(5),
+            slowdown_threshold: 0.01,
+            baseline_window: Duration::from_secs(300),
+            state_dir: "/var/lib/granule".into(),
+            slab: 64 << 20,
+            store_max_connections: 1024,
+            broker: None,
+            report_interval: Duration::from_secs(1),
+            lease_time: Duration::from_secs(600),
+            protection: "encrypt".into(),
+        }
+    }
 }
 
 /// Why a configuration was refused.

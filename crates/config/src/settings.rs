@@ -6,7 +6,7 @@ use crate::parse::{
     format_duration, format_size, format_spec, parse_duration, parse_rate, parse_size, parse_spec,
     parse_specs, parse_switch,
 };
-use crate::{CgroupsMode, Config};
+use crate::{CgroupsMode, Config, HarvestPolicy};
 use std::time::Duration;
 
 /// One setting.
@@ -94,6 +94,14 @@ fn number_at_least(v: &str, lo: f64) -> Result<f64, String> {
         .map_err(|_| format!("'{v}' is not a number"))?;
     if !x.is_finite() || x < lo {
         return Err(format!("{x} is below {lo}"));
+    }
+    Ok(x)
+}
+
+fn fraction(v: &str) -> Result<f64, String> {
+    let x = number_at_least(v, 0.0)?;
+    if x > 1.0 {
+        return Err(format!("{x} is above 1"));
     }
     Ok(x)
 }
@@ -566,4 +574,127 @@ pub static SETTINGS: &[Setting] = &[
         },
         |v: &String| v.clone(),
     ),
+    // ---- market: harvester ---------------------------------------------------------------
+    setting!(
+        "market.policy",
+        "GRANULE_MARKET_POLICY",
+        "baseline or psi",
+        "the harvester's control law: baseline (p99 against swap-free periods, Memtrade) or psi (memory stall target, Senpai/TMO)",
+        market.policy,
+        |v: &str| match v.trim() {
+            "baseline" => Ok(HarvestPolicy::Baseline),
+            "psi" => Ok(HarvestPolicy::Psi),
+            other => Err(format!("'{other}' is neither baseline nor psi")),
+        },
+        |p: &HarvestPolicy| p.name().to_string(),
+    ),
+    setting!(
+        "market.chunk",
+        "GRANULE_MARKET_CHUNK",
+        "a size in 1MiB..=16GiB",
+        "how much one harvesting step lowers the producer workload's memory limit",
+        market.chunk,
+        |v: &str| size_in(v, 1 << 20, 16 << 30),
+        |b: &u64| format_size(*b),
+    ),
+    setting!(
+        "market.cooling_period",
+        "GRANULE_MARKET_COOLING_PERIOD",
+        "a duration in 100ms..=1h",
+        "time between two harvesting steps",
+        market.cooling_period,
+        |v: &str| dur_in(v, Duration::from_millis(100), Duration::from_secs(3600)),
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "market.slowdown_threshold",
+        "GRANULE_MARKET_SLOWDOWN_THRESHOLD",
+        "a fraction in 0..=1",
+        "a drop: the workload's recent p99 worse than its baseline p99 by more than this fraction",
+        market.slowdown_threshold,
+        |v: &str| fraction(v),
+        |x: &f64| x.to_string(),
+    ),
+    setting!(
+        "market.baseline_window",
+        "GRANULE_MARKET_BASELINE_WINDOW",
+        "a duration in 1s..=1d",
+        "how long a swap-free performance sample stays in the harvester's baseline",
+        market.baseline_window,
+        |v: &str| dur_in(v, Duration::from_secs(1), Duration::from_secs(86400)),
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "market.state_dir",
+        "GRANULE_MARKET_STATE_DIR",
+        "a directory path",
+        "where a producer records what it changed on the machine (limit, swap, zswap) so the next start undoes it after a SIGKILL",
+        market.state_dir,
+        non_empty,
+        |s: &String| s.clone(),
+    ),
+    // ---- market: harvester, more settings go above this line ----
+    // ---- market: stores --------------------------------------------------------------------
+    setting!(
+        "market.slab",
+        "GRANULE_MARKET_SLAB",
+        "a size in 1MiB..=64GiB",
+        "the unit of leasing: harvested memory is offered in slabs of this size",
+        market.slab,
+        |v: &str| size_in(v, 1 << 20, 64 << 30),
+        |b: &u64| format_size(*b),
+    ),
+    setting!(
+        "market.store_max_connections",
+        "GRANULE_MARKET_STORE_MAX_CONNECTIONS",
+        "a whole number in 1..=1000000",
+        "connections one producer store serves at once; beyond, an -ERR and closed",
+        market.store_max_connections,
+        |v: &str| int_in(v, 1, 1_000_000).map(|n| n as u64),
+        |n: &u64| n.to_string(),
+    ),
+    // ---- market: stores, more settings go above this line ----
+    // ---- market: broker --------------------------------------------------------------------
+    setting!(
+        "market.broker",
+        "GRANULE_MARKET_BROKER",
+        "host:port, or none for the cluster's controller",
+        "the memory market's broker",
+        market.broker,
+        |v: &str| if is_off(v) { Ok(None) } else { host_port(v).map(Some) },
+        |b: &Option<String>| b.clone().unwrap_or_else(|| "none".into()),
+    ),
+    setting!(
+        "market.report_interval",
+        "GRANULE_MARKET_REPORT_INTERVAL",
+        "a duration in 10ms..=10min",
+        "how often a producer reports its free memory to the broker",
+        market.report_interval,
+        |v: &str| dur_in(v, Duration::from_millis(10), Duration::from_secs(600)),
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "market.lease_time",
+        "GRANULE_MARKET_LEASE_TIME",
+        "a duration in 1s..=30d",
+        "how long a lease lasts when the consumer does not say",
+        market.lease_time,
+        |v: &str| dur_in(v, Duration::from_secs(1), Duration::from_secs(30 * 86400)),
+        |d: &Duration| format_duration(*d),
+    ),
+    // ---- market: broker, more settings go above this line ----
+    // ---- market: consumer ------------------------------------------------------------------
+    setting!(
+        "market.protection",
+        "GRANULE_MARKET_PROTECTION",
+        "encrypt, integrity or none",
+        "how a consumer protects the values it puts in leased stores: encrypt (AEAD), integrity (keyed BLAKE3) or none",
+        market.protection,
+        |v: &str| match v.trim() {
+            p @ ("encrypt" | "integrity" | "none") => Ok(p.to_string()),
+            other => Err(format!("'{other}' is not encrypt, integrity or none")),
+        },
+        |s: &String| s.clone(),
+    ),
+    // ---- market: consumer, more settings go above this line ----
 ];

@@ -25,6 +25,7 @@
 #![forbid(unsafe_code)]
 
 mod frame;
+pub mod market;
 mod msg;
 mod types;
 

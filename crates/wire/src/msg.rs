@@ -232,6 +232,9 @@ pub enum Msg {
         filter: Option<String>,
         report: bool,
     },
+
+    // ---- the memory market (broker, producers, consumers) -----------------------------
+    Market(crate::market::MarketMsg),
 }
 
 impl Msg {
@@ -277,6 +280,7 @@ impl Msg {
             Msg::TransferCommit { .. } => "TransferCommit",
             Msg::Resolve { .. } => "Resolve",
             Msg::Resolved { .. } => "Resolved",
+            Msg::Market(m) => m.name(),
         }
     }
 }

@@ -1,0 +1,8 @@
+//! The `kv-secure` benchmark: consumer latency by protection mode (being written).
+
+use crate::BenchOpts;
+use std::path::PathBuf;
+
+pub fn run(_opts: &BenchOpts) -> anyhow::Result<PathBuf> {
+    anyhow::bail!("this benchmark is being written")
+}
