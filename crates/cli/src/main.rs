@@ -7,6 +7,7 @@
 
 mod antagonist;
 mod demo;
+mod market;
 mod status;
 mod top;
 
@@ -14,6 +15,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use granule::config::Origin;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -71,6 +73,9 @@ enum Cmd {
         /// A TOML configuration file (instead of GRANULE_CONFIG).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Also run the memory market's broker on the controller's port.
+        #[arg(long)]
+        broker: bool,
     },
     /// Join a cluster as a node. Must be the same executable as the cluster's driver.
     Node {
@@ -117,6 +122,13 @@ enum Cmd {
         #[arg(long)]
         iterations: Option<u64>,
     },
+    /// Run the memory market's broker on its own (or use `granule controller --broker`).
+    Broker(market::BrokerArgs),
+    /// A memory producer: harvest a workload's idle memory and lease it out.
+    #[command(subcommand)]
+    Producer(market::ProducerCmd),
+    /// A key-value cache over leased memory: get, put, del, stats, release.
+    Kv(market::KvArgs),
     /// Put memory or CPU load into a node's cgroups (run as root on the node's machine).
     Antagonist(antagonist::Args),
 }
@@ -153,6 +165,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             heartbeat,
             dashboard,
             config,
+            broker,
         } => {
             let mut c = load_config(config.as_deref())?;
             for (key, flag, v) in [
@@ -206,8 +219,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(granule_controller::run_standalone(&listen, config))
-                .with_context(|| format!("granule controller cannot start on {listen}"))?;
+            rt.block_on(async {
+                let ext: Option<Arc<dyn granule_controller::Extension>> = if broker {
+                    let svc = granule_market::server::BrokerService::start(&c.market);
+                    println!("granule controller: the memory market's broker shares its port");
+                    Some(Arc::new(granule_market::server::BrokerHandler(svc)))
+                } else {
+                    None
+                };
+                granule_controller::run_standalone_with(&listen, config, ext).await
+            })
+            .with_context(|| format!("granule controller cannot start on {listen}"))?;
             Ok(())
         }
         Cmd::Node {
@@ -278,6 +300,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             })
         }
         Cmd::Antagonist(args) => antagonist::run(args),
+        Cmd::Broker(args) => market::broker(args),
+        Cmd::Producer(cmd) => market::producer(cmd),
+        Cmd::Kv(args) => market::kv(args),
     }
 }
 

@@ -13,12 +13,13 @@ pub fn run(controller: &str) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (nodes, events) = rt
+    let (nodes, events, market) = rt
         .block_on(async {
             let c = ControllerClient::connect_tool(controller, "granule status").await?;
             let nodes = c.list_nodes().await?;
             let events = recent_events(&c, RECENT_EVENTS).await?;
-            Ok::<_, granule_controller::ControllerError>((nodes, events))
+            let market = crate::market::market_view(controller, "granule status").await;
+            Ok::<_, granule_controller::ControllerError>((nodes, events, market))
         })
         .with_context(|| format!("asking the controller at {controller}"))?;
     print!("{}", granule_report::usage::node_table(&nodes));
@@ -31,6 +32,12 @@ pub fn run(controller: &str) -> anyhow::Result<()> {
     }
     for e in &events {
         println!("  {}", format_event(e));
+    }
+    if let Some(v) = market {
+        println!();
+        for l in crate::market::market_lines(&v) {
+            println!("{l}");
+        }
     }
     Ok(())
 }

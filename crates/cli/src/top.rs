@@ -40,6 +40,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let mut shown = 0u64;
     loop {
         let t = Instant::now();
+        let market = rt.block_on(crate::market::market_view(&addr, "granule top"));
         let (nodes, fresh) = rt
             .block_on(async {
                 let nodes = client.list_nodes().await?;
@@ -64,7 +65,11 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         } else {
             usize::MAX
         };
-        let lines = frame(&addr, opts.interval, &nodes, &events);
+        let mut lines = frame(&addr, opts.interval, &nodes, &events);
+        if let Some(v) = &market {
+            lines.push(String::new());
+            lines.extend(crate::market::market_lines(v));
+        }
         if live {
             // Redraw in place: home, overwrite each line, wipe what the last frame left.
             term.move_cursor_to(0, 0)?;

@@ -29,6 +29,9 @@ pub struct ClusterView {
     pub events: Vec<ClusterEvent>,
     /// Ask with `after=` this next time to get only newer events.
     pub last_seq: u64,
+    /// Services sharing the controller (the market's broker), by name.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub extensions: BTreeMap<String, serde_json::Value>,
 }
 
 /// One structure (or service) across the cluster.
@@ -84,7 +87,13 @@ async fn cluster(AxState(inner): AxState<Arc<Inner>>, RawQuery(q): RawQuery) -> 
         None => st.events_after(last_seq.saturating_sub(200), 200),
     };
     drop(st);
+    let extensions = inner
+        .ext
+        .iter()
+        .map(|e| (e.name().to_string(), e.view()))
+        .collect();
     Json(ClusterView {
+        extensions,
         now_ms: now_ms(),
         structures: structures(&nodes),
         nodes,
@@ -114,6 +123,9 @@ async fn metrics(AxState(inner): AxState<Arc<Inner>>) -> Response {
             .set((nodes.len() - alive) as f64);
         metrics::gauge!("granule_controller_located_proclets").set(st.locations_len() as f64);
         metrics::gauge!("granule_controller_events").set((st.next_event_seq() - 1) as f64);
+    }
+    if let Some(e) = &inner.ext {
+        e.refresh_metrics();
     }
     (
         [(header::CONTENT_TYPE, granule_telemetry::CONTENT_TYPE)],

@@ -29,7 +29,7 @@ mod state;
 
 pub use client::{ControllerClient, Registration};
 pub use http::{structures, ClusterView, StructureView};
-pub use server::{run_standalone, ControllerHandle};
+pub use server::{run_standalone, run_standalone_with, ControllerHandle, Extension};
 pub use state::{ControllerConfig, PlaceError, RegisterError, State};
 
 use granule_wire::RemoteError;

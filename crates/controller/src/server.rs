@@ -24,6 +24,29 @@ pub(crate) struct Inner {
     stop: Notify,
     /// Set when the cluster is being torn down: node departures are expected then.
     quiet: std::sync::atomic::AtomicBool,
+    /// A service sharing the controller's port and dashboard (the market's broker).
+    pub(crate) ext: Option<Arc<dyn Extension>>,
+}
+
+/// A service that shares the controller's port, connections and dashboard without the
+/// controller knowing what it is: `granule controller --broker` runs the memory market's
+/// broker this way. The controller hands it the requests it [accepts](Extension::accepts)
+/// and tells it about every closed connection; its view joins `/api/cluster` under
+/// `extensions.<name>`, and the metrics it records through the `metrics` crate appear on
+/// the controller's `/metrics`.
+pub trait Extension: Send + Sync + 'static {
+    /// Its key in `/api/cluster`'s `extensions`.
+    fn name(&self) -> &'static str;
+    /// Whether it answers this request.
+    fn accepts(&self, msg: &Msg) -> bool;
+    /// A request it accepts (same contract as [`Handler::on_request`]).
+    fn on_request(&self, conn: &Arc<Connection>, frame: Frame, reply: Responder);
+    /// A connection closed (every connection, also the ones it never saw).
+    fn on_close(&self, conn: &Arc<Connection>);
+    /// What the dashboard shows of it, as JSON.
+    fn view(&self) -> serde_json::Value;
+    /// Called before `/metrics` is rendered, to bring its gauges up to date.
+    fn refresh_metrics(&self) {}
 }
 
 /// How long a dead node that had proclets stays listed (so calls to its proclets report
@@ -337,6 +360,10 @@ struct ControllerHandler(Arc<Inner>);
 
 impl Handler for ControllerHandler {
     fn on_request(&self, conn: &Arc<Connection>, frame: Frame, reply: Responder) {
+        if let Some(ext) = self.0.ext.as_ref().filter(|e| e.accepts(&frame.msg)) {
+            ext.on_request(conn, frame, reply);
+            return;
+        }
         if let Msg::MoveProclet { proclet, to } = frame.msg {
             let inner = self.0.clone();
             tokio::spawn(async move {
@@ -358,6 +385,9 @@ impl Handler for ControllerHandler {
     }
 
     fn on_close(&self, conn: &Arc<Connection>) {
+        if let Some(ext) = &self.0.ext {
+            ext.on_close(conn);
+        }
         let node = self.0.by_conn.lock().remove(&conn_key(conn));
         if let Some(node) = node {
             let reason = conn.close_reason().unwrap_or_default();
@@ -397,7 +427,7 @@ impl ControllerHandle {
             .map(crate::http::bind)
             .transpose()?;
         let dashboard = http.as_ref().and_then(|l| l.local_addr().ok());
-        let inner = new_inner(config);
+        let inner = new_inner(config, None);
         let run = inner.clone();
         let thread = std::thread::Builder::new()
             .name("granule-controller".into())
@@ -468,8 +498,9 @@ impl Drop for ControllerHandle {
     }
 }
 
-fn new_inner(config: ControllerConfig) -> Arc<Inner> {
+fn new_inner(config: ControllerConfig, ext: Option<Arc<dyn Extension>>) -> Arc<Inner> {
     Arc::new(Inner {
+        ext,
         state: Mutex::new(State::new(config)),
         hosts: Mutex::new(HashMap::new()),
         by_conn: Mutex::new(HashMap::new()),
@@ -525,6 +556,15 @@ async fn run_controller(
 /// Run a controller on the current tokio runtime until the process ends (the standalone
 /// `granule controller` command).
 pub async fn run_standalone(listen: &str, config: ControllerConfig) -> Result<(), ControllerError> {
+    run_standalone_with(listen, config, None).await
+}
+
+/// [`run_standalone`] with an [`Extension`] sharing the port (the market's broker).
+pub async fn run_standalone_with(
+    listen: &str,
+    config: ControllerConfig,
+    ext: Option<Arc<dyn Extension>>,
+) -> Result<(), ControllerError> {
     let listener = Listener::bind(listen)
         .await
         .map_err(|e| ControllerError::Io(e.to_string()))?;
@@ -538,6 +578,6 @@ pub async fn run_standalone(listen: &str, config: ControllerConfig) -> Result<()
     if let Some(a) = http.as_ref().and_then(|l| l.local_addr().ok()) {
         println!("granule dashboard: http://{a}/ (metrics: http://{a}/metrics)");
     }
-    run_controller(listener, http, new_inner(config)).await;
+    run_controller(listener, http, new_inner(config, ext)).await;
     Ok(())
 }
