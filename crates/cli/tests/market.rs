@@ -1,0 +1,260 @@
+//! The memory market end to end, as real processes on 127.0.0.1: a controller with the
+//! broker (`granule controller --broker`), two producers (`granule producer run
+//! --offer`), and consumers (this test process through the library, and `granule kv`).
+//! Leasing, use, renewal, expiry, a producer killed with SIGKILL (its keys become
+//! misses, then the consumer gets a new lease elsewhere), and bad requests.
+
+mod common;
+
+use common::{start_controller, Reaped, GRANULE};
+use granule_market::client::{BrokerClient, BrokerLeases, LeaseTerms};
+use granule_market::consumer::{KvCache, LeaseSource, Protection};
+use granule_wire::market::{EvictionMode, MarketMsg, MarketView};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Start `granule producer run` offering `offer` without a workload.
+fn producer(broker: &str, name: &str, offer: &str, state: &std::path::Path) -> Reaped {
+    Reaped(
+        Command::new(GRANULE)
+            .args(["producer", "run", "--offer", offer, "--name", name, "--broker", broker])
+            .args(["--listen-host", "127.0.0.1", "--advertise", "127.0.0.1"])
+            .env("GRANULE_MARKET_REPORT_INTERVAL", "100ms")
+            .env("GRANULE_MARKET_SLAB", "8MiB")
+            .env("GRANULE_MARKET_STATE_DIR", state)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start granule producer"),
+    )
+}
+
+async fn view(addr: &str) -> MarketView {
+    let c = BrokerClient::connect_tool(addr, "market test")
+        .await
+        .expect("connect to the broker");
+    let v = c.status().await.expect("market status");
+    c.close("done");
+    v
+}
+
+/// Poll the market until `ok` holds (at most 20 s).
+async fn wait_for(addr: &str, what: &str, ok: impl Fn(&MarketView) -> bool) -> MarketView {
+    let start = Instant::now();
+    loop {
+        let v = view(addr).await;
+        if ok(&v) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}; market: {v:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn terms(consumer: &str, lease: Duration) -> LeaseTerms {
+    LeaseTerms {
+        consumer: consumer.into(),
+        lease_time: lease,
+        budget: f64::MAX,
+        mode: EvictionMode::Lru,
+    }
+}
+
+#[test]
+fn lease_use_renew_expire_lose_a_producer_and_lease_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_ctl, addr) = start_controller(&["--listen", "127.0.0.1:0", "--broker"]);
+    let mut p1 = producer(&addr, "p1", "64MiB", dir.path());
+    let _p2 = producer(&addr, "p2", "64MiB", dir.path());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        wait_for(&addr, "two producers with free slabs", |v| {
+            v.producers.len() == 2 && v.producers.iter().all(|p| p.state.free_slabs >= 4)
+        })
+        .await;
+
+        // Bad requests get an error; the broker keeps serving.
+        let c = BrokerClient::connect_tool(&addr, "market test").await.expect("connect");
+        let bad = c
+            .call(MarketMsg::LeaseRequest {
+                consumer: "bad".into(),
+                slabs: 0,
+                min_slabs: 1,
+                lease_ms: 1000,
+                budget: 1.0,
+                weights: None,
+                mode: EvictionMode::Lru,
+                wait_ms: 0,
+            })
+            .await;
+        assert!(bad.is_err(), "a request for 0 slabs must be refused: {bad:?}");
+        let renew_unknown = c
+            .call(MarketMsg::Renew {
+                lease: 12345,
+                lease_ms: 1000,
+            })
+            .await;
+        assert!(renew_unknown.is_err(), "renewing an unknown lease must fail");
+        c.close("done");
+
+        // Lease and use.
+        let source = Arc::new(
+            BrokerLeases::connect(&addr, terms("alice", Duration::from_secs(4)))
+                .await
+                .expect("consumer connects"),
+        );
+        let cache = KvCache::new(source.clone(), Protection::Encrypt, 4)
+            .await
+            .expect("cache with leases");
+        assert!(!cache.leases().is_empty(), "alice got no lease");
+        for i in 0..200u32 {
+            cache
+                .put(format!("key{i}").as_bytes(), format!("value{i}").as_bytes())
+                .await
+                .expect("put");
+        }
+        for i in 0..200u32 {
+            let v = cache.get(format!("key{i}").as_bytes()).await.expect("get");
+            assert_eq!(v.as_deref(), Some(format!("value{i}").as_bytes()));
+        }
+        let v = wait_for(&addr, "alice's leases in the view", |v| {
+            v.leases.iter().any(|l| l.consumer == "alice")
+        })
+        .await;
+        let before: u64 = v
+            .leases
+            .iter()
+            .filter(|l| l.consumer == "alice")
+            .map(|l| l.expires_unix_ms)
+            .min()
+            .expect("a lease");
+
+        // Renew: the expiry moves on.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        cache
+            .maintain(Duration::from_secs(10))
+            .await
+            .expect("renew");
+        let v = view(&addr).await;
+        let after: u64 = v
+            .leases
+            .iter()
+            .filter(|l| l.consumer == "alice")
+            .map(|l| l.expires_unix_ms)
+            .min()
+            .expect("a lease after renewal");
+        assert!(after > before, "renewal did not extend: {before} -> {after}");
+
+        // Expiry: bob never renews; after his lease time his lease is gone and his key
+        // is a miss, not an error.
+        let bob_source = Arc::new(
+            BrokerLeases::connect(&addr, terms("bob", Duration::from_secs(1)))
+                .await
+                .expect("bob connects"),
+        );
+        let bob = KvCache::new(bob_source, Protection::Integrity, 1)
+            .await
+            .expect("bob's cache");
+        bob.put(b"k", b"v").await.expect("bob put");
+        assert_eq!(bob.get(b"k").await.expect("bob get").as_deref(), Some(&b"v"[..]));
+        wait_for(&addr, "bob's lease to expire", |v| {
+            !v.leases.iter().any(|l| l.consumer == "bob")
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(bob.get(b"k").await.expect("a miss, not an error"), None);
+
+        // A producer killed: alice's keys there become misses, never errors or wrong
+        // values; she then leases again from the producer left.
+        let v = view(&addr).await;
+        let on_p1 = v
+            .leases
+            .iter()
+            .filter(|l| l.consumer == "alice" && l.producer_name == "p1")
+            .count();
+        if on_p1 == 0 {
+            // All of alice's leases are on p2: kill that one instead (same check).
+            drop(_p2);
+        } else {
+            let _ = p1.0.kill();
+            let _ = p1.0.wait();
+        }
+        wait_for(&addr, "the killed producer's leases to go", |v| {
+            v.producers.iter().filter(|p| p.connected).count() == 1
+                && v.leases
+                    .iter()
+                    .filter(|l| l.consumer == "alice")
+                    .all(|l| v.producers.iter().any(|p| p.producer == l.producer && p.connected))
+        })
+        .await;
+        let mut misses = 0;
+        for i in 0..200u32 {
+            match cache.get(format!("key{i}").as_bytes()).await.expect("get after loss") {
+                Some(v) => assert_eq!(v, format!("value{i}").as_bytes()),
+                None => misses += 1,
+            }
+        }
+        assert!(misses > 0, "no key was on the killed producer");
+        assert!(cache.stats().lost_leases > 0 || cache.stats().misses >= misses);
+        cache.maintain(Duration::from_secs(10)).await.expect("lease again");
+        cache.put(b"again", b"yes").await.expect("put on the new lease");
+        assert_eq!(cache.get(b"again").await.expect("get").as_deref(), Some(&b"yes"[..]));
+        assert_eq!(cache.stats().verification_failures, 0);
+        for l in cache.leases() {
+            let _ = source.release(l.lease).await;
+        }
+    });
+}
+
+#[test]
+fn granule_kv_puts_and_gets_across_commands() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_ctl, addr) = start_controller(&["--listen", "127.0.0.1:0", "--broker"]);
+    let _p = producer(&addr, "donor", "32MiB", dir.path());
+    let state = dir.path().join("kv.json");
+    let kv = |args: &[&str]| {
+        Command::new(GRANULE)
+            .args(["kv", "--broker", &addr, "--state"])
+            .arg(&state)
+            .args(args)
+            .output()
+            .expect("run granule kv")
+    };
+    // The producer registers within a report period or two.
+    let start = Instant::now();
+    loop {
+        let out = kv(&["put", "greeting", "hello market"]);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "granule kv put kept failing: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = kv(&["get", "greeting"]);
+    assert!(out.status.success(), "get: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hello market");
+    let out = kv(&["get", "absent"]);
+    assert_eq!(out.status.code(), Some(1), "a miss exits 1");
+    let out = kv(&["stats"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("lease ") && text.contains("donor"), "stats: {text}");
+    let out = kv(&["del", "greeting"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("deleted"));
+    let out = kv(&["release"]);
+    assert!(out.status.success(), "release: {}", String::from_utf8_lossy(&out.stderr));
+    // The status view shows the market.
+    let out = Command::new(GRANULE)
+        .args(["status", "--controller", &addr])
+        .output()
+        .expect("granule status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("memory market") && text.contains("donor"), "status: {text}");
+}
