@@ -390,6 +390,24 @@ pub struct Market {
     pub report_interval: Duration,
     /// Lease length when a consumer does not say.
     pub lease_time: Duration,
+    /// Reference price of memory, per GiB-hour (e.g. a spot instance's price divided by
+    /// its memory); the broker's price starts at a quarter of it.
+    pub spot_price: f64,
+    /// How often the broker moves its price.
+    pub price_period: Duration,
+    /// How far one price move goes, as a fraction of the current price.
+    pub price_step: f64,
+    /// How often the broker refits each producer's availability predictor.
+    pub refit_period: Duration,
+    /// The order p of the availability predictor, ARIMA(p,1,0).
+    pub ar_order: u64,
+    /// How far ahead the broker predicts a producer's availability (the longest lease
+    /// term it checks against the prediction).
+    pub prediction_horizon: Duration,
+    /// Silence after which the broker treats a producer as gone (its leases lost).
+    pub producer_timeout: Duration,
+    /// Requests the broker's FIFO queue holds at most.
+    pub max_queue: u64,
     // ---- broker: more settings go here ----
 
     // ---- consumer ----
@@ -413,6 +431,14 @@ impl Default for Market {
             broker: None,
             report_interval: Duration::from_secs(1),
             lease_time: Duration::from_secs(600),
+            spot_price: 0.0025,
+            price_period: Duration::from_secs(60),
+            price_step: 0.05,
+            refit_period: Duration::from_secs(300),
+            ar_order: 4,
+            prediction_horizon: Duration::from_secs(600),
+            producer_timeout: Duration::from_secs(10),
+            max_queue: 10_000,
             protection: "encrypt".into(),
         }
     }
