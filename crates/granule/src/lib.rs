@@ -53,6 +53,8 @@ pub use granule_runtime::{
 /// handlers on compute proclets that split and merge with their load, behind an
 /// HTTP/JSON front door on every node.
 pub use granule_service as service;
+/// The memory market: harvester, producer stores, broker, and [`market::consumer::KvCache`].
+pub use granule_market as market;
 /// Sharded data structures: [`sharded::ShardedMap`], [`sharded::ShardedVec`], and the
 /// [`sharded::AutoSharder`] they are built on.
 ///

@@ -61,6 +61,10 @@ const ENV_READS_ALLOWED: &[(&str, &str)] = &[
         "granule node/controller/config hand the environment to the configuration loader",
     ),
     (
+        "crates/cli/src/market.rs",
+        "granule kv keeps its default state file under $HOME/.granule (a location, not a setting)",
+    ),
+    (
         "crates/report/src/meta.rs",
         "GRANULE_COMMIT: a benchmark report's provenance where git is unavailable, not a setting",
     ),
