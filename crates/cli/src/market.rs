@@ -29,6 +29,9 @@ pub struct BrokerArgs {
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0:7071")]
     listen: String,
+    /// Also serve /metrics and /api/market over HTTP here (IP:PORT, port 0 = a free one).
+    #[arg(long)]
+    http: Option<String>,
     /// A TOML configuration file (instead of GRANULE_CONFIG).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -41,7 +44,7 @@ pub fn broker(args: BrokerArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(granule_market::server::run_standalone(&args.listen, &c.market))
+    rt.block_on(granule_market::server::run_standalone(&args.listen, &c, args.http.as_deref()))
         .with_context(|| format!("granule broker cannot start on {}", args.listen))
 }
 

@@ -258,3 +258,82 @@ fn granule_kv_puts_and_gets_across_commands() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("memory market") && text.contains("donor"), "status: {text}");
 }
+
+/// A free port on 127.0.0.1 (bound, then released for the broker to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn start_broker(addr: &str) -> Reaped {
+    use std::io::{BufRead, BufReader};
+    let mut b = Reaped(
+        Command::new(GRANULE)
+            .args(["broker", "--listen", addr])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start granule broker"),
+    );
+    let mut lines = BufReader::new(b.0.stdout.take().expect("stdout")).lines();
+    loop {
+        let l = lines.next().expect("broker output").expect("a line");
+        if l.starts_with("granule broker listening on ") {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    b
+}
+
+#[test]
+fn a_restarted_broker_rebuilds_its_leases_from_the_producers_and_leases_keep_working() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut broker = start_broker(&addr);
+    let _p = producer(&addr, "keeper", "32MiB", dir.path());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        wait_for(&addr, "the producer", |v| {
+            v.producers.iter().any(|p| p.state.free_slabs > 0)
+        })
+        .await;
+        let source = Arc::new(
+            BrokerLeases::connect(&addr, terms("carol", Duration::from_secs(60)))
+                .await
+                .expect("consumer connects"),
+        );
+        let cache = KvCache::new(source, Protection::Encrypt, 2)
+            .await
+            .expect("cache");
+        cache.put(b"survives", b"the broker").await.expect("put");
+        let leases: Vec<u64> = cache.leases().iter().map(|l| l.lease).collect();
+        assert!(!leases.is_empty());
+
+        // Kill the broker: the store keeps serving the lease.
+        let _ = broker.0.kill();
+        let _ = broker.0.wait();
+        assert_eq!(
+            cache.get(b"survives").await.expect("get while the broker is down").as_deref(),
+            Some(&b"the broker"[..])
+        );
+
+        // A new broker on the same address learns the lease from the producer.
+        broker = start_broker(&addr);
+        let v = wait_for(&addr, "the lease rebuilt from the producer's hello", |v| {
+            leases.iter().all(|id| v.leases.iter().any(|l| l.lease == *id && l.consumer == "carol"))
+        })
+        .await;
+        assert_eq!(v.producers.len(), 1, "{v:#?}");
+        // It can be renewed at the new broker.
+        cache.maintain(Duration::from_secs(120)).await.expect("renew at the new broker");
+        assert_eq!(
+            cache.get(b"survives").await.expect("get").as_deref(),
+            Some(&b"the broker"[..])
+        );
+    });
+    drop(broker);
+}

@@ -483,8 +483,10 @@ impl Extension for BrokerHandler {
 /// process ends. Prints the address it listens on.
 pub async fn run_standalone(
     listen: &str,
-    market: &granule_config::Market,
+    config: &granule_config::Config,
+    http: Option<&str>,
 ) -> Result<(), crate::client::MarketError> {
+    let market = &config.market;
     let listener = Listener::bind(listen)
         .await
         .map_err(|e| crate::client::MarketError::Unreachable {
@@ -493,6 +495,18 @@ pub async fn run_standalone(
         })?;
     println!("granule broker listening on {}", listener.local_addr());
     let svc = BrokerService::start(market);
+    if let Some(h) = http {
+        let l = tokio::net::TcpListener::bind(h).await.map_err(|e| {
+            crate::client::MarketError::Unreachable {
+                addr: h.to_string(),
+                reason: format!("cannot serve HTTP there: {e}"),
+            }
+        })?;
+        if let Ok(a) = l.local_addr() {
+            println!("granule broker metrics: http://{a}/metrics (the market as JSON: http://{a}/api/market)");
+        }
+        tokio::spawn(serve_http(l, svc.clone(), granule_http::Limits::from_config(config)));
+    }
     let identity = Arc::new(Identity::tool(Role::Controller, "granule-broker"));
     serve(
         listener,
@@ -502,4 +516,41 @@ pub async fn run_standalone(
     )
     .await;
     Ok(())
+}
+
+/// Serve the standalone broker's `/metrics` (Prometheus) and `/api/market` (the
+/// [`MarketView`] as JSON) on `listener` within the HTTP bounds of `limits`, until the
+/// future is dropped. (Inside the controller the dashboard serves both.)
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    svc: Arc<BrokerService>,
+    limits: granule_http::Limits,
+) {
+    use axum::http::header;
+    use axum::response::IntoResponse;
+    let metrics_svc = svc.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let svc = metrics_svc.clone();
+                async move {
+                    granule_telemetry::install();
+                    svc.record_metrics();
+                    (
+                        [(header::CONTENT_TYPE, granule_telemetry::CONTENT_TYPE)],
+                        granule_telemetry::render(),
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        .route(
+            "/api/market",
+            axum::routing::get(move || {
+                let svc = svc.clone();
+                async move { axum::Json(svc.view()).into_response() }
+            }),
+        );
+    granule_http::serve(listener, app, limits, "the broker's /metrics").await;
 }
