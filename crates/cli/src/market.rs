@@ -44,8 +44,12 @@ pub fn broker(args: BrokerArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(granule_market::server::run_standalone(&args.listen, &c, args.http.as_deref()))
-        .with_context(|| format!("granule broker cannot start on {}", args.listen))
+    rt.block_on(granule_market::server::run_standalone(
+        &args.listen,
+        &c,
+        args.http.as_deref(),
+    ))
+    .with_context(|| format!("granule broker cannot start on {}", args.listen))
 }
 
 #[derive(Subcommand)]
@@ -136,8 +140,7 @@ pub fn producer(cmd: ProducerCmd) -> anyhow::Result<()> {
         for l in &lines {
             println!("granule producer: {l}");
         }
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let child = producer.child_pid();
         let why = loop {
             tokio::select! {
@@ -218,8 +221,7 @@ pub fn kv(a: KvArgs) -> anyhow::Result<()> {
         }
     };
     if let Some(dir) = state.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

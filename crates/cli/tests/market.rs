@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 fn producer(broker: &str, name: &str, offer: &str, state: &std::path::Path) -> Reaped {
     Reaped(
         Command::new(GRANULE)
-            .args(["producer", "run", "--offer", offer, "--name", name, "--broker", broker])
+            .args([
+                "producer", "run", "--offer", offer, "--name", name, "--broker", broker,
+            ])
             .args(["--listen-host", "127.0.0.1", "--advertise", "127.0.0.1"])
             .env("GRANULE_MARKET_REPORT_INTERVAL", "100ms")
             .env("GRANULE_MARKET_SLAB", "8MiB")
@@ -78,7 +80,9 @@ fn lease_use_renew_expire_lose_a_producer_and_lease_again() {
         .await;
 
         // Bad requests get an error; the broker keeps serving.
-        let c = BrokerClient::connect_tool(&addr, "market test").await.expect("connect");
+        let c = BrokerClient::connect_tool(&addr, "market test")
+            .await
+            .expect("connect");
         let bad = c
             .call(MarketMsg::LeaseRequest {
                 consumer: "bad".into(),
@@ -91,14 +95,20 @@ fn lease_use_renew_expire_lose_a_producer_and_lease_again() {
                 wait_ms: 0,
             })
             .await;
-        assert!(bad.is_err(), "a request for 0 slabs must be refused: {bad:?}");
+        assert!(
+            bad.is_err(),
+            "a request for 0 slabs must be refused: {bad:?}"
+        );
         let renew_unknown = c
             .call(MarketMsg::Renew {
                 lease: 12345,
                 lease_ms: 1000,
             })
             .await;
-        assert!(renew_unknown.is_err(), "renewing an unknown lease must fail");
+        assert!(
+            renew_unknown.is_err(),
+            "renewing an unknown lease must fail"
+        );
         c.close("done");
 
         // Lease and use.
@@ -147,7 +157,10 @@ fn lease_use_renew_expire_lose_a_producer_and_lease_again() {
             .map(|l| l.expires_unix_ms)
             .min()
             .expect("a lease after renewal");
-        assert!(after > before, "renewal did not extend: {before} -> {after}");
+        assert!(
+            after > before,
+            "renewal did not extend: {before} -> {after}"
+        );
 
         // Expiry: bob never renews; after his lease time his lease is gone and his key
         // is a miss, not an error.
@@ -160,7 +173,10 @@ fn lease_use_renew_expire_lose_a_producer_and_lease_again() {
             .await
             .expect("bob's cache");
         bob.put(b"k", b"v").await.expect("bob put");
-        assert_eq!(bob.get(b"k").await.expect("bob get").as_deref(), Some(&b"v"[..]));
+        assert_eq!(
+            bob.get(b"k").await.expect("bob get").as_deref(),
+            Some(&b"v"[..])
+        );
         wait_for(&addr, "bob's lease to expire", |v| {
             !v.leases.iter().any(|l| l.consumer == "bob")
         })
@@ -185,24 +201,38 @@ fn lease_use_renew_expire_lose_a_producer_and_lease_again() {
         }
         wait_for(&addr, "the killed producer's leases to go", |v| {
             v.producers.iter().filter(|p| p.connected).count() == 1
-                && v.leases
-                    .iter()
-                    .filter(|l| l.consumer == "alice")
-                    .all(|l| v.producers.iter().any(|p| p.producer == l.producer && p.connected))
+                && v.leases.iter().filter(|l| l.consumer == "alice").all(|l| {
+                    v.producers
+                        .iter()
+                        .any(|p| p.producer == l.producer && p.connected)
+                })
         })
         .await;
         let mut misses = 0;
         for i in 0..200u32 {
-            match cache.get(format!("key{i}").as_bytes()).await.expect("get after loss") {
+            match cache
+                .get(format!("key{i}").as_bytes())
+                .await
+                .expect("get after loss")
+            {
                 Some(v) => assert_eq!(v, format!("value{i}").as_bytes()),
                 None => misses += 1,
             }
         }
         assert!(misses > 0, "no key was on the killed producer");
         assert!(cache.stats().lost_leases > 0 || cache.stats().misses >= misses);
-        cache.maintain(Duration::from_secs(10)).await.expect("lease again");
-        cache.put(b"again", b"yes").await.expect("put on the new lease");
-        assert_eq!(cache.get(b"again").await.expect("get").as_deref(), Some(&b"yes"[..]));
+        cache
+            .maintain(Duration::from_secs(10))
+            .await
+            .expect("lease again");
+        cache
+            .put(b"again", b"yes")
+            .await
+            .expect("put on the new lease");
+        assert_eq!(
+            cache.get(b"again").await.expect("get").as_deref(),
+            Some(&b"yes"[..])
+        );
         assert_eq!(cache.stats().verification_failures, 0);
         for l in cache.leases() {
             let _ = source.release(l.lease).await;
@@ -213,7 +243,9 @@ fn lease_use_renew_expire_lose_a_producer_and_lease_again() {
 #[test]
 fn granule_kv_puts_and_gets_across_commands() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_ctl, addr) = start_controller(&["--listen", "127.0.0.1:0", "--broker"]);
+    let dash = format!("127.0.0.1:{}", free_port());
+    let (_ctl, addr) =
+        start_controller(&["--listen", "127.0.0.1:0", "--broker", "--dashboard", &dash]);
     let _p = producer(&addr, "donor", "32MiB", dir.path());
     let state = dir.path().join("kv.json");
     let kv = |args: &[&str]| {
@@ -239,24 +271,54 @@ fn granule_kv_puts_and_gets_across_commands() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let out = kv(&["get", "greeting"]);
-    assert!(out.status.success(), "get: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "get: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hello market");
     let out = kv(&["get", "absent"]);
     assert_eq!(out.status.code(), Some(1), "a miss exits 1");
     let out = kv(&["stats"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("lease ") && text.contains("donor"), "stats: {text}");
+    assert!(
+        text.contains("lease ") && text.contains("donor"),
+        "stats: {text}"
+    );
+    // The dashboard's JSON and the controller's metrics show the market.
+    let api = http_get(&dash, "/api/cluster");
+    let json: serde_json::Value =
+        serde_json::from_str(api.split("\r\n\r\n").nth(1).unwrap_or("")).expect("JSON");
+    let market = &json["extensions"]["market"];
+    assert_eq!(market["producers"][0]["name"], "donor", "{json:#}");
+    assert!(
+        market["leases"].as_array().is_some_and(|l| !l.is_empty()),
+        "{json:#}"
+    );
+    let metrics = http_get(&dash, "/metrics");
+    assert!(
+        metrics.contains("granule_market_price")
+            && metrics.contains("granule_market_producer_free_slabs{producer=\"donor\"}"),
+        "{metrics}"
+    );
     let out = kv(&["del", "greeting"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("deleted"));
     let out = kv(&["release"]);
-    assert!(out.status.success(), "release: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "release: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The status view shows the market.
     let out = Command::new(GRANULE)
         .args(["status", "--controller", &addr])
         .output()
         .expect("granule status");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("memory market") && text.contains("donor"), "status: {text}");
+    assert!(
+        text.contains("memory market") && text.contains("donor"),
+        "status: {text}"
+    );
 }
 
 /// A free port on 127.0.0.1 (bound, then released for the broker to take).
@@ -317,23 +379,46 @@ fn a_restarted_broker_rebuilds_its_leases_from_the_producers_and_leases_keep_wor
         let _ = broker.0.kill();
         let _ = broker.0.wait();
         assert_eq!(
-            cache.get(b"survives").await.expect("get while the broker is down").as_deref(),
+            cache
+                .get(b"survives")
+                .await
+                .expect("get while the broker is down")
+                .as_deref(),
             Some(&b"the broker"[..])
         );
 
         // A new broker on the same address learns the lease from the producer.
         broker = start_broker(&addr);
         let v = wait_for(&addr, "the lease rebuilt from the producer's hello", |v| {
-            leases.iter().all(|id| v.leases.iter().any(|l| l.lease == *id && l.consumer == "carol"))
+            leases.iter().all(|id| {
+                v.leases
+                    .iter()
+                    .any(|l| l.lease == *id && l.consumer == "carol")
+            })
         })
         .await;
         assert_eq!(v.producers.len(), 1, "{v:#?}");
         // It can be renewed at the new broker.
-        cache.maintain(Duration::from_secs(120)).await.expect("renew at the new broker");
+        cache
+            .maintain(Duration::from_secs(120))
+            .await
+            .expect("renew at the new broker");
         assert_eq!(
             cache.get(b"survives").await.expect("get").as_deref(),
             Some(&b"the broker"[..])
         );
     });
     drop(broker);
+}
+
+/// A plain HTTP/1.0 GET: the whole answer, headers included.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the dashboard");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out
 }

@@ -112,7 +112,16 @@ impl Handler for Orders {
             }) => {
                 tokio::spawn(async move {
                     let r = tokio::task::spawn_blocking(move || {
-                        inner.open(lease, consumer, secret, bytes, mode, expires_unix_ms, price, rate_bps)
+                        inner.open(
+                            lease,
+                            consumer,
+                            secret,
+                            bytes,
+                            mode,
+                            expires_unix_ms,
+                            price,
+                            rate_bps,
+                        )
                     })
                     .await;
                     match r {
@@ -188,7 +197,9 @@ impl Inner {
         {
             let stores = self.stores.lock();
             if stores.contains_key(&lease) {
-                return Err(RemoteError::Refused(format!("lease {lease} already has a store")));
+                return Err(RemoteError::Refused(format!(
+                    "lease {lease} already has a store"
+                )));
             }
             let leased = Self::leased(&stores);
             if leased + bytes > leasable {
@@ -226,7 +237,7 @@ impl Inner {
     /// their sizes; then no-eviction leases are revoked, largest first.
     fn rebalance(&self) {
         let leasable = self.leasable();
-        let grace = Duration::from_secs(10) /* MERGE: cfg.revoke_grace */;
+        let grace = self.cfg.revoke_grace;
         let mut stores = self.stores.lock();
         let leased = Self::leased(&stores);
         if leased <= leasable {
@@ -258,7 +269,10 @@ impl Inner {
                 *self.shrunk.lock().entry(*lease).or_default() += share;
             }
             need = need.saturating_sub(taken);
-            tracing::info!(bytes = taken, "memory taken back: stores evicted in proportion");
+            tracing::info!(
+                bytes = taken,
+                "memory taken back: stores evicted in proportion"
+            );
         }
         if need == 0 {
             return;
@@ -276,9 +290,7 @@ impl Inner {
             if let Some(l) = stores.get_mut(&lease) {
                 l.drop_at = Some(Instant::now() + grace);
                 tracing::warn!(lease, consumer = %l.consumer, grace = ?grace, "memory needed back: revoking a no-eviction lease");
-                self.revoking
-                    .lock()
-                    .push((lease, grace.as_millis() as u64));
+                self.revoking.lock().push((lease, grace.as_millis() as u64));
                 need = need.saturating_sub(bytes);
             }
         }
@@ -289,7 +301,7 @@ impl Inner {
     fn sweep(&self) {
         let now = Instant::now();
         let now_unix = now_ms();
-        let slack = Duration::from_secs(10) /* MERGE: cfg.revoke_grace */.as_millis() as u64;
+        let slack = self.cfg.revoke_grace.as_millis() as u64;
         let mut stores = self.stores.lock();
         let done: Vec<LeaseId> = stores
             .iter()
@@ -403,7 +415,11 @@ impl Producer {
 
     /// The workload's process, when the producer started it.
     pub fn child_pid(&self) -> Option<u32> {
-        self.inner.harvester.lock().as_ref().and_then(|h| h.child_pid())
+        self.inner
+            .harvester
+            .lock()
+            .as_ref()
+            .and_then(|h| h.child_pid())
     }
 
     /// Close every store, stop harvesting and undo what was changed on the machine;
@@ -435,10 +451,7 @@ impl Drop for Producer {
 }
 
 /// Connect, register, report every period; reconnect when the broker goes away.
-async fn run(
-    inner: Weak<Inner>,
-    mut watch: Option<tokio::sync::watch::Receiver<HarvestStatus>>,
-) {
+async fn run(inner: Weak<Inner>, mut watch: Option<tokio::sync::watch::Receiver<HarvestStatus>>) {
     let mut warned = false;
     loop {
         let Some(me) = inner.upgrade() else { return };
