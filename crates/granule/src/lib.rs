@@ -34,6 +34,8 @@
 /// [`batch::reduce_by_key_into`] write the output straight from the workers into a
 /// [`sharded::ShardedVec`] or [`sharded::ShardedMap`], exactly once.
 pub use granule_batch as batch;
+/// The memory market: harvester, producer stores, broker, and [`market::consumer::KvCache`].
+pub use granule_market as market;
 /// The key-range router sharded structures and services share: [`router::Router`] over
 /// a versioned [`router::RangeTable`] kept as a compacted [`router::ChangeLog`], and the
 /// split/merge [`router::Trigger`]s ([`router::Bounds`]: bytes held; [`router::CpuLoad`]:
@@ -53,8 +55,6 @@ pub use granule_runtime::{
 /// handlers on compute proclets that split and merge with their load, behind an
 /// HTTP/JSON front door on every node.
 pub use granule_service as service;
-/// The memory market: harvester, producer stores, broker, and [`market::consumer::KvCache`].
-pub use granule_market as market;
 /// Sharded data structures: [`sharded::ShardedMap`], [`sharded::ShardedVec`], and the
 /// [`sharded::AutoSharder`] they are built on.
 ///

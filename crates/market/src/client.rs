@@ -150,7 +150,9 @@ struct Notices {
 
 impl Handler for Notices {
     fn on_request(&self, _c: &Arc<Connection>, _f: Frame, r: Responder) {
-        r.error(RemoteError::Protocol("a consumer serves no requests".into()));
+        r.error(RemoteError::Protocol(
+            "a consumer serves no requests".into(),
+        ));
     }
 
     fn on_notify(&self, _c: &Arc<Connection>, frame: Frame) {
@@ -203,8 +205,7 @@ impl BrokerLeases {
         let mut guard = self.client.lock().await;
         if guard.as_ref().is_none_or(|c| c.is_closed()) {
             *guard = Some(
-                BrokerClient::connect(&self.addr, "granule-consumer", self.notices.clone())
-                    .await?,
+                BrokerClient::connect(&self.addr, "granule-consumer", self.notices.clone()).await?,
             );
         }
         let Some(client) = guard.as_ref() else {

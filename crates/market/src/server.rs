@@ -16,7 +16,9 @@
 
 use crate::broker::{Action, Broker, BrokerConfig, Placement, Request};
 use granule_controller::Extension;
-use granule_transport::{serve, Connection, Handler, Identity, Listener, Responder, TransportConfig};
+use granule_transport::{
+    serve, Connection, Handler, Identity, Listener, Responder, TransportConfig,
+};
 use granule_wire::market::{LeaseGrant, MarketMsg, MarketView, ProducerId};
 use granule_wire::{Frame, Msg, RemoteError, Role};
 use parking_lot::Mutex;
@@ -210,7 +212,11 @@ impl BrokerService {
                     Ok(Err(e)) => e.to_string(),
                     Err(_) => "no answer within 10 s".into(),
                 };
-                tracing::warn!(lease, producer = p.producer, "opening a store failed: {why}");
+                tracing::warn!(
+                    lease,
+                    producer = p.producer,
+                    "opening a store failed: {why}"
+                );
                 self.broker.lock().open_failed(now_ms(), lease);
                 None
             }
@@ -230,9 +236,10 @@ impl BrokerService {
                 held,
             } => {
                 if name.trim().is_empty() {
-                    return respond(reply, Err(RemoteError::Refused(
-                        "a producer needs a name".into(),
-                    )));
+                    return respond(
+                        reply,
+                        Err(RemoteError::Refused("a producer needs a name".into())),
+                    );
                 }
                 let leases = held.len();
                 let id = self
@@ -243,10 +250,13 @@ impl BrokerService {
                 self.producers.lock().insert(id, conn.clone());
                 self.producer_of.lock().insert(conn.id(), id);
                 tracing::info!(producer = id, %name, %host, leases, "producer registered");
-                respond(reply, Ok(Some(MarketMsg::ProducerOk {
-                    producer: id,
-                    report_interval_ms: self.report_interval.as_millis() as u64,
-                })))
+                respond(
+                    reply,
+                    Ok(Some(MarketMsg::ProducerOk {
+                        producer: id,
+                        report_interval_ms: self.report_interval.as_millis() as u64,
+                    })),
+                )
             }
             MarketMsg::ProducerReport {
                 producer,
@@ -254,9 +264,12 @@ impl BrokerService {
                 shrunk,
             } => {
                 if self.producer_of.lock().get(&conn.id()) != Some(&producer) {
-                    return respond(reply, Err(RemoteError::Unauthorized(
-                        "report for a producer this connection did not register".into(),
-                    )));
+                    return respond(
+                        reply,
+                        Err(RemoteError::Unauthorized(
+                            "report for a producer this connection did not register".into(),
+                        )),
+                    );
                 }
                 let r = self
                     .broker
@@ -270,9 +283,12 @@ impl BrokerService {
                 grace_ms,
             } => {
                 if self.producer_of.lock().get(&conn.id()) != Some(&producer) {
-                    return respond(reply, Err(RemoteError::Unauthorized(
-                        "revocation for a producer this connection did not register".into(),
-                    )));
+                    return respond(
+                        reply,
+                        Err(RemoteError::Unauthorized(
+                            "revocation for a producer this connection did not register".into(),
+                        )),
+                    );
                 }
                 let r = self.broker.lock().revoking(now, producer, lease, grace_ms);
                 match r {
@@ -333,7 +349,8 @@ impl BrokerService {
             }
             MarketMsg::LeaseCollect { ticket } => {
                 let r = self.broker.lock().collect(ticket);
-                respond(reply, 
+                respond(
+                    reply,
                     r.map(|(grants, pending)| Some(MarketMsg::Leases { grants, pending }))
                         .map_err(refuse),
                 )
@@ -358,10 +375,13 @@ impl BrokerService {
                                 price,
                             }]);
                         }
-                        respond(reply, Ok(Some(MarketMsg::Renewed {
-                            expires_unix_ms,
-                            price,
-                        })))
+                        respond(
+                            reply,
+                            Ok(Some(MarketMsg::Renewed {
+                                expires_unix_ms,
+                                price,
+                            })),
+                        )
                     }
                     Err(e) => respond(reply, Err(refuse(e))),
                 }
@@ -377,10 +397,13 @@ impl BrokerService {
                 }
             }
             MarketMsg::Status => respond(reply, Ok(Some(MarketMsg::View(self.view())))),
-            other => respond(reply, Err(RemoteError::Protocol(format!(
-                "the broker does not handle {}",
-                other.name()
-            )))),
+            other => respond(
+                reply,
+                Err(RemoteError::Protocol(format!(
+                    "the broker does not handle {}",
+                    other.name()
+                ))),
+            ),
         }
     }
 
@@ -487,12 +510,13 @@ pub async fn run_standalone(
     http: Option<&str>,
 ) -> Result<(), crate::client::MarketError> {
     let market = &config.market;
-    let listener = Listener::bind(listen)
-        .await
-        .map_err(|e| crate::client::MarketError::Unreachable {
-            addr: listen.to_string(),
-            reason: e.to_string(),
-        })?;
+    let listener =
+        Listener::bind(listen)
+            .await
+            .map_err(|e| crate::client::MarketError::Unreachable {
+                addr: listen.to_string(),
+                reason: e.to_string(),
+            })?;
     println!("granule broker listening on {}", listener.local_addr());
     let svc = BrokerService::start(market);
     if let Some(h) = http {
@@ -505,7 +529,11 @@ pub async fn run_standalone(
         if let Ok(a) = l.local_addr() {
             println!("granule broker metrics: http://{a}/metrics (the market as JSON: http://{a}/api/market)");
         }
-        tokio::spawn(serve_http(l, svc.clone(), granule_http::Limits::from_config(config)));
+        tokio::spawn(serve_http(
+            l,
+            svc.clone(),
+            granule_http::Limits::from_config(config),
+        ));
     }
     let identity = Arc::new(Identity::tool(Role::Controller, "granule-broker"));
     serve(
