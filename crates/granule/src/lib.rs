@@ -100,4 +100,6 @@ pub mod guide {
     pub mod operations {}
     #[doc = include_str!("../../../docs/guide/troubleshooting.md")]
     pub mod troubleshooting {}
+    #[doc = include_str!("../../../docs/guide/market.md")]
+    pub mod market {}
 }

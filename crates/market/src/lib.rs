@@ -29,3 +29,6 @@ pub mod harvester;
 pub mod producer;
 pub mod server;
 pub mod store;
+
+/// The market's wire types (leases, grants, views), re-exported for callers.
+pub use granule_wire::market as wire;

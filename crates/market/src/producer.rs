@@ -282,7 +282,7 @@ impl Inner {
             .filter(|(_, l)| l.drop_at.is_none() && l.mode == EvictionMode::NoEviction)
             .map(|(k, l)| (*k, l.bytes))
             .collect();
-        held.sort_by(|a, b| b.1.cmp(&a.1));
+        held.sort_by_key(|h| std::cmp::Reverse(h.1));
         for (lease, bytes) in held {
             if need == 0 {
                 break;
