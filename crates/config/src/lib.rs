@@ -374,6 +374,28 @@ pub struct Market {
     /// Where a producer stores the record of what it changed on the machine (limits,
     /// swap, zswap), so the next start undoes it after a SIGKILL.
     pub state_dir: String,
+    /// A severe drop: worse than every baseline sample for this many epochs in a row.
+    pub severe_epochs: u32,
+    /// Prefetch swapped-out memory on a severe drop or a burst.
+    pub prefetch: bool,
+    /// The psi policy's memory stall target (stall seconds per second).
+    pub psi_target: f64,
+    /// Free swap and memory that must remain after a harvesting step.
+    pub headroom: u64,
+    /// Without an application metric: the refault rate (pages/s) that counts as a drop.
+    pub swapin_tolerance: f64,
+    /// A burst: a refault rate (pages/s) over a quarter second above this.
+    pub burst_swapin: f64,
+    /// The swap file to create when the machine has none (`None`: never create one).
+    pub swap_file: Option<String>,
+    /// Its size.
+    pub swap_size: u64,
+    /// Turn zswap on while producing.
+    pub zswap: bool,
+    /// zswap's largest pool, percent of RAM, while producing.
+    pub zswap_pool_percent: u32,
+    /// The performance signal: `swapin`, `socket:PATH` or `http:URL`.
+    pub metric: String,
     // ---- harvester: more settings go here ----
 
     // ---- stores ----
@@ -435,6 +457,17 @@ impl Default for Market {
             slowdown_threshold: 0.01,
             baseline_window: Duration::from_secs(300),
             state_dir: "/var/lib/granule".into(),
+            severe_epochs: 3,
+            prefetch: true,
+            psi_target: 0.002,
+            headroom: 256 << 20,
+            swapin_tolerance: 100.0,
+            burst_swapin: 5000.0,
+            swap_file: Some("/var/lib/granule/harvest.swap".into()),
+            swap_size: 4 << 30,
+            zswap: true,
+            zswap_pool_percent: 20,
+            metric: "swapin".into(),
             slab: 64 << 20,
             store_max_connections: 1024,
             store_max_bulk: 16 << 20,

@@ -633,6 +633,114 @@ pub static SETTINGS: &[Setting] = &[
         non_empty,
         |s: &String| s.clone(),
     ),
+    setting!(
+        "market.severe_epochs",
+        "GRANULE_MARKET_SEVERE_EPOCHS",
+        "an integer in 1..=100",
+        "a severe drop: the workload's recent p99 worse than every baseline sample for this many epochs in a row (then the harvester prefetches)",
+        market.severe_epochs,
+        |v: &str| int_in(v, 1, 100).map(|n| n as u32),
+        |n: &u32| n.to_string(),
+    ),
+    setting!(
+        "market.prefetch",
+        "GRANULE_MARKET_PREFETCH",
+        "on or off",
+        "on a severe drop or a burst, ask the kernel to read the workload's swapped-out memory back (process_madvise MADV_WILLNEED)",
+        market.prefetch,
+        parse_switch,
+        |b: &bool| switch_text(*b),
+    ),
+    setting!(
+        "market.psi_target",
+        "GRANULE_MARKET_PSI_TARGET",
+        "a fraction in 0..=1",
+        "the psi policy's target: memory stall time (some) per second of wall time it probes down under and backs off above",
+        market.psi_target,
+        |v: &str| fraction(v),
+        |x: &f64| x.to_string(),
+    ),
+    setting!(
+        "market.headroom",
+        "GRANULE_MARKET_HEADROOM",
+        "a size in 0..=64GiB",
+        "free swap (and memory) that must remain after a harvesting step; below it the harvester does not lower the limit",
+        market.headroom,
+        |v: &str| size_in(v, 0, 64 << 30),
+        |b: &u64| format_size(*b),
+    ),
+    setting!(
+        "market.swapin_tolerance",
+        "GRANULE_MARKET_SWAPIN_TOLERANCE",
+        "a number of pages per second, 0 or more",
+        "without an application metric: the anonymous refault rate above which the workload counts as slowed down",
+        market.swapin_tolerance,
+        |v: &str| number_at_least(v, 0.0),
+        |x: &f64| x.to_string(),
+    ),
+    setting!(
+        "market.burst_swapin",
+        "GRANULE_MARKET_BURST_SWAPIN",
+        "a number of pages per second, 1 or more",
+        "a burst: the anonymous refault rate over a quarter of a second above this; the harvester lifts the limit at once",
+        market.burst_swapin,
+        |v: &str| number_at_least(v, 1.0),
+        |x: &f64| x.to_string(),
+    ),
+    setting!(
+        "market.swap_file",
+        "GRANULE_MARKET_SWAP_FILE",
+        "a file path, or off",
+        "the swap file a producer creates when the machine has no swap (removed on exit); off: never create one",
+        market.swap_file,
+        |v: &str| if is_off(v) { Ok(None) } else { non_empty(v).map(Some) },
+        |v: &Option<String>| v.clone().unwrap_or_else(|| "off".into()),
+    ),
+    setting!(
+        "market.swap_size",
+        "GRANULE_MARKET_SWAP_SIZE",
+        "a size in 64MiB..=1TiB",
+        "the size of the swap file a producer creates",
+        market.swap_size,
+        |v: &str| size_in(v, 64 << 20, 1 << 40),
+        |b: &u64| format_size(*b),
+    ),
+    setting!(
+        "market.zswap",
+        "GRANULE_MARKET_ZSWAP",
+        "on or off",
+        "turn zswap on as a compressed in-memory cache in front of swap while producing (restored on exit)",
+        market.zswap,
+        parse_switch,
+        |b: &bool| switch_text(*b),
+    ),
+    setting!(
+        "market.zswap_pool_percent",
+        "GRANULE_MARKET_ZSWAP_POOL_PERCENT",
+        "an integer in 1..=100",
+        "the largest share of RAM zswap's pool may take while producing",
+        market.zswap_pool_percent,
+        |v: &str| int_in(v, 1, 100).map(|n| n as u32),
+        |n: &u32| n.to_string(),
+    ),
+    setting!(
+        "market.metric",
+        "GRANULE_MARKET_METRIC",
+        "swapin, socket:PATH or http:URL",
+        "the producer workload's performance signal: the anonymous refault rate, latency samples the application pushes to a Unix socket (one number per line, microseconds), or a URL polled for the current p99 latency",
+        market.metric,
+        |v: &str| {
+            let v = v.trim();
+            if v == "swapin" || v.strip_prefix("socket:").is_some_and(|p| !p.is_empty())
+                || v.strip_prefix("http:").is_some_and(|p| !p.is_empty())
+            {
+                Ok(v.to_string())
+            } else {
+                Err(format!("'{v}' is none of swapin, socket:PATH, http:URL"))
+            }
+        },
+        |s: &String| s.clone(),
+    ),
     // ---- market: harvester, more settings go above this line ----
     // ---- market: stores --------------------------------------------------------------------
     setting!(

@@ -33,6 +33,11 @@
 //!   adopting one, reading it, and adjusting its memory limit with an explicit restore
 //!   and a record that survives the adjuster's death ([`ForeignGroup`]; the contract is
 //!   in [`foreign`]). A separate API on purpose: nothing in it creates, removes or kills.
+//! - for the memory market's harvester: swap files ([`swapfile`]: create, format, turn on
+//!   and off), memory groups for foreign workloads the producer or a benchmark starts
+//!   ([`workload::WorkloadGroup`], under `granule-workloads/`), the swapped mappings of a
+//!   process and the prefetch that reads them back (`process_madvise`), and idle memory
+//!   at page granularity (`clear_refs`, `smaps_rollup`) ([`workload`]).
 //!
 //! It must not touch cgroups it did not create through the API for its own groups: only
 //! directories below `granule/` and `granule-antagonists/` whose names it can parse are
@@ -59,7 +64,9 @@ mod procfs;
 pub mod psi;
 mod reader;
 mod stat;
+pub mod swapfile;
 mod unified;
+pub mod workload;
 
 pub use cpuset::{Cpuset, CpusetGroup};
 pub use foreign::{restore_from_record, ForeignGroup, Limit, Restored};

@@ -217,6 +217,97 @@ pub fn set_nofile_soft_limit_of(pid: u32, soft: u64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Turn the swap file or device `path` on (`swapon(2)`), at the kernel's default priority
+/// or at `priority` (0..=32767). Needs CAP_SYS_ADMIN.
+pub fn swapon(path: &std::path::Path, priority: Option<u16>) -> std::io::Result<()> {
+    let c = c_path(path)?;
+    let flags = match priority {
+        // <linux/swap.h>: SWAP_FLAG_PREFER, and the priority in the low 15 bits.
+        Some(p) => 0x8000 | (libc::c_int::from(p) & 0x7fff),
+        None => 0,
+    };
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call; the kernel only
+    // reads it.
+    let rc = unsafe { libc::swapon(c.as_ptr(), flags) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Turn the swap area `path` off (`swapoff(2)`): the kernel first reads every page stored
+/// there back into memory, which can take a while and fails (ENOMEM) when memory cannot
+/// hold them. Needs CAP_SYS_ADMIN.
+pub fn swapoff(path: &std::path::Path) -> std::io::Result<()> {
+    let c = c_path(path)?;
+    // SAFETY: as in `swapon`: a valid C string the kernel only reads.
+    let rc = unsafe { libc::swapoff(c.as_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn c_path(path: &std::path::Path) -> std::io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"))
+}
+
+/// Ask the kernel to read the pages of process `pid` in `ranges` (start address, length)
+/// back from swap ahead of use: `process_madvise(2)` with `MADV_WILLNEED` through a pidfd.
+/// For anonymous memory the kernel starts asynchronous swap-in of every swapped page of
+/// the ranges into the swap cache (the process then maps them with cheap minor faults
+/// instead of waiting for the device). Returns the bytes the kernel accepted advice for.
+/// Needs the right to ptrace `pid` and CAP_SYS_NICE (root has both); kernels before 5.10
+/// lack the call (ENOSYS).
+pub fn prefetch_ranges(pid: u32, ranges: &[(u64, u64)]) -> std::io::Result<u64> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "pid out of range"))?;
+    // SAFETY: pidfd_open takes a pid and flags by value and returns a new descriptor or -1;
+    // no memory is shared with the kernel.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd = fd as libc::c_int;
+    let mut advised = 0u64;
+    let mut result = Ok(());
+    // The kernel takes at most IOV_MAX (1024) ranges a call.
+    for batch in ranges.chunks(1024) {
+        let iov: Vec<libc::iovec> = batch
+            .iter()
+            .map(|&(start, len)| libc::iovec {
+                iov_base: start as usize as *mut libc::c_void,
+                iov_len: len as usize,
+            })
+            .collect();
+        // SAFETY: `iov` is a valid array of `iov.len()` iovecs that lives across the call;
+        // the kernel only reads it, and the addresses in it name the *target* process's
+        // memory, which this process never dereferences. `fd` is the pidfd opened above.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                fd,
+                iov.as_ptr(),
+                iov.len(),
+                libc::MADV_WILLNEED,
+                0u32,
+            )
+        };
+        if n < 0 {
+            result = Err(std::io::Error::last_os_error());
+            break;
+        }
+        advised += n as u64;
+    }
+    // SAFETY: `fd` is a descriptor this function opened and no one else holds.
+    unsafe {
+        libc::close(fd);
+    }
+    result.map(|()| advised)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

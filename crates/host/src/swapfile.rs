@@ -1,0 +1,149 @@
+//! Swap files: creating one (allocated, formatted with a version-1 swap header as
+//! `mkswap` writes it), turning it on and off, and removing it. The memory market's
+//! producer sets one up when the machine has no swap, so that a harvested workload's cold
+//! anonymous pages have somewhere to go, and takes it away again on exit.
+//!
+//! Nothing here decides whether a machine should have swap; the caller does, and records
+//! what it changed so that it can be undone after a crash.
+
+use crate::HostError;
+use std::io::Write;
+use std::path::Path;
+
+/// The swap header's signature, in the last ten bytes of the first page.
+const MAGIC: &[u8; 10] = b"SWAPSPACE2";
+
+/// Build the first page of a swap area of `pages` pages of `page_size` bytes: the
+/// version-1 header (`struct swap_header` of `<linux/swap.h>`): version, last page, no bad
+/// pages, a UUID, no label, and the signature at the page's end.
+pub fn swap_header(page_size: usize, pages: u64, uuid: [u8; 16]) -> Result<Vec<u8>, HostError> {
+    if page_size < 4096 || pages < 10 {
+        return Err(HostError::Invalid {
+            what: "swap area (at least 10 pages of 4 KiB or more)",
+            value: format!("{pages} pages of {page_size} bytes"),
+        });
+    }
+    let last = u32::try_from(pages - 1).map_err(|_| HostError::Invalid {
+        what: "swap area size (at most 2^32 pages)",
+        value: pages.to_string(),
+    })?;
+    let mut page = vec![0u8; page_size];
+    page[1024..1028].copy_from_slice(&1u32.to_ne_bytes());
+    page[1028..1032].copy_from_slice(&last.to_ne_bytes());
+    // nr_badpages stays 0.
+    page[1036..1052].copy_from_slice(&uuid);
+    page[page_size - MAGIC.len()..].copy_from_slice(MAGIC);
+    Ok(page)
+}
+
+/// Create the swap file `path` of `size` bytes (rounded down to whole pages): written
+/// with zeros so it has no holes (the kernel refuses swap files with holes), readable by
+/// root only, with a swap header. Fails if the file exists.
+pub fn create(path: &Path, size: u64) -> Result<(), HostError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let page_size = crate::proc::page_size() as usize;
+    let pages = size / page_size as u64;
+    let mut uuid = [0u8; 16];
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+        ^ u128::from(std::process::id()) << 64;
+    uuid.copy_from_slice(&seed.to_le_bytes());
+    let header = swap_header(page_size, pages, uuid)?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| HostError::io("create", dir, e))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| HostError::io("create", path, e))?;
+    let write = |f: &mut std::fs::File| -> std::io::Result<()> {
+        f.write_all(&header)?;
+        let zeros = vec![0u8; 1 << 20];
+        let mut left = (pages - 1) * page_size as u64;
+        while left > 0 {
+            let n = left.min(zeros.len() as u64) as usize;
+            f.write_all(&zeros[..n])?;
+            left -= n as u64;
+        }
+        f.sync_all()
+    };
+    if let Err(e) = write(&mut f) {
+        drop(f);
+        let _ = std::fs::remove_file(path);
+        return Err(HostError::io("write", path, e));
+    }
+    Ok(())
+}
+
+/// Turn the swap file `path` on.
+pub fn enable(path: &Path) -> Result<(), HostError> {
+    crate::os::swapon(path, None).map_err(|e| HostError::io("swapon", path, e))
+}
+
+/// Turn the swap file `path` off (its pages are read back into memory first).
+pub fn disable(path: &Path) -> Result<(), HostError> {
+    crate::os::swapoff(path).map_err(|e| HostError::io("swapoff", path, e))
+}
+
+/// Whether `path` is an active swap area now.
+pub fn is_active(path: &Path) -> Result<bool, HostError> {
+    let want = path.to_string_lossy();
+    Ok(crate::mem::swaps()?.iter().any(|a| a.path == want))
+}
+
+/// Remove the swap file `path` (after [`disable`]); a file already gone is fine.
+pub fn remove(path: &Path) -> Result<(), HostError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(HostError::io("remove", path, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_is_where_the_kernel_looks() {
+        let h = swap_header(4096, 256, [7; 16]).unwrap();
+        assert_eq!(h.len(), 4096);
+        assert_eq!(&h[4086..], b"SWAPSPACE2");
+        assert_eq!(u32::from_ne_bytes(h[1024..1028].try_into().unwrap()), 1);
+        assert_eq!(u32::from_ne_bytes(h[1028..1032].try_into().unwrap()), 255);
+        assert_eq!(&h[1036..1052], &[7; 16]);
+        assert!(swap_header(4096, 3, [0; 16]).is_err());
+    }
+
+    /// Really turns a small swap file on and off (root only; skipped otherwise).
+    #[test]
+    fn a_swap_file_goes_on_and_off() {
+        if !crate::proc::is_root() {
+            eprintln!("skipped: needs root to swapon");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("test.swap");
+        create(&path, 16 << 20).unwrap();
+        assert!(create(&path, 16 << 20).is_err(), "exists already");
+        match enable(&path) {
+            Ok(()) => {}
+            Err(e) => {
+                // A file system that cannot hold swap files (tmpfs, overlay) is not a failure
+                // of this code.
+                eprintln!("skipped: {e}");
+                remove(&path).unwrap();
+                return;
+            }
+        }
+        assert!(is_active(&path).unwrap());
+        disable(&path).unwrap();
+        assert!(!is_active(&path).unwrap());
+        remove(&path).unwrap();
+        assert!(!path.exists());
+    }
+}
