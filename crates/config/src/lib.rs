@@ -381,6 +381,15 @@ pub struct Market {
     pub slab: u64,
     /// Connections one store serves at once.
     pub store_max_connections: u64,
+    /// The largest bulk string (key or value) a store accepts.
+    pub store_max_bulk: u64,
+    /// The most arguments in one command a store accepts.
+    pub store_max_args: u64,
+    /// Default per-lease token-bucket rate, bytes per second (0: unlimited).
+    pub store_rate: u64,
+    /// How long a no-eviction lease's holder has to move its data after a revocation
+    /// notice, before its store is dropped.
+    pub revoke_grace: Duration,
     // ---- stores: more settings go here ----
 
     // ---- broker ----
@@ -414,6 +423,10 @@ impl Default for Market {
             state_dir: "/var/lib/granule".into(),
             slab: 64 << 20,
             store_max_connections: 1024,
+            store_max_bulk: 16 << 20,
+            store_max_args: 1 << 20,
+            store_rate: 0,
+            revoke_grace: Duration::from_secs(10),
             broker: None,
             report_interval: Duration::from_secs(1),
             lease_time: Duration::from_secs(600),

@@ -653,6 +653,42 @@ pub static SETTINGS: &[Setting] = &[
         |v: &str| int_in(v, 1, 1_000_000).map(|n| n as u64),
         |n: &u64| n.to_string(),
     ),
+    setting!(
+        "market.store_max_bulk",
+        "GRANULE_MARKET_STORE_MAX_BULK",
+        "a size in 1KiB..=512MiB",
+        "the largest bulk string (key or value) a producer store accepts; a longer one gets an -ERR and the connection is closed",
+        market.store_max_bulk,
+        |v: &str| size_in(v, 1 << 10, 512 << 20),
+        |b: &u64| format_size(*b),
+    ),
+    setting!(
+        "market.store_max_args",
+        "GRANULE_MARKET_STORE_MAX_ARGS",
+        "a whole number in 3..=16777216",
+        "the most arguments in one command a producer store accepts (MSET, MGET, DEL); more get an -ERR and the connection is closed",
+        market.store_max_args,
+        |v: &str| int_in(v, 3, 1 << 24).map(|n| n as u64),
+        |n: &u64| n.to_string(),
+    ),
+    setting!(
+        "market.store_rate",
+        "GRANULE_MARKET_STORE_RATE",
+        "a size per second in 1KiB..=1TiB (e.g. 100MiB), or off",
+        "default token-bucket limit of one lease's consumer, bytes of requests and replies per second; over it a request gets an -ERR at once (off: unlimited)",
+        market.store_rate,
+        |v: &str| if is_off(v) || v.trim() == "0" { Ok(0) } else { size_in(v, 1 << 10, 1 << 40) },
+        |b: &u64| if *b == 0 { "off".into() } else { format_size(*b) },
+    ),
+    setting!(
+        "market.revoke_grace",
+        "GRANULE_MARKET_REVOKE_GRACE",
+        "a duration in 0s..=1h",
+        "how long the holder of a no-eviction lease has to move its data after a revocation notice before the store is dropped",
+        market.revoke_grace,
+        |v: &str| dur_in(v, Duration::ZERO, Duration::from_secs(3600)),
+        |d: &Duration| format_duration(*d),
+    ),
     // ---- market: stores, more settings go above this line ----
     // ---- market: broker --------------------------------------------------------------------
     setting!(

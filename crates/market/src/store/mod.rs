@@ -1,1 +1,1042 @@
-//! (being written)
+//! A producer's stores: one per lease, each a TCP server speaking the Redis protocol
+//! (RESP2) over the leased memory, so `redis-cli`, `redis-benchmark` and client libraries
+//! work against it unmodified.
+//!
+//! What it owns:
+//! - [`Store`]: one store's thread, listener, connections and data. Each store runs on a
+//!   thread of its own with a single-threaded tokio runtime (optionally pinned to a vCPU):
+//!   one event loop per store, like Redis, so a store's work never migrates and the data's
+//!   lock is never contended by its own connections;
+//! - the commands (`AUTH` with the lease's secret, `GET`, `SET` with `EX`/`PX`/`NX`/`XX`,
+//!   `DEL`, `EXISTS`, `MGET`, `MSET`, `EXPIRE`, `TTL`, `PING`, `INFO`, `DBSIZE`, `FLUSHDB`,
+//!   `SELECT 0`, `QUIT`, `COMMAND`, and a few more clients send when they start), with
+//!   pipelining: every command parsed from one read is answered in one write;
+//! - the bounds (bulk length, argument count, connections), the per-consumer token bucket,
+//!   and the capacity: approximate-LRU eviction or, in no-eviction mode, `-OOM` refusals
+//!   ([`keyspace`]); [`shrink_in_proportion`] for a harvester taking memory back;
+//! - the request decoder ([`resp`]).
+//!
+//! Security: until `AUTH` succeeds a connection gets `-NOAUTH` for everything but `AUTH`
+//! and `QUIT`; secrets are compared as BLAKE3 digests (constant-time equality). A protocol
+//! error closes that connection only, after an `-ERR Protocol error: ...` reply.
+
+pub mod keyspace;
+pub mod resp;
+
+use bytes::{Buf, BytesMut};
+pub use granule_wire::market::EvictionMode;
+use keyspace::{Keyspace, SetCond, SetOutcome, SetTtl};
+use parking_lot::Mutex;
+use resp::Limits;
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// One store's settings.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// The lease size: the store's capacity (keys + values + per-entry overhead, see
+    /// [`keyspace::ENTRY_OVERHEAD`]).
+    pub bytes: u64,
+    /// The `AUTH` password (must not be empty).
+    pub secret: String,
+    pub mode: EvictionMode,
+    /// Token bucket of this lease's consumer: bytes per second of requests and replies
+    /// (burst: one second's worth); 0 = off.
+    pub rate_bps: u64,
+    /// Who holds the lease (logs, `INFO`).
+    pub consumer: String,
+    pub max_connections: usize,
+    /// Largest bulk string accepted.
+    pub max_bulk: usize,
+    /// Most arguments in one command.
+    pub max_args: usize,
+}
+
+impl StoreConfig {
+    /// A store of `bytes` with the configuration's defaults for the rest.
+    pub fn new(bytes: u64, secret: impl Into<String>, mode: EvictionMode) -> StoreConfig {
+        StoreConfig::from_market(&granule_config::Market::default(), bytes, secret, mode)
+    }
+
+    /// A store of `bytes` with the bounds and rate of the `[market]` configuration.
+    pub fn from_market(
+        m: &granule_config::Market,
+        bytes: u64,
+        secret: impl Into<String>,
+        mode: EvictionMode,
+    ) -> StoreConfig {
+        StoreConfig {
+            bytes,
+            secret: secret.into(),
+            mode,
+            rate_bps: m.store_rate,
+            consumer: String::new(),
+            max_connections: usize::try_from(m.store_max_connections).unwrap_or(usize::MAX),
+            max_bulk: usize::try_from(m.store_max_bulk).unwrap_or(usize::MAX),
+            max_args: usize::try_from(m.store_max_args).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+/// One store's counters.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StoreStats {
+    /// Bytes counted against the capacity now.
+    pub used_bytes: u64,
+    pub capacity: u64,
+    pub keys: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Bytes evicted (LRU at the capacity, and by [`Store::resize`]).
+    pub evicted_bytes: u64,
+    /// Writes refused with `-OOM` (no-eviction store full).
+    pub rejected_writes: u64,
+    /// Requests refused by the token bucket.
+    pub rate_limited: u64,
+    /// Connections open now.
+    pub connections: u64,
+    pub auth_failures: u64,
+    pub commands: u64,
+    pub protocol_errors: u64,
+}
+
+/// Why a store could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store: cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("store: a lease's secret must not be empty")]
+    EmptySecret,
+    #[error("store: cannot start its thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// Reply texts clients recognise (kept as Redis words them where Redis has the case).
+const NOAUTH: &[u8] = b"-NOAUTH Authentication required.\r\n";
+const WRONGPASS: &[u8] = b"-WRONGPASS invalid password\r\n";
+const OOM: &[u8] = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n";
+const MAX_CLIENTS: &[u8] = b"-ERR max number of clients reached\r\n";
+const SYNTAX: &[u8] = b"-ERR syntax error\r\n";
+const NOT_INT: &[u8] = b"-ERR value is not an integer or out of range\r\n";
+
+/// How often the active expiry cycle runs.
+const EXPIRE_PERIOD: Duration = Duration::from_millis(100);
+
+/// A connection's read buffer grows by at least this much.
+const READ_CHUNK: usize = 16 << 10;
+
+/// The state every connection of a store shares, behind one lock taken once per read.
+struct Inner {
+    ks: Keyspace,
+    /// Milliseconds since `epoch`, refreshed once per batch.
+    now_ms: u64,
+    bucket: Bucket,
+    hits: u64,
+    misses: u64,
+    rejected_writes: u64,
+    rate_limited: u64,
+    auth_failures: u64,
+    commands: u64,
+    protocol_errors: u64,
+    connections_total: u64,
+}
+
+/// A token bucket: `rate` bytes per second, bursts of one second's worth. A request is
+/// refused while the bucket is empty; its cost (request and reply bytes) is charged
+/// after it ran, so the bucket may go into debt by one request.
+struct Bucket {
+    rate: u64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn new(rate: u64) -> Bucket {
+        Bucket {
+            rate,
+            tokens: rate as f64,
+            last: Instant::now(),
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        if self.rate == 0 {
+            return;
+        }
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * self.rate as f64).min(self.rate as f64);
+    }
+
+    fn allows(&self) -> bool {
+        self.rate == 0 || self.tokens > 0.0
+    }
+
+    fn charge(&mut self, bytes: usize) {
+        if self.rate != 0 {
+            self.tokens -= bytes as f64;
+        }
+    }
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    secret: blake3::Hash,
+    limits: Limits,
+    max_connections: u64,
+    connections: AtomicU64,
+    epoch: Instant,
+    port: u16,
+    consumer: String,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+/// A producer store: one lease's Redis-protocol server. `Send + Sync`; stops on
+/// [`Store::shutdown`] or when dropped.
+pub struct Store {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("addr", &self.addr).finish()
+    }
+}
+
+impl Store {
+    /// Bind `listen` (e.g. `127.0.0.1:0`) and serve. The store runs on a thread of its
+    /// own with its own single-threaded tokio runtime, so this works from inside a tokio
+    /// runtime (a producer's) and outside one (a benchmark); it returns once the listener
+    /// is bound.
+    pub fn start(listen: &str, cfg: StoreConfig) -> Result<Store, StoreError> {
+        Store::start_pinned(listen, cfg, None)
+    }
+
+    /// [`Store::start`], with the store's thread pinned to vCPU `cpu` when given (a
+    /// failure to pin is logged and ignored).
+    pub fn start_pinned(
+        listen: &str,
+        cfg: StoreConfig,
+        cpu: Option<usize>,
+    ) -> Result<Store, StoreError> {
+        if cfg.secret.is_empty() {
+            return Err(StoreError::EmptySecret);
+        }
+        let bind_err = |source| StoreError::Bind {
+            addr: listen.to_string(),
+            source,
+        };
+        let std_listener = std::net::TcpListener::bind(listen).map_err(bind_err)?;
+        std_listener.set_nonblocking(true).map_err(bind_err)?;
+        let addr = std_listener.local_addr().map_err(bind_err)?;
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                ks: Keyspace::new(cfg.bytes, cfg.mode),
+                now_ms: 0,
+                bucket: Bucket::new(cfg.rate_bps),
+                hits: 0,
+                misses: 0,
+                rejected_writes: 0,
+                rate_limited: 0,
+                auth_failures: 0,
+                commands: 0,
+                protocol_errors: 0,
+                connections_total: 0,
+            }),
+            secret: blake3::hash(cfg.secret.as_bytes()),
+            limits: Limits {
+                max_bulk: cfg.max_bulk,
+                max_args: cfg.max_args.max(3),
+                max_inline: Limits::default().max_inline,
+            },
+            max_connections: cfg.max_connections as u64,
+            connections: AtomicU64::new(0),
+            epoch: Instant::now(),
+            port: addr.port(),
+            consumer: cfg.consumer.clone(),
+            stop,
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(StoreError::Thread)?;
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("store-{}", addr.port()))
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    if let Err(e) = granule_host::os::set_affinity(0, &[cpu]) {
+                        tracing::warn!("store {addr}: cannot pin to vCPU {cpu}: {e}");
+                    }
+                }
+                runtime.block_on(serve(sh, std_listener, stop_rx));
+                // Dropping the runtime drops every connection's task and socket.
+                drop(runtime);
+            })
+            .map_err(StoreError::Thread)?;
+        tracing::debug!(
+            "store {addr} for '{}': {} bytes, {:?}, rate {} B/s",
+            cfg.consumer,
+            cfg.bytes,
+            cfg.mode,
+            cfg.rate_bps
+        );
+        Ok(Store {
+            shared,
+            addr,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Where the store listens (with the port the system chose for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let g = self.shared.inner.lock();
+        StoreStats {
+            used_bytes: g.ks.used(),
+            capacity: g.ks.capacity(),
+            keys: g.ks.len() as u64,
+            hits: g.hits,
+            misses: g.misses,
+            evicted_bytes: g.ks.evicted_bytes,
+            rejected_writes: g.rejected_writes,
+            rate_limited: g.rate_limited,
+            connections: self.shared.connections.load(Ordering::Relaxed),
+            auth_failures: g.auth_failures,
+            commands: g.commands,
+            protocol_errors: g.protocol_errors,
+        }
+    }
+
+    /// Change the capacity. LRU: evict (approximate LRU) down to `bytes` and return the
+    /// bytes evicted. No-eviction: evict nothing and return 0; writes that would go past
+    /// the new size are refused from now on (the holder is to be sent a revocation notice).
+    pub fn resize(&self, bytes: u64) -> u64 {
+        self.shared.inner.lock().ks.set_capacity(bytes)
+    }
+
+    /// The store's eviction mode.
+    pub fn mode(&self) -> EvictionMode {
+        self.shared.inner.lock().ks.mode()
+    }
+
+    /// Stop: close the listener and every connection, free the data. Idempotent; also
+    /// done on drop.
+    pub fn shutdown(&self) {
+        self.shared.stop.send_replace(true);
+        let thread = self.thread.lock().take();
+        if let Some(t) = thread {
+            // The store's own thread cannot join itself (nothing of the store calls this
+            // from there, but a caller's callback could).
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+        self.shared.inner.lock().ks.clear();
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Shrink LRU stores in proportion to their capacities so that, together, they give back
+/// about `bytes` (a harvester taking memory back). Returns each store's evicted bytes, in
+/// the order given (no-eviction stores give nothing here; they are revoked instead).
+pub fn shrink_in_proportion(stores: &[&Store], bytes: u64) -> Vec<u64> {
+    let caps: Vec<u64> = stores
+        .iter()
+        .map(|s| {
+            let g = s.shared.inner.lock();
+            if g.ks.mode() == EvictionMode::Lru {
+                g.ks.capacity()
+            } else {
+                0
+            }
+        })
+        .collect();
+    let total: u128 = caps.iter().map(|&c| u128::from(c)).sum();
+    stores
+        .iter()
+        .zip(&caps)
+        .map(|(s, &cap)| {
+            if total == 0 || cap == 0 {
+                return 0;
+            }
+            let share = (u128::from(bytes) * u128::from(cap)).div_ceil(total) as u64;
+            s.resize(cap.saturating_sub(share))
+        })
+        .collect()
+}
+
+/// The store's event loop: accept until told to stop, one task per connection, and the
+/// active expiry cycle.
+async fn serve(
+    shared: Arc<Shared>,
+    listener: std::net::TcpListener,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("store on port {}: cannot serve: {e}", shared.port);
+            return;
+        }
+    };
+    let expiry = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(EXPIRE_PERIOD);
+            loop {
+                tick.tick().await;
+                let now_ms = shared.epoch.elapsed().as_millis() as u64;
+                let mut g = shared.inner.lock();
+                // Like Redis: repeat while a quarter or more of a round had expired,
+                // within a bound so one cycle stays short.
+                for _ in 0..16 {
+                    let (sampled, dropped) = g.ks.expire_round(now_ms);
+                    if sampled == 0 || dropped * 4 < sampled {
+                        break;
+                    }
+                }
+            }
+        })
+    };
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            r = listener.accept() => match r {
+                Ok((sock, _peer)) => {
+                    let n = shared.connections.load(Ordering::Relaxed);
+                    if n >= shared.max_connections {
+                        // A fresh socket has room for one short line: no need to wait.
+                        let _ = sock.try_write(MAX_CLIENTS);
+                        continue;
+                    }
+                    shared.connections.fetch_add(1, Ordering::Relaxed);
+                    shared.inner.lock().connections_total += 1;
+                    let sh = shared.clone();
+                    tokio::spawn(async move {
+                        let _open = OpenConn(sh.clone());
+                        serve_conn(&sh, sock).await;
+                    });
+                }
+                Err(e) => {
+                    // Out of descriptors and the like: wait a little rather than spin.
+                    tracing::warn!("store on port {}: accept: {e}", shared.port);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+    expiry.abort();
+}
+
+/// Counts a connection as open while it lives (also when its task is dropped at shutdown).
+struct OpenConn(Arc<Shared>);
+
+impl Drop for OpenConn {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection's own state.
+struct Conn {
+    authed: bool,
+}
+
+async fn serve_conn(shared: &Shared, mut sock: TcpStream) {
+    let _ = sock.set_nodelay(true);
+    let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+    let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut args: Vec<(usize, usize)> = Vec::with_capacity(8);
+    let mut conn = Conn { authed: false };
+    loop {
+        if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
+            rbuf.reserve(READ_CHUNK);
+        }
+        match sock.read_buf(&mut rbuf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let (used, close) = shared.process(&rbuf, &mut args, &mut out, &mut conn);
+        rbuf.advance(used);
+        if !out.is_empty() {
+            if sock.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+            if out.capacity() > (4 << 20) {
+                // One large reply (MGET of big values) should not pin its buffer forever.
+                out = Vec::with_capacity(READ_CHUNK);
+            }
+        }
+        if close {
+            let _ = sock.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// One parsed command: its arguments as ranges of the read buffer.
+struct Cmd<'a> {
+    buf: &'a [u8],
+    args: &'a [(usize, usize)],
+}
+
+impl<'a> Cmd<'a> {
+    fn len(&self) -> usize {
+        self.args.len()
+    }
+
+    fn arg(&self, i: usize) -> &'a [u8] {
+        let (s, e) = self.args[i];
+        &self.buf[s..e]
+    }
+}
+
+/// What a connection does after a command.
+#[derive(PartialEq, Eq)]
+enum After {
+    Continue,
+    Close,
+}
+
+impl Shared {
+    /// Run every complete command in `buf`, appending replies to `out`. Returns the bytes
+    /// consumed and whether to close the connection.
+    fn process(
+        &self,
+        buf: &[u8],
+        args: &mut Vec<(usize, usize)>,
+        out: &mut Vec<u8>,
+        conn: &mut Conn,
+    ) -> (usize, bool) {
+        let mut pos = 0;
+        let mut guard: Option<parking_lot::MutexGuard<'_, Inner>> = None;
+        loop {
+            match resp::parse(&buf[pos..], &self.limits, args) {
+                Ok(None) => return (pos, false),
+                Ok(Some(n)) => {
+                    if args.is_empty() {
+                        pos += n;
+                        continue;
+                    }
+                    let g = guard.get_or_insert_with(|| {
+                        let mut g = self.inner.lock();
+                        g.now_ms = self.epoch.elapsed().as_millis() as u64;
+                        if g.bucket.rate != 0 {
+                            g.bucket.refill(Instant::now());
+                        }
+                        g
+                    });
+                    let cmd = Cmd {
+                        buf: &buf[pos..],
+                        args,
+                    };
+                    let before = out.len();
+                    // A refused request costs nothing (it was not served), so a flood
+                    // of them does not push the bucket ever deeper into debt.
+                    let charged = g.bucket.allows();
+                    let after = g.run(self, &cmd, out, conn);
+                    if charged {
+                        g.bucket.charge(n + out.len() - before);
+                    }
+                    pos += n;
+                    if after == After::Close {
+                        return (pos, true);
+                    }
+                }
+                Err(e) => {
+                    let g = guard.get_or_insert_with(|| self.inner.lock());
+                    g.protocol_errors += 1;
+                    out.extend_from_slice(format!("-ERR Protocol error: {e}\r\n").as_bytes());
+                    return (pos, true);
+                }
+            }
+        }
+    }
+}
+
+// ---- replies ---------------------------------------------------------------------------
+
+fn ok(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"+OK\r\n");
+}
+
+fn nil(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"$-1\r\n");
+}
+
+fn int(out: &mut Vec<u8>, n: i64) {
+    out.push(b':');
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn bulk(out: &mut Vec<u8>, v: &[u8]) {
+    out.push(b'$');
+    out.extend_from_slice(itoa::Buffer::new().format(v.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(v);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn array(out: &mut Vec<u8>, n: usize) {
+    out.push(b'*');
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn err(out: &mut Vec<u8>, msg: &str) {
+    out.extend_from_slice(b"-ERR ");
+    out.extend_from_slice(msg.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A client's bytes made safe for an error line: printable ASCII, at most 64 characters.
+fn printable(b: &[u8]) -> String {
+    b.iter()
+        .take(64)
+        .map(|&c| {
+            if (0x20..0x7f).contains(&c) && c != b'\'' {
+                char::from(c)
+            } else {
+                '?'
+            }
+        })
+        .collect()
+}
+
+fn wrong_args(out: &mut Vec<u8>, name: &str) {
+    err(
+        out,
+        &format!("wrong number of arguments for '{name}' command"),
+    );
+}
+
+fn parse_i64(b: &[u8]) -> Option<i64> {
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+/// Whether `a` equals the ASCII word `upper` (given in upper case) in any case.
+fn is(a: &[u8], upper: &[u8]) -> bool {
+    a.eq_ignore_ascii_case(upper)
+}
+
+impl Inner {
+    fn run(&mut self, shared: &Shared, cmd: &Cmd<'_>, out: &mut Vec<u8>, conn: &mut Conn) -> After {
+        let name = cmd.arg(0);
+        self.commands += 1;
+        // The hot pair first, once authenticated.
+        if conn.authed && self.bucket.allows() {
+            if is(name, b"GET") {
+                self.get(cmd, out);
+                return After::Continue;
+            }
+            if is(name, b"SET") {
+                self.set(cmd, out);
+                return After::Continue;
+            }
+        }
+        if is(name, b"AUTH") {
+            self.auth(shared, cmd, out, conn);
+            return After::Continue;
+        }
+        if is(name, b"QUIT") {
+            ok(out);
+            return After::Close;
+        }
+        if !conn.authed {
+            out.extend_from_slice(NOAUTH);
+            return After::Continue;
+        }
+        if !self.bucket.allows() {
+            self.rate_limited += 1;
+            err(
+                out,
+                &format!(
+                    "rate limit exceeded for this lease ({} bytes/s)",
+                    self.bucket.rate
+                ),
+            );
+            return After::Continue;
+        }
+        let now = self.now_ms;
+        match () {
+            _ if is(name, b"PING") => match cmd.len() {
+                1 => out.extend_from_slice(b"+PONG\r\n"),
+                2 => bulk(out, cmd.arg(1)),
+                _ => wrong_args(out, "ping"),
+            },
+            _ if is(name, b"ECHO") => match cmd.len() {
+                2 => bulk(out, cmd.arg(1)),
+                _ => wrong_args(out, "echo"),
+            },
+            _ if is(name, b"DEL") || is(name, b"UNLINK") => {
+                if cmd.len() < 2 {
+                    wrong_args(out, "del");
+                } else {
+                    let n = (1..cmd.len())
+                        .filter(|&i| self.ks.del(cmd.arg(i), now))
+                        .count();
+                    int(out, n as i64);
+                }
+            }
+            _ if is(name, b"EXISTS") => {
+                if cmd.len() < 2 {
+                    wrong_args(out, "exists");
+                } else {
+                    let n = (1..cmd.len())
+                        .filter(|&i| self.ks.exists(cmd.arg(i), now))
+                        .count();
+                    int(out, n as i64);
+                }
+            }
+            _ if is(name, b"MGET") => {
+                if cmd.len() < 2 {
+                    wrong_args(out, "mget");
+                } else {
+                    array(out, cmd.len() - 1);
+                    for i in 1..cmd.len() {
+                        match self.ks.get(cmd.arg(i), now) {
+                            Some(v) => {
+                                bulk(out, v);
+                                self.hits += 1;
+                            }
+                            None => {
+                                nil(out);
+                                self.misses += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            _ if is(name, b"MSET") => self.mset(cmd, out),
+            _ if is(name, b"EXPIRE") || is(name, b"PEXPIRE") => {
+                let ms = if is(name, b"EXPIRE") { 1000 } else { 1 };
+                if cmd.len() != 3 {
+                    wrong_args(out, if ms == 1 { "pexpire" } else { "expire" });
+                } else {
+                    match parse_i64(cmd.arg(2)).and_then(|t| t.checked_mul(ms)) {
+                        None => out.extend_from_slice(NOT_INT),
+                        Some(t) => {
+                            let at = if t <= 0 {
+                                now
+                            } else {
+                                now.saturating_add(t as u64)
+                            };
+                            int(out, i64::from(self.ks.expire(cmd.arg(1), at, now)));
+                        }
+                    }
+                }
+            }
+            _ if is(name, b"TTL") || is(name, b"PTTL") => {
+                let secs = is(name, b"TTL");
+                if cmd.len() != 2 {
+                    wrong_args(out, if secs { "ttl" } else { "pttl" });
+                } else {
+                    let r = match self.ks.ttl_ms(cmd.arg(1), now) {
+                        None => -2,
+                        Some(None) => -1,
+                        Some(Some(ms)) if secs => ms.div_ceil(1000) as i64,
+                        Some(Some(ms)) => ms as i64,
+                    };
+                    int(out, r);
+                }
+            }
+            _ if is(name, b"PERSIST") => match cmd.len() {
+                2 => int(out, i64::from(self.ks.persist(cmd.arg(1), now))),
+                _ => wrong_args(out, "persist"),
+            },
+            _ if is(name, b"DBSIZE") => int(out, self.ks.len() as i64),
+            _ if is(name, b"FLUSHDB") || is(name, b"FLUSHALL") => {
+                if cmd.len() > 2
+                    || (cmd.len() == 2 && !is(cmd.arg(1), b"ASYNC") && !is(cmd.arg(1), b"SYNC"))
+                {
+                    out.extend_from_slice(SYNTAX);
+                } else {
+                    self.ks.clear();
+                    ok(out);
+                }
+            }
+            _ if is(name, b"SELECT") => match cmd.len() {
+                2 => match parse_i64(cmd.arg(1)) {
+                    Some(0) => ok(out),
+                    Some(_) => err(out, "DB index is out of range"),
+                    None => out.extend_from_slice(NOT_INT),
+                },
+                _ => wrong_args(out, "select"),
+            },
+            _ if is(name, b"INFO") => {
+                let text = self.info(shared);
+                bulk(out, text.as_bytes());
+            }
+            _ if is(name, b"COMMAND") => {
+                // Enough for clients to start: they ask for the count or the docs and go
+                // on without the table when it is empty.
+                if cmd.len() >= 2 && is(cmd.arg(1), b"COUNT") {
+                    int(out, COMMANDS.len() as i64);
+                } else {
+                    array(out, 0);
+                }
+            }
+            _ if is(name, b"CONFIG") => self.config(cmd, out),
+            _ if is(name, b"CLIENT") => {
+                if cmd.len() >= 2 && (is(cmd.arg(1), b"SETNAME") || is(cmd.arg(1), b"SETINFO")) {
+                    ok(out);
+                } else if cmd.len() == 2 && is(cmd.arg(1), b"GETNAME") {
+                    nil(out);
+                } else {
+                    err(out, "unsupported CLIENT subcommand");
+                }
+            }
+            _ if is(name, b"HELLO") => {
+                out.extend_from_slice(b"-NOPROTO this store speaks RESP2 only\r\n")
+            }
+            _ if is(name, b"GET") => self.get(cmd, out),
+            _ if is(name, b"SET") => self.set(cmd, out),
+            _ => err(out, &format!("unknown command '{}'", printable(name))),
+        }
+        After::Continue
+    }
+
+    fn auth(&mut self, shared: &Shared, cmd: &Cmd<'_>, out: &mut Vec<u8>, conn: &mut Conn) {
+        let (user, pass) = match cmd.len() {
+            2 => (None, cmd.arg(1)),
+            3 => (Some(cmd.arg(1)), cmd.arg(2)),
+            _ => return wrong_args(out, "auth"),
+        };
+        // Digest equality is constant-time (blake3::Hash's PartialEq), so the time
+        // taken says nothing about how much of the secret matched.
+        let good = blake3::hash(pass) == shared.secret && user.is_none_or(|u| is(u, b"DEFAULT"));
+        if good {
+            conn.authed = true;
+            ok(out);
+        } else {
+            self.auth_failures += 1;
+            out.extend_from_slice(WRONGPASS);
+        }
+    }
+
+    fn get(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
+        if cmd.len() != 2 {
+            return wrong_args(out, "get");
+        }
+        match self.ks.get(cmd.arg(1), self.now_ms) {
+            Some(v) => {
+                bulk(out, v);
+                self.hits += 1;
+            }
+            None => {
+                nil(out);
+                self.misses += 1;
+            }
+        }
+    }
+
+    fn set(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
+        if cmd.len() < 3 {
+            return wrong_args(out, "set");
+        }
+        let now = self.now_ms;
+        let mut cond = SetCond::Always;
+        let mut ttl = SetTtl::Clear;
+        let mut i = 3;
+        while i < cmd.len() {
+            let opt = cmd.arg(i);
+            let unit = if is(opt, b"EX") || is(opt, b"EXAT") {
+                Some(1000)
+            } else if is(opt, b"PX") || is(opt, b"PXAT") {
+                Some(1)
+            } else {
+                None
+            };
+            if let Some(unit) = unit {
+                if ttl != SetTtl::Clear || i + 1 >= cmd.len() {
+                    return out.extend_from_slice(SYNTAX);
+                }
+                let Some(t) = parse_i64(cmd.arg(i + 1)) else {
+                    return out.extend_from_slice(NOT_INT);
+                };
+                let Some(ms) = t.checked_mul(unit).filter(|&ms| t > 0 && ms > 0) else {
+                    return err(out, "invalid expire time in 'set' command");
+                };
+                let absolute = opt.len() == 4;
+                ttl = if absolute {
+                    // EXAT/PXAT: Unix time; the store's clock counts from its epoch.
+                    let unix_now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    SetTtl::At(now + (ms as u64).saturating_sub(unix_now).max(1))
+                } else {
+                    SetTtl::At(now.saturating_add(ms as u64))
+                };
+                i += 2;
+                continue;
+            }
+            if is(opt, b"NX") && cond == SetCond::Always {
+                cond = SetCond::Nx;
+            } else if is(opt, b"XX") && cond == SetCond::Always {
+                cond = SetCond::Xx;
+            } else if is(opt, b"KEEPTTL") && ttl == SetTtl::Clear {
+                ttl = SetTtl::Keep;
+            } else {
+                return out.extend_from_slice(SYNTAX);
+            }
+            i += 1;
+        }
+        match self.ks.set(cmd.arg(1), cmd.arg(2), cond, ttl, now) {
+            SetOutcome::Written => ok(out),
+            SetOutcome::NotWritten => nil(out),
+            SetOutcome::NoRoom => {
+                self.rejected_writes += 1;
+                out.extend_from_slice(OOM);
+            }
+        }
+    }
+
+    fn mset(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
+        if cmd.len() < 3 || cmd.len() % 2 == 0 {
+            return wrong_args(out, "mset");
+        }
+        let now = self.now_ms;
+        // All or nothing in a no-eviction store: check the growth of the whole command
+        // first (a key given twice counts twice: a conservative bound).
+        let growth: u64 = (1..cmd.len())
+            .step_by(2)
+            .map(|i| self.ks.growth(cmd.arg(i), cmd.arg(i + 1).len()))
+            .sum();
+        if !self.ks.fits(growth) {
+            self.rejected_writes += 1;
+            return out.extend_from_slice(OOM);
+        }
+        let mut refused = false;
+        for i in (1..cmd.len()).step_by(2) {
+            let r = self.ks.set(
+                cmd.arg(i),
+                cmd.arg(i + 1),
+                SetCond::Always,
+                SetTtl::Clear,
+                now,
+            );
+            refused |= r == SetOutcome::NoRoom;
+        }
+        if refused {
+            // Only an entry larger than the whole store gets here.
+            self.rejected_writes += 1;
+            out.extend_from_slice(OOM);
+        } else {
+            ok(out);
+        }
+    }
+
+    fn config(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
+        if cmd.len() != 3 || !is(cmd.arg(1), b"GET") {
+            return err(out, "this store supports only CONFIG GET <name>");
+        }
+        let policy = match self.ks.mode() {
+            EvictionMode::Lru => "allkeys-lru",
+            EvictionMode::NoEviction => "noeviction",
+        };
+        let cap = self.ks.capacity().to_string();
+        let known: [(&str, &str); 4] = [
+            ("maxmemory", &cap),
+            ("maxmemory-policy", policy),
+            ("save", ""),
+            ("appendonly", "no"),
+        ];
+        let want = cmd.arg(2);
+        let hits: Vec<_> = known
+            .iter()
+            .filter(|(k, _)| want == b"*" || is(want, k.as_bytes()))
+            .collect();
+        array(out, hits.len() * 2);
+        for (k, v) in hits {
+            bulk(out, k.as_bytes());
+            bulk(out, v.as_bytes());
+        }
+    }
+
+    fn info(&self, shared: &Shared) -> String {
+        let ks = &self.ks;
+        let policy = match ks.mode() {
+            EvictionMode::Lru => "allkeys-lru",
+            EvictionMode::NoEviction => "noeviction",
+        };
+        let mut s = String::with_capacity(1024);
+        use std::fmt::Write;
+        let _ = write!(
+            s,
+            "# Server\r\nredis_version:7.0.0\r\ngranule_store:{ver}\r\nredis_mode:standalone\r\n\
+             process_id:{pid}\r\ntcp_port:{port}\r\nuptime_in_seconds:{up}\r\nlease_consumer:{consumer}\r\n\r\n\
+             # Clients\r\nconnected_clients:{conns}\r\nmaxclients:{maxc}\r\n\r\n\
+             # Memory\r\nused_memory:{used}\r\nmaxmemory:{cap}\r\nmaxmemory_policy:{policy}\r\n\r\n\
+             # Stats\r\ntotal_connections_received:{total}\r\ntotal_commands_processed:{cmds}\r\n\
+             keyspace_hits:{hits}\r\nkeyspace_misses:{misses}\r\nevicted_keys:{ek}\r\nevicted_bytes:{eb}\r\n\
+             expired_keys:{xk}\r\nrejected_writes:{rw}\r\nrate_limited:{rl}\r\nrate_limit_bps:{rate}\r\n\
+             auth_failures:{af}\r\nprotocol_errors:{pe}\r\n\r\n\
+             # Keyspace\r\n",
+            ver = env!("CARGO_PKG_VERSION"),
+            pid = std::process::id(),
+            port = shared.port,
+            up = shared.epoch.elapsed().as_secs(),
+            consumer = printable(shared.consumer.as_bytes()),
+            conns = shared.connections.load(Ordering::Relaxed),
+            maxc = shared.max_connections,
+            used = ks.used(),
+            cap = ks.capacity(),
+            total = self.connections_total,
+            cmds = self.commands,
+            hits = self.hits,
+            misses = self.misses,
+            ek = ks.evicted_keys,
+            eb = ks.evicted_bytes,
+            xk = ks.expired_keys,
+            rw = self.rejected_writes,
+            rl = self.rate_limited,
+            rate = self.bucket.rate,
+            af = self.auth_failures,
+            pe = self.protocol_errors,
+        );
+        if !ks.is_empty() {
+            let _ = write!(
+                s,
+                "db0:keys={},expires={},avg_ttl=0\r\n",
+                ks.len(),
+                ks.volatile()
+            );
+        }
+        s
+    }
+}
+
+/// The commands a store answers (for `COMMAND COUNT`).
+const COMMANDS: &[&str] = &[
+    "AUTH", "QUIT", "PING", "ECHO", "GET", "SET", "DEL", "UNLINK", "EXISTS", "MGET", "MSET",
+    "EXPIRE", "PEXPIRE", "TTL", "PTTL", "PERSIST", "DBSIZE", "FLUSHDB", "FLUSHALL", "SELECT",
+    "INFO", "COMMAND", "CONFIG", "CLIENT", "HELLO",
+];
+
+#[cfg(test)]
+mod tests;

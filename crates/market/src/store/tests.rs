@@ -1,0 +1,453 @@
+//! The store's unit tests: real stores on free ports, spoken to over TCP with raw RESP.
+
+use super::*;
+use std::io::{Read, Write};
+use std::net::TcpStream as StdStream;
+
+const SECRET: &str = "s3cret-lease";
+
+fn start(bytes: u64, mode: EvictionMode) -> Store {
+    Store::start("127.0.0.1:0", StoreConfig::new(bytes, SECRET, mode)).unwrap()
+}
+
+/// A blocking test client.
+struct Client {
+    s: StdStream,
+    buf: Vec<u8>,
+}
+
+fn cmd(args: &[&[u8]]) -> Vec<u8> {
+    let mut v = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        v.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        v.extend_from_slice(a);
+        v.extend_from_slice(b"\r\n");
+    }
+    v
+}
+
+impl Client {
+    fn connect(store: &Store) -> Client {
+        let s = StdStream::connect(store.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Client { s, buf: Vec::new() }
+    }
+
+    fn authed(store: &Store) -> Client {
+        let mut c = Client::connect(store);
+        assert_eq!(c.call(&[b"AUTH", SECRET.as_bytes()]), "+OK");
+        c
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).unwrap();
+    }
+
+    /// Read one whole reply, rendered on one line (`+OK`, `$-1`, `*2 $1:a $-1`, ...).
+    fn reply(&mut self) -> String {
+        loop {
+            if let Some((text, n)) = render(&self.buf) {
+                self.buf.drain(..n);
+                return text;
+            }
+            let mut chunk = [0u8; 65536];
+            let n = self.s.read(&mut chunk).unwrap();
+            assert!(
+                n > 0,
+                "connection closed; had {:?}",
+                String::from_utf8_lossy(&self.buf)
+            );
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn call(&mut self, args: &[&[u8]]) -> String {
+        self.send(&cmd(args));
+        self.reply()
+    }
+
+    /// Whether the server closed the connection (after any pending replies).
+    fn closed(&mut self) -> bool {
+        let mut chunk = [0u8; 1024];
+        matches!(self.s.read(&mut chunk), Ok(0) | Err(_))
+    }
+}
+
+/// Render one reply at the start of `b`: `(text, bytes used)`, or `None` if incomplete.
+fn render(b: &[u8]) -> Option<(String, usize)> {
+    let cr = b.windows(2).position(|w| w == b"\r\n")?;
+    let line = String::from_utf8_lossy(&b[..cr]).to_string();
+    match b[0] {
+        b'$' => {
+            let n: i64 = line[1..].parse().ok()?;
+            if n < 0 {
+                return Some((line, cr + 2));
+            }
+            let end = cr + 2 + n as usize;
+            if b.len() < end + 2 {
+                return None;
+            }
+            let body = String::from_utf8_lossy(&b[cr + 2..end]);
+            Some((format!("${n}:{body}"), end + 2))
+        }
+        b'*' => {
+            let n: i64 = line[1..].parse().ok()?;
+            let mut pos = cr + 2;
+            let mut parts = vec![line];
+            for _ in 0..n.max(0) {
+                let (t, used) = render(&b[pos..])?;
+                parts.push(t);
+                pos += used;
+            }
+            Some((parts.join(" "), pos))
+        }
+        _ => Some((line, cr + 2)),
+    }
+}
+
+#[test]
+fn noauth_until_auth_and_wrong_password() {
+    let store = start(1 << 20, EvictionMode::Lru);
+    let mut c = Client::connect(&store);
+    for args in [
+        &[&b"GET"[..], b"k"][..],
+        &[b"SET", b"k", b"v"],
+        &[b"PING"],
+        &[b"INFO"],
+        &[b"DBSIZE"],
+        &[b"COMMAND"],
+        &[b"FLUSHDB"],
+        &[b"NOSUCH"],
+    ] {
+        assert_eq!(c.call(args), "-NOAUTH Authentication required.", "{args:?}");
+    }
+    assert_eq!(c.call(&[b"AUTH", b"wrong"]), "-WRONGPASS invalid password");
+    assert_eq!(
+        c.call(&[b"AUTH", b"other", SECRET.as_bytes()]),
+        "-WRONGPASS invalid password"
+    );
+    assert_eq!(c.call(&[b"GET", b"k"]), "-NOAUTH Authentication required.");
+    assert_eq!(store.stats().auth_failures, 2);
+    assert_eq!(store.stats().keys, 0, "nothing was written before AUTH");
+    assert_eq!(c.call(&[b"AUTH", b"default", SECRET.as_bytes()]), "+OK");
+    assert_eq!(c.call(&[b"PING"]), "+PONG");
+    // A second connection is not authenticated by the first one's AUTH.
+    let mut d = Client::connect(&store);
+    assert_eq!(d.call(&[b"GET", b"k"]), "-NOAUTH Authentication required.");
+    assert_eq!(d.call(&[b"QUIT"]), "+OK");
+    assert!(d.closed());
+}
+
+#[test]
+fn commands_answer_like_redis() {
+    let store = start(1 << 20, EvictionMode::Lru);
+    let mut c = Client::authed(&store);
+    assert_eq!(c.call(&[b"SET", b"a", b"1"]), "+OK");
+    assert_eq!(c.call(&[b"get", b"a"]), "$1:1");
+    assert_eq!(c.call(&[b"GET", b"nope"]), "$-1");
+    assert_eq!(c.call(&[b"SET", b"a", b"2", b"NX"]), "$-1");
+    assert_eq!(c.call(&[b"SET", b"b", b"2", b"XX"]), "$-1");
+    assert_eq!(c.call(&[b"SET", b"b", b"2", b"NX", b"EX", b"100"]), "+OK");
+    assert_eq!(c.call(&[b"TTL", b"b"]), ":100");
+    assert_eq!(c.call(&[b"TTL", b"a"]), ":-1");
+    assert_eq!(c.call(&[b"TTL", b"zz"]), ":-2");
+    assert_eq!(c.call(&[b"SET", b"c", b"3", b"PX", b"100000"]), "+OK");
+    let pttl: i64 = c.call(&[b"PTTL", b"c"])[1..].parse().unwrap();
+    assert!((99_000..=100_000).contains(&pttl), "{pttl}");
+    assert_eq!(
+        c.call(&[b"SET", b"c", b"3", b"EX", b"0"]),
+        "-ERR invalid expire time in 'set' command"
+    );
+    assert_eq!(
+        c.call(&[b"SET", b"c", b"3", b"EX", b"x"]),
+        "-ERR value is not an integer or out of range"
+    );
+    assert_eq!(c.call(&[b"SET", b"c", b"3", b"BOGUS"]), "-ERR syntax error");
+    assert_eq!(
+        c.call(&[b"SET", b"c", b"3", b"NX", b"XX"]),
+        "-ERR syntax error"
+    );
+    assert_eq!(c.call(&[b"MSET", b"x", b"1", b"y", b"2"]), "+OK");
+    assert_eq!(c.call(&[b"MGET", b"x", b"nope", b"y"]), "*3 $1:1 $-1 $1:2");
+    assert_eq!(
+        c.call(&[b"MSET", b"x", b"1", b"y"]),
+        "-ERR wrong number of arguments for 'mset' command"
+    );
+    assert_eq!(c.call(&[b"EXISTS", b"x", b"y", b"nope", b"x"]), ":3");
+    assert_eq!(c.call(&[b"DEL", b"x", b"nope"]), ":1");
+    assert_eq!(c.call(&[b"EXPIRE", b"y", b"50"]), ":1");
+    assert_eq!(c.call(&[b"TTL", b"y"]), ":50");
+    assert_eq!(c.call(&[b"PERSIST", b"y"]), ":1");
+    assert_eq!(c.call(&[b"TTL", b"y"]), ":-1");
+    assert_eq!(c.call(&[b"EXPIRE", b"nope", b"50"]), ":0");
+    assert_eq!(c.call(&[b"EXPIRE", b"y", b"-1"]), ":1");
+    assert_eq!(c.call(&[b"GET", b"y"]), "$-1");
+    assert_eq!(c.call(&[b"DBSIZE"]), ":3");
+    assert_eq!(c.call(&[b"SELECT", b"0"]), "+OK");
+    assert_eq!(c.call(&[b"SELECT", b"1"]), "-ERR DB index is out of range");
+    assert_eq!(c.call(&[b"PING", b"hi"]), "$2:hi");
+    assert_eq!(
+        c.call(&[b"GET"]),
+        "-ERR wrong number of arguments for 'get' command"
+    );
+    assert_eq!(c.call(&[b"KEYS", b"*"]), "-ERR unknown command 'KEYS'");
+    assert_eq!(c.call(&[b"COMMAND", b"DOCS"]), "*0");
+    assert_eq!(
+        c.call(&[b"CONFIG", b"GET", b"maxmemory"]),
+        "*2 $9:maxmemory $7:1048576"
+    );
+    let info = c.call(&[b"INFO"]);
+    for field in [
+        "used_memory:",
+        "maxmemory:1048576",
+        "keyspace_hits:",
+        "keyspace_misses:",
+        "evicted_keys:",
+        "db0:keys=3",
+    ] {
+        assert!(info.contains(field), "INFO lacks {field}: {info}");
+    }
+    assert_eq!(c.call(&[b"FLUSHDB"]), "+OK");
+    assert_eq!(c.call(&[b"DBSIZE"]), ":0");
+    // Inline commands, as typed over nc.
+    c.send(b"PING\r\nSET k 'a b'\r\nGET k\r\n");
+    assert_eq!(c.reply(), "+PONG");
+    assert_eq!(c.reply(), "+OK");
+    assert_eq!(c.reply(), "$3:a b");
+    let st = store.stats();
+    assert!(st.hits >= 3 && st.misses >= 3, "{st:?}");
+}
+
+#[test]
+fn pipelined_commands_are_answered_in_order() {
+    let store = start(8 << 20, EvictionMode::Lru);
+    let mut c = Client::authed(&store);
+    let mut batch = Vec::new();
+    for i in 0..500 {
+        batch.extend(cmd(&[
+            b"SET",
+            format!("k{i}").as_bytes(),
+            format!("v{i}").as_bytes(),
+        ]));
+        batch.extend(cmd(&[b"GET", format!("k{i}").as_bytes()]));
+    }
+    // Split at an awkward place: the store must carry the partial command over.
+    let (a, b) = batch.split_at(batch.len() / 2 + 3);
+    c.send(a);
+    std::thread::sleep(Duration::from_millis(20));
+    c.send(b);
+    for i in 0..500 {
+        assert_eq!(c.reply(), "+OK");
+        assert_eq!(c.reply(), format!("${}:v{i}", format!("v{i}").len()));
+    }
+}
+
+#[test]
+fn lru_store_stays_within_its_size() {
+    let cap = 256 << 10;
+    let store = start(cap, EvictionMode::Lru);
+    let mut c = Client::authed(&store);
+    let val = vec![b'x'; 1000];
+    for i in 0..2000 {
+        assert_eq!(c.call(&[b"SET", format!("k{i}").as_bytes(), &val]), "+OK");
+    }
+    let st = store.stats();
+    assert!(st.used_bytes <= cap, "{st:?}");
+    assert!(st.evicted_bytes > 0 && st.keys < 2000, "{st:?}");
+    assert!(c.call(&[b"INFO"]).contains("evicted_keys:"));
+    // The most recent write survives.
+    assert_eq!(c.call(&[b"EXISTS", b"k1999"]), ":1");
+    // Resize evicts down and says how much.
+    let before = store.stats().used_bytes;
+    let evicted = store.resize(cap / 4);
+    let after = store.stats();
+    assert!(after.used_bytes <= cap / 4, "{after:?}");
+    assert_eq!(before - after.used_bytes, evicted);
+    assert_eq!(after.capacity, cap / 4);
+}
+
+#[test]
+fn no_eviction_store_refuses_writes_past_its_size() {
+    let cap = 64 << 10;
+    let store = start(cap, EvictionMode::NoEviction);
+    let mut c = Client::authed(&store);
+    let val = vec![b'x'; 1000];
+    let mut refused = 0;
+    for i in 0..200 {
+        let r = c.call(&[b"SET", format!("k{i}").as_bytes(), &val]);
+        if r.starts_with("-OOM") {
+            assert_eq!(
+                r,
+                "-OOM command not allowed when used memory > 'maxmemory'."
+            );
+            refused += 1;
+        } else {
+            assert_eq!(r, "+OK");
+        }
+    }
+    let st = store.stats();
+    assert!(refused > 100 && st.rejected_writes == refused, "{st:?}");
+    assert!(st.used_bytes <= cap && st.evicted_bytes == 0, "{st:?}");
+    // Everything accepted is still there: nothing is evicted.
+    assert_eq!(c.call(&[b"DBSIZE"]), format!(":{}", 200 - refused));
+    assert_eq!(c.call(&[b"GET", b"k0"]).len(), "$1000:".len() + 1000);
+    // MSET is all or nothing.
+    assert!(c
+        .call(&[b"MSET", b"new1", &val, b"new2", &val])
+        .starts_with("-OOM"));
+    assert_eq!(c.call(&[b"EXISTS", b"new1"]), ":0");
+    // A shrink evicts nothing; deleting makes room again.
+    assert_eq!(store.resize(cap / 2), 0);
+    assert_eq!(store.stats().keys, 200 - refused);
+    assert_eq!(c.call(&[b"DEL", b"k0"]), ":1");
+    assert!(
+        c.call(&[b"SET", b"k0", &val]).starts_with("-OOM"),
+        "still over the new size"
+    );
+}
+
+#[test]
+fn rate_limit_refuses_over_budget_without_delaying_others() {
+    let mut cfg = StoreConfig::new(4 << 20, SECRET, EvictionMode::Lru);
+    cfg.rate_bps = 20_000;
+    let store = Store::start("127.0.0.1:0", cfg).unwrap();
+    let mut a = Client::authed(&store);
+    let mut b = Client::authed(&store);
+    let val = vec![b'x'; 1000];
+    let mut limited = 0;
+    let t0 = Instant::now();
+    for i in 0..100 {
+        let r = a.call(&[b"SET", format!("k{i}").as_bytes(), &val]);
+        if r.starts_with("-ERR rate limit exceeded") {
+            assert_eq!(r, "-ERR rate limit exceeded for this lease (20000 bytes/s)");
+            limited += 1;
+        }
+    }
+    // Refused at once, never held back: 100 requests take far less than their 5 s of
+    // budget.
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(limited > 50, "only {limited} refused");
+    assert_eq!(store.stats().rate_limited, limited);
+    // Another connection gets its answer at once too (an error while the bucket is empty).
+    let t1 = Instant::now();
+    let r = b.call(&[b"GET", b"k0"]);
+    assert!(t1.elapsed() < Duration::from_millis(500));
+    assert!(r == "$1000:".to_string() + &"x".repeat(1000) || r.starts_with("-ERR rate limit"));
+    // The bucket refills.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(b.call(&[b"PING"]), "+PONG");
+}
+
+#[test]
+fn malformed_input_closes_only_that_connection() {
+    let store = start(1 << 20, EvictionMode::Lru);
+    let mut good = Client::authed(&store);
+    assert_eq!(good.call(&[b"SET", b"k", b"v"]), "+OK");
+    for junk in [
+        &b"*2\r\n$3\r\nGET\r\n+k\r\n"[..],
+        b"*x\r\n",
+        b"*1\r\n$-7\r\n",
+        b"*1\r\n$3\r\nGETxx",
+        b"*99999999999\r\n",
+        b"*1\r\n$999999999999\r\n",
+    ] {
+        let mut bad = Client::connect(&store);
+        bad.send(junk);
+        let r = bad.reply();
+        assert!(r.starts_with("-ERR Protocol error: "), "{junk:?} -> {r}");
+        assert!(bad.closed(), "{junk:?} left the connection open");
+        // The store and other connections go on.
+        assert_eq!(good.call(&[b"GET", b"k"]), "$1:v");
+    }
+    assert_eq!(store.stats().protocol_errors, 6);
+    // Before AUTH too (the decoder runs first), and the bulk bound is the configured one.
+    let mut cfg = StoreConfig::new(1 << 20, SECRET, EvictionMode::Lru);
+    cfg.max_bulk = 1024;
+    cfg.max_args = 4;
+    let small = Store::start("127.0.0.1:0", cfg).unwrap();
+    let mut c = Client::authed(&small);
+    assert_eq!(c.call(&[b"SET", b"k", &[b'x'; 1024]]), "+OK");
+    c.send(&cmd(&[b"SET", b"k", &[b'x'; 1025]]));
+    assert_eq!(
+        c.reply(),
+        "-ERR Protocol error: bulk length 1025 over this store's limit of 1024 bytes"
+    );
+    let mut c = Client::authed(&small);
+    c.send(&cmd(&[b"MGET", b"a", b"b", b"c", b"d"]));
+    assert_eq!(
+        c.reply(),
+        "-ERR Protocol error: too many arguments (5; this store accepts at most 4)"
+    );
+}
+
+#[test]
+fn connection_limit_is_enforced() {
+    let mut cfg = StoreConfig::new(1 << 20, SECRET, EvictionMode::Lru);
+    cfg.max_connections = 2;
+    let store = Store::start("127.0.0.1:0", cfg).unwrap();
+    let mut a = Client::authed(&store);
+    let mut b = Client::authed(&store);
+    let mut c = Client::connect(&store);
+    assert_eq!(c.reply(), "-ERR max number of clients reached");
+    assert!(c.closed());
+    assert_eq!(store.stats().connections, 2);
+    assert_eq!(a.call(&[b"QUIT"]), "+OK");
+    assert!(a.closed());
+    // The slot frees once the store has seen the close.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.stats().connections > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut d = Client::authed(&store);
+    assert_eq!(d.call(&[b"PING"]), "+PONG");
+    assert_eq!(b.call(&[b"PING"]), "+PONG");
+}
+
+#[test]
+fn shutdown_closes_connections_and_frees_the_data() {
+    let store = start(1 << 20, EvictionMode::Lru);
+    let addr = store.addr();
+    let mut c = Client::authed(&store);
+    assert_eq!(c.call(&[b"SET", b"k", b"v"]), "+OK");
+    store.shutdown();
+    store.shutdown();
+    assert!(c.closed());
+    assert_eq!(store.stats().keys, 0);
+    assert!(StdStream::connect(addr).is_err(), "listener still open");
+}
+
+#[test]
+fn start_refuses_empty_secret_and_names_a_bad_address() {
+    let e = Store::start(
+        "127.0.0.1:0",
+        StoreConfig::new(1 << 20, "", EvictionMode::Lru),
+    );
+    assert!(matches!(e, Err(StoreError::EmptySecret)));
+    let taken = start(1 << 20, EvictionMode::Lru);
+    let addr = taken.addr().to_string();
+    let e = Store::start(&addr, StoreConfig::new(1 << 20, SECRET, EvictionMode::Lru)).unwrap_err();
+    assert!(e.to_string().contains(&addr), "{e}");
+}
+
+#[test]
+fn shrink_in_proportion_to_sizes() {
+    let big = start(4 << 20, EvictionMode::Lru);
+    let small = start(1 << 20, EvictionMode::Lru);
+    let pinned = start(1 << 20, EvictionMode::NoEviction);
+    for s in [&big, &small, &pinned] {
+        let mut c = Client::authed(s);
+        let val = vec![b'x'; 4000];
+        for i in 0..2000 {
+            c.call(&[b"SET", format!("k{i}").as_bytes(), &val]);
+        }
+    }
+    let full_big = big.stats().used_bytes;
+    let full_small = small.stats().used_bytes;
+    let got = shrink_in_proportion(&[&big, &small, &pinned], 2500 << 10);
+    assert_eq!(got[2], 0);
+    assert_eq!(big.stats().capacity, (4 << 20) - (2000 << 10));
+    assert_eq!(small.stats().capacity, (1 << 20) - (500 << 10));
+    assert_eq!(got[0], full_big - big.stats().used_bytes);
+    assert_eq!(got[1], full_small - small.stats().used_bytes);
+    assert!(got[0] > 3 * got[1], "{got:?}");
+}
