@@ -445,6 +445,10 @@ pub struct Market {
     /// How a consumer protects values: `encrypt` (AEAD), `integrity` (keyed BLAKE3) or
     /// `none`.
     pub protection: String,
+    /// How long a consumer waits for one leased store's answer before counting a miss.
+    pub store_timeout: Duration,
+    /// Slabs a consumer's cache leases.
+    pub consumer_slabs: u32,
     // ---- consumer: more settings go here ----
 }
 
@@ -486,6 +490,8 @@ impl Default for Market {
             producer_timeout: Duration::from_secs(10),
             max_queue: 10_000,
             protection: "encrypt".into(),
+            store_timeout: Duration::from_secs(1),
+            consumer_slabs: 1,
         }
     }
 }

@@ -918,5 +918,26 @@ pub static SETTINGS: &[Setting] = &[
         },
         |s: &String| s.clone(),
     ),
+    setting!(
+        "market.store_timeout",
+        "GRANULE_MARKET_STORE_TIMEOUT",
+        "a duration in 1ms..=1min",
+        "how long a consumer waits for one leased store's answer (or connection) before counting a miss",
+        market.store_timeout,
+        |v: &str| dur_in(v, Duration::from_millis(1), Duration::from_secs(60)),
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "market.consumer_slabs",
+        "GRANULE_MARKET_CONSUMER_SLABS",
+        "an integer in 0..=1000000",
+        "slabs a consumer's cache leases (and asks the broker to replace when leases are lost)",
+        market.consumer_slabs,
+        |v: &str| match v.trim().parse::<u32>() {
+            Ok(n) if n <= 1_000_000 => Ok(n),
+            _ => Err(format!("'{v}' is not an integer in 0..=1000000")),
+        },
+        |n: &u32| n.to_string(),
+    ),
     // ---- market: consumer, more settings go above this line ----
 ];

@@ -28,6 +28,8 @@ enum Attack {
     Replay,
     /// Cut the last byte off.
     Truncate,
+    /// Never answer a GET.
+    Stall,
 }
 
 #[derive(Default)]
@@ -106,12 +108,13 @@ async fn serve(s: TcpStream, attack: Attack, data: Shared) {
                     .count();
                 format!(":{n}\r\n").into_bytes()
             }
+            "GET" if attack == Attack::Stall => std::future::pending().await,
             "GET" if args.len() >= 2 => {
                 let d = data.lock();
                 let k = &args[1];
                 let honest = d.map.get(k).cloned();
                 let lie = match attack {
-                    Attack::Honest => honest,
+                    Attack::Honest | Attack::Stall => honest,
                     Attack::FlipByte => honest.map(|mut v| {
                         let i = v.len() / 2;
                         v[i] ^= 0x01;
@@ -457,7 +460,8 @@ async fn a_real_redis_server_stores_and_evicts() {
             assert_eq!(got.as_deref(), Some(&want[..]), "{p:?}");
         }
     }
-    let c = cache_on(&r.addr, Protection::Encrypt).await;
+    // Integrity mode: keyed BLAKE3 is fast even in a debug build, AES-GCM is not.
+    let c = cache_on(&r.addr, Protection::Integrity).await;
     // 16 MiB of values into a 4 MiB store: most are evicted.
     let v = vec![7u8; 16 << 10];
     for i in 0..1024u32 {
@@ -475,4 +479,19 @@ async fn a_real_redis_server_stores_and_evicts() {
     assert_eq!(s.verification_failures, 0);
     assert_eq!(s.misses, 1024 - hits);
     assert_eq!(s.store_errors, 0);
+}
+
+/// A store that stops answering: the GET is a miss within the store timeout, and the
+/// lease is kept (slow is not lost).
+#[tokio::test]
+async fn a_stalled_store_is_a_miss_within_the_timeout() {
+    let addr = evil_store(Attack::Stall).await;
+    let c = cache_on(&addr, Protection::Encrypt).await;
+    c.set_store_timeout(Duration::from_millis(200));
+    c.put(b"k", b"v").await.unwrap();
+    let t = std::time::Instant::now();
+    assert_eq!(c.get(b"k").await.unwrap(), None);
+    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+    let s = c.stats();
+    assert_eq!((s.misses, s.store_errors, s.lost_leases, s.leases), (1, 1, 0, 1), "{s:?}");
 }

@@ -112,10 +112,12 @@ fn score(kh: u64, lease: LeaseId, weight: u32) -> f64 {
 
 /// A failure that means the store is gone (not just slow or refusing one command).
 fn is_lost(e: &redis::RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_unrecoverable_error()
+    // A slow answer is a miss, not a lost store: the lease stays.
+    !e.is_timeout()
+        && (e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_unrecoverable_error())
 }
 
 async fn connect(

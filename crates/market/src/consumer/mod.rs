@@ -15,7 +15,7 @@ mod seal;
 
 pub use cache::KvCache;
 pub use granule_wire::market::{LeaseGrant, LeaseId};
-pub use seal::{SealError, Sealer};
+pub use seal::{compare_ciphers, SealError, Sealer};
 
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
