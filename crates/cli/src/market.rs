@@ -82,7 +82,8 @@ pub struct ProducerRunArgs {
     #[arg(long, default_value = "0.0.0.0")]
     listen_host: String,
     /// The workload pushes latency samples (one number per line, in any unit) to this
-    /// Unix socket; without it, the anonymous swap-in rate stands for performance.
+    /// Unix socket (market.metric socket:PATH); without it or --metric-url, market.metric
+    /// decides (swapin: the anonymous swap-in rate stands for performance).
     #[arg(long, conflicts_with = "metric_url")]
     metric_socket: Option<PathBuf>,
     /// The workload reports its latency at this HTTP URL (a number in the body).
@@ -110,7 +111,9 @@ pub fn producer(cmd: ProducerCmd) -> anyhow::Result<()> {
     let metric = match (&a.metric_socket, &a.metric_url) {
         (Some(p), _) => MetricSource::Socket(p.clone()),
         (None, Some(u)) => MetricSource::Http(u.clone()),
-        (None, None) => MetricSource::SwapIn,
+        (None, None) => MetricSource::from_setting(&c.market.metric)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("market.metric")?,
     };
     let workload = match (&a.cgroup, a.command.is_empty()) {
         (Some(g), _) => Some((Workload::Cgroup(g.clone()), metric)),
@@ -263,7 +266,7 @@ pub fn kv(a: KvArgs) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&s)?);
                 for l in cache.leases() {
                     println!(
-                        "lease {} on {} ({}): {} slab(s), expires in {}s, price {:.4}",
+                        "lease {} on {} ({}): {} slab(s), expires in {}s, price {:.6}",
                         l.lease,
                         l.producer_name,
                         l.store_addr,
@@ -305,7 +308,7 @@ pub fn market_lines(v: &granule_wire::market::MarketView) -> Vec<String> {
     use crate::status::bytes;
     let now = granule_market::server::now_ms();
     let mut out = vec![format!(
-        "memory market: price {:.4} per slab-hour, {} producer(s), {} lease(s), {} request(s) queued ({} slabs)",
+        "memory market: price {:.6} per slab-hour, {} producer(s), {} lease(s), {} request(s) queued ({} slabs)",
         v.price,
         v.producers.len(),
         v.leases.len(),
@@ -318,7 +321,12 @@ pub fn market_lines(v: &granule_wire::market::MarketView) -> Vec<String> {
     ));
     for p in &v.producers {
         let s = &p.state;
-        let limit = |b: u64| if b == 0 { "-".to_string() } else { bytes(b) };
+        // 0: not reported; u64::MAX (or near it): no limit.
+        let limit = |b: u64| match b {
+            0 => "-".to_string(),
+            b if b >= 1 << 60 => "none".to_string(),
+            b => bytes(b),
+        };
         out.push(format!(
             "  {:<5} {:<22} {:<4} {:>10} {:>10} {:>10} {:>5} {:>6} {:>5.2}  {}",
             p.producer,
@@ -335,12 +343,12 @@ pub fn market_lines(v: &granule_wire::market::MarketView) -> Vec<String> {
     }
     if !v.leases.is_empty() {
         out.push(format!(
-            "  {:<20} {:<14} {:<22} {:>5} {:>9} {:>8}  {}",
+            "  {:<20} {:<14} {:<22} {:>5} {:>9} {:>10}  {}",
             "LEASE", "CONSUMER", "PRODUCER", "SLABS", "EXPIRES", "PRICE", "MODE"
         ));
         for l in &v.leases {
             out.push(format!(
-                "  {:<20} {:<14} {:<22} {:>5} {:>8}s {:>8.4}  {}",
+                "  {:<20} {:<14} {:<22} {:>5} {:>8}s {:>10.6}  {}",
                 l.lease,
                 l.consumer,
                 l.producer_name,
@@ -361,7 +369,7 @@ pub fn market_lines(v: &granule_wire::market::MarketView) -> Vec<String> {
             .rev()
             .take(8)
             .rev()
-            .map(|(_, p)| format!("{p:.4}"))
+            .map(|(_, p)| format!("{p:.6}"))
             .collect();
         out.push(format!("  price, oldest first: {}", last.join(" → ")));
     }

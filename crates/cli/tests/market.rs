@@ -422,3 +422,141 @@ fn http_get(addr: &str, path: &str) -> String {
     s.read_to_string(&mut out).expect("read");
     out
 }
+
+/// Whether this machine lets the test harvest for real (root, cgroup v1 memory).
+fn can_harvest() -> Result<(), String> {
+    if !granule_host::proc::is_root() {
+        return Err("not root".into());
+    }
+    granule_host::Hierarchy::detect()
+        .map_err(|e| e.to_string())
+        .and_then(|h| {
+            if h.has(granule_host::Controller::Memory) {
+                Ok(())
+            } else {
+                Err("no cgroup v1 memory controller".into())
+            }
+        })
+}
+
+#[test]
+fn a_harvesting_producer_killed_with_sigkill_is_undone_by_the_next_start() {
+    if let Err(why) = can_harvest() {
+        eprintln!("skipped: harvesting needs root and cgroup v1 memory ({why})");
+        return;
+    }
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let swap = dir.path().join("harvest.swap");
+    let (_ctl, addr) = start_controller(&["--listen", "127.0.0.1:0", "--broker"]);
+    let harvest_env = |c: &mut Command| {
+        c.env("GRANULE_MARKET_REPORT_INTERVAL", "100ms")
+            .env("GRANULE_MARKET_COOLING_PERIOD", "300ms")
+            .env("GRANULE_MARKET_CHUNK", "16MiB")
+            .env("GRANULE_MARKET_SLAB", "8MiB")
+            .env("GRANULE_MARKET_SWAP_SIZE", "256MiB")
+            .env("GRANULE_MARKET_HEADROOM", "32MiB")
+            .env("GRANULE_MARKET_SWAP_FILE", &swap)
+            .env("GRANULE_MARKET_STATE_DIR", &state);
+    };
+    // A workload holding 160 MiB it never touches again.
+    let mut cmd = Command::new(GRANULE);
+    cmd.args(["producer", "run", "--name", "harvester", "--broker", &addr])
+        .args(["--", "python3", "-c"])
+        .arg("import time; b = bytearray(160 << 20); [b.__setitem__(i, 1) for i in range(0, len(b), 4096)]; time.sleep(600)")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    harvest_env(&mut cmd);
+    let mut p = Reaped(cmd.spawn().expect("start a harvesting producer"));
+    let mut lines = BufReader::new(p.0.stdout.take().expect("stdout")).lines();
+    let mut workload_pid = None;
+    let mut printed = Vec::new();
+    for l in lines.by_ref() {
+        let l = l.expect("a line");
+        if let Some(rest) = l.split("(pid ").nth(1) {
+            workload_pid = rest.split(')').next().and_then(|n| n.parse::<u32>().ok());
+        }
+        let registered = l.contains("registered with the broker");
+        printed.push(l);
+        if registered {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    let workload_pid = workload_pid.unwrap_or_else(|| panic!("no workload pid in {printed:#?}"));
+    let _cleanup = Cleanup {
+        state: state.clone(),
+        swap: swap.clone(),
+        workload: workload_pid,
+        group: format!("producer-{}", p.0.id()),
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let v = rt.block_on(wait_for(&addr, "memory harvested", |v| {
+        v.producers
+            .iter()
+            .any(|p| p.name == "harvester" && p.state.harvested_bytes >= 48 << 20)
+    }));
+    let lowered = v.producers[0].state.limit_bytes;
+    assert!(lowered > 0 && lowered < 1 << 40, "{v:#?}");
+
+    // SIGKILL: nothing runs to undo the lowered limit, the swap file, zswap.
+    let _ = p.0.kill();
+    let _ = p.0.wait();
+    let swaps = std::fs::read_to_string("/proc/swaps").expect("/proc/swaps");
+    assert!(swaps.contains(swap.to_str().expect("path")), "{swaps}");
+
+    // The next start restores them first, and says so.
+    let mut cmd = Command::new(GRANULE);
+    cmd.args([
+        "producer", "run", "--name", "next", "--broker", &addr, "--offer", "8MiB",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    harvest_env(&mut cmd);
+    let mut next = Reaped(cmd.spawn().expect("start the next producer"));
+    let mut said = Vec::new();
+    for l in BufReader::new(next.0.stdout.take().expect("stdout")).lines() {
+        let l = l.expect("a line");
+        let registered = l.contains("registered with the broker");
+        said.push(l);
+        if registered {
+            break;
+        }
+    }
+    let text = said.join("\n");
+    assert!(
+        text.contains("restored") && text.contains("limit"),
+        "{text}"
+    );
+    let swaps = std::fs::read_to_string("/proc/swaps").expect("/proc/swaps");
+    assert!(
+        !swaps.contains(swap.to_str().expect("path")),
+        "swap file still on: {swaps}\n{text}"
+    );
+}
+
+/// Leaves the machine as the harvesting test found it, pass or fail: the workload that
+/// outlived its SIGKILLed producer, its group, and whatever the producers changed.
+struct Cleanup {
+    state: std::path::PathBuf,
+    swap: std::path::PathBuf,
+    workload: u32,
+    group: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-9", &self.workload.to_string()])
+            .status();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut m = granule::Config::default().market;
+        m.state_dir = self.state.to_string_lossy().into_owned();
+        let _ = granule_market::harvester::Harvester::recover(&m);
+        let _ = Command::new("swapoff").arg(&self.swap).status();
+        let _ = std::fs::remove_dir(
+            std::path::Path::new("/sys/fs/cgroup/memory/granule-workloads").join(&self.group),
+        );
+    }
+}

@@ -152,6 +152,19 @@ impl Loop {
     }
 
     fn epoch(&mut self, rate: f64, stall: f64) {
+        // Until the limit is lowered below it, the reference follows the workload's usage:
+        // a workload the producer has just started has not grown to its size yet when the
+        // harvester begins, and a reference taken then would leave nothing to harvest.
+        let lowered = matches!(self.group.limit(), Ok(Limit::Bytes(b)) if b < self.reference);
+        if !lowered {
+            if let Ok(usage) = self.group.usage() {
+                self.reference = self
+                    .group
+                    .found_limit()
+                    .bytes()
+                    .map_or(usage, |l| l.min(usage));
+            }
+        }
         let value = self.metric.epoch_value(rate);
         self.status.swapin_per_s = rate;
         self.status.stall_per_s = stall;
