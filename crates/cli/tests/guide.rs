@@ -57,7 +57,7 @@ fn shell_lines() -> Vec<(String, String)> {
 }
 
 /// The words of a `granule ...` command, without leading `VAR=value` assignments and
-/// without a trailing redirection; `None` when the line runs something else.
+/// without a trailing redirection or what follows a bare `--`; `None` when the line runs something else.
 fn granule_words(line: &str) -> Option<Vec<String>> {
     let mut words: Vec<&str> = line.split_whitespace().collect();
     while words
@@ -70,6 +70,10 @@ fn granule_words(line: &str) -> Option<Vec<String>> {
         return None;
     }
     if let Some(i) = words.iter().position(|w| w.starts_with('>')) {
+        words.truncate(i);
+    }
+    // After a bare `--` come another program's arguments (a producer's workload).
+    if let Some(i) = words.iter().position(|w| *w == "--") {
         words.truncate(i);
     }
     Some(words[1..].iter().map(|w| w.to_string()).collect())
