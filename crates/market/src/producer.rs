@@ -83,6 +83,49 @@ struct Inner {
     /// Revocations to announce (lease, grace).
     revoking: Mutex<Vec<(LeaseId, u64)>>,
     producer: Mutex<Option<ProducerId>>,
+    /// The machine's CPU use, for the idle cores it reports.
+    cpu: Mutex<CpuIdle>,
+}
+
+/// Idle cores from the root cgroup's CPU accounting between two reports.
+struct CpuIdle {
+    hierarchy: Option<granule_host::Hierarchy>,
+    cpus: f64,
+    last: Option<(Instant, Duration)>,
+    idle: f64,
+}
+
+impl CpuIdle {
+    fn new() -> CpuIdle {
+        CpuIdle {
+            hierarchy: granule_host::Hierarchy::detect().ok(),
+            cpus: granule_host::machine::Machine::read().cpus as f64,
+            last: None,
+            idle: 0.0,
+        }
+    }
+
+    /// Idle cores since the last reading (the last value when too little time passed).
+    fn read(&mut self) -> f64 {
+        let Some(h) = &self.hierarchy else {
+            return 0.0;
+        };
+        let Ok(used) = granule_host::cpuacct_usage(h, "") else {
+            return 0.0;
+        };
+        let now = Instant::now();
+        if let Some((at, before)) = self.last {
+            let wall = now.duration_since(at).as_secs_f64();
+            if wall >= 0.05 {
+                let busy = used.saturating_sub(before).as_secs_f64() / wall;
+                self.idle = (self.cpus - busy).clamp(0.0, self.cpus);
+                self.last = Some((now, used));
+            }
+        } else {
+            self.last = Some((now, used));
+        }
+        self.idle
+    }
 }
 
 /// A running producer.
@@ -336,7 +379,8 @@ impl Inner {
             } else {
                 "offer only".into()
             },
-            cpu_idle_cores: 0.0,
+            cpu_idle_cores: self.cpu.lock().read(),
+            // Not measured (0): the same for every producer, so it does not rank them.
             bandwidth_bps: 0,
         }
     }
@@ -392,6 +436,7 @@ impl Producer {
             shrunk: Mutex::new(HashMap::new()),
             revoking: Mutex::new(Vec::new()),
             producer: Mutex::new(None),
+            cpu: Mutex::new(CpuIdle::new()),
         });
         let task = tokio::spawn(run(Arc::downgrade(&inner), watch));
         Ok((
