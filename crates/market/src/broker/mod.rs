@@ -20,6 +20,13 @@
 //!   order, and a later one may take what an earlier one cannot use (it needs more than
 //!   is free). A request's remainder after a partial placement waits with a minimum of
 //!   one slab; a request placed not at all waits whole, with its own minimum.
+//! - The **demand** the pricing sees is counted per consumer, not per request: at the end
+//!   of each price period every consumer bids once, at the budget of its latest request,
+//!   for the slabs it holds (leases live or being opened), the slabs its queued requests
+//!   still wait for, and what its latest request got neither at once nor in the queue
+//!   (priced out, or no room and no wait) while that request is recent
+//!   ([`BID_KEEP_PERIODS`] price periods). A consumer that retries while priced out thus
+//!   weighs as much as one that holds its leases and renews, however often it retries.
 
 pub mod place;
 pub mod predict;
@@ -39,6 +46,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 const PRICE_HISTORY: usize = 2048;
 /// How long a finished ticket waits to be collected before it is forgotten.
 const TICKET_KEEP_MS: u64 = 600_000;
+/// Price periods an unmet request keeps counting as demand (see the module doc): a
+/// consumer still wanting memory asks again well within it.
+pub const BID_KEEP_PERIODS: u64 = 3;
 
 /// The broker's settings (see [`BrokerConfig::from_market`]).
 #[derive(Clone, Debug)]
@@ -222,6 +232,14 @@ struct Ticket {
     done_ms: Option<u64>,
 }
 
+/// A consumer's latest request, for the demand the pricing sees (see the module doc).
+struct ConsumerBid {
+    budget: f64,
+    /// Slabs it got neither at once nor in the queue.
+    unmet: u64,
+    at_ms: u64,
+}
+
 /// The broker (see the module doc).
 pub struct Broker {
     cfg: BrokerConfig,
@@ -237,9 +255,10 @@ pub struct Broker {
     prices: VecDeque<(u64, f64)>,
     last_price_ms: Option<u64>,
     last_refit_ms: Option<u64>,
-    /// This price period: slabs requested at the price or above, and slabs placed.
+    /// This price period: slabs requested at the price or above.
     period_demand: u64,
-    period_leased: u64,
+    /// Each consumer's latest request (budget, unmet slabs).
+    bids: HashMap<String, ConsumerBid>,
     /// Notifications found outside `tick` (leases a re-registering producer no longer
     /// holds), handed out by the next `tick`.
     notices: Vec<Action>,
@@ -269,7 +288,7 @@ impl Broker {
             last_price_ms: None,
             last_refit_ms: None,
             period_demand: 0,
-            period_leased: 0,
+            bids: HashMap::new(),
             notices: Vec::new(),
         }
     }
@@ -514,9 +533,13 @@ impl Broker {
     /// queue the rest when it may wait. Malformed or priced-out requests get an empty
     /// outcome ([`Broker::validate`] says why).
     pub fn request(&mut self, now_ms: u64, req: Request) -> RequestOutcome {
-        self.pricing.bid(now_ms, req.budget, req.slabs as u64);
-        if self.validate(&req).is_err() {
-            return RequestOutcome::default();
+        match self.validate(&req) {
+            Ok(()) => {}
+            Err(BrokerError::BelowPrice { .. }) => {
+                self.note_bid(now_ms, &req.consumer, req.budget, req.slabs as u64);
+                return RequestOutcome::default();
+            }
+            Err(_) => return RequestOutcome::default(),
         }
         self.period_demand += req.slabs as u64;
         let lease_ms = if req.lease_ms == 0 {
@@ -535,7 +558,11 @@ impl Broker {
             .collect();
         let rest = req.slabs - placed;
         let queued_min = if placed > 0 { 1 } else { min };
-        let pending = if rest > 0 && req.wait_ms > 0 && self.queue.len() < self.cfg.max_queue {
+        let queues = rest > 0 && req.wait_ms > 0 && self.queue.len() < self.cfg.max_queue;
+        // What neither placement nor the queue holds is unmet demand.
+        let unmet = if queues { 0 } else { rest as u64 };
+        self.note_bid(now_ms, &req.consumer, req.budget, unmet);
+        let pending = if queues {
             let t = self.next_ticket;
             self.next_ticket += 1;
             self.tickets.insert(
@@ -566,25 +593,92 @@ impl Broker {
         }
     }
 
+    /// Remember a consumer's latest request for the demand the pricing sees.
+    fn note_bid(&mut self, now_ms: u64, consumer: &str, budget: f64, unmet: u64) {
+        let bid = ConsumerBid {
+            budget,
+            unmet,
+            at_ms: now_ms,
+        };
+        match self.bids.get_mut(consumer) {
+            Some(b) => *b = bid,
+            None => {
+                self.bids.insert(consumer.to_string(), bid);
+            }
+        }
+    }
+
+    /// End of a price period: every consumer bids once for its standing demand (see the
+    /// module doc); consumers that hold nothing and asked nothing recently are forgotten.
+    /// Returns the slabs under lease (live or being opened).
+    fn standing_bids(&mut self, now_ms: u64) -> u64 {
+        let keep = self.cfg.price_period_ms.saturating_mul(BID_KEEP_PERIODS);
+        let recent = |b: &ConsumerBid| now_ms < b.at_ms.saturating_add(keep);
+        // (slabs wanted, the highest price it holds a lease at); ordered, so the pricing
+        // sees the same bids in the same order every run.
+        let mut want: BTreeMap<&str, (u64, f64)> = BTreeMap::new();
+        let mut leased = 0u64;
+        for l in self.leases.values() {
+            leased += l.slabs as u64;
+            let w = want.entry(l.consumer.as_str()).or_insert((0, 0.0));
+            w.0 += l.slabs as u64;
+            w.1 = w.1.max(l.price);
+        }
+        for t in self.queue.iter().filter_map(|id| self.tickets.get(id)) {
+            want.entry(t.consumer.as_str()).or_insert((0, 0.0)).0 += t.remaining as u64;
+        }
+        for (name, b) in self.bids.iter().filter(|(_, b)| recent(b)) {
+            want.entry(name.as_str()).or_insert((0, 0.0)).0 += b.unmet;
+        }
+        for (name, (slabs, held_price)) in want {
+            // A holder the broker has no request from (its leases were rebuilt after a
+            // restart) pays at least its lease's price.
+            let budget = self.bids.get(name).map_or(held_price, |b| b.budget);
+            if slabs > 0 {
+                self.pricing.bid(now_ms, budget, slabs);
+            }
+        }
+        let holders: std::collections::HashSet<&str> =
+            self.leases.values().map(|l| l.consumer.as_str()).collect();
+        self.bids
+            .retain(|name, b| recent(b) || holders.contains(name.as_str()));
+        leased
+    }
+
     /// Producers a lease of `lease_ms` could go on, cheapest first.
     fn ranked(&self, lease_ms: u64, w: &PlacementWeights) -> Vec<Candidate> {
+        let held = self.commitments();
         let cands = self
             .producers
             .values()
             .filter(|p| p.connected)
-            .map(|p| self.candidate(p, lease_ms))
+            .map(|p| self.candidate(p, lease_ms, held.get(&p.id).copied().unwrap_or_default()))
             .collect();
         place::rank(cands, w)
     }
 
-    fn candidate(&self, p: &Producer, lease_ms: u64) -> Candidate {
-        let (mut committed, mut unreflected) = (0u64, 0u64);
-        for l in self.leases.values().filter(|l| l.producer == p.id) {
-            committed += l.slabs as u64;
+    /// Per producer: slabs of its leases (tentative and live) and of those its last
+    /// report did not count, in one pass over the leases (placement needs them for every
+    /// producer on every request; a pass per producer was quadratic at scale).
+    fn commitments(&self) -> HashMap<ProducerId, (u64, u64)> {
+        let mut held: HashMap<ProducerId, (u64, u64)> = HashMap::new();
+        for l in self.leases.values() {
+            let h = held.entry(l.producer).or_default();
+            h.0 += l.slabs as u64;
             if !l.reflected {
-                unreflected += l.slabs as u64;
+                h.1 += l.slabs as u64;
             }
         }
+        held
+    }
+
+    /// `(committed, unreflected)`: the producer's entry of [`Broker::commitments`].
+    fn candidate(
+        &self,
+        p: &Producer,
+        lease_ms: u64,
+        (committed, unreflected): (u64, u64),
+    ) -> Candidate {
         let free = (p.state.free_slabs as u64).saturating_sub(unreflected);
         let committed = committed.max(p.state.leased_slabs as u64 + unreflected);
         let predicted = p.predictor.predicted_min(lease_ms);
@@ -606,7 +700,11 @@ impl Broker {
     /// disconnected one).
     pub fn placeable(&self, producer: ProducerId, lease_ms: u64) -> u32 {
         match self.producers.get(&producer) {
-            Some(p) if p.connected => self.candidate(p, lease_ms).placeable,
+            Some(p) if p.connected => {
+                let held = self.commitments();
+                let h = held.get(&producer).copied().unwrap_or_default();
+                self.candidate(p, lease_ms, h).placeable
+            }
             _ => 0,
         }
     }
@@ -646,7 +744,6 @@ impl Broker {
                 store_addr: String::new(),
             },
         );
-        self.period_leased += slabs as u64;
         Placement {
             lease: id,
             producer,
@@ -706,7 +803,6 @@ impl Broker {
             return;
         }
         if let Some(l) = self.leases.remove(&lease) {
-            self.period_leased = self.period_leased.saturating_sub(l.slabs as u64);
             if let Some(t) = l.ticket {
                 Self::unplace(&mut self.tickets, &mut self.queue, now_ms, t, l.slabs);
             }
@@ -868,17 +964,21 @@ impl Broker {
             }
             Some(t) if now_ms >= t.saturating_add(self.cfg.price_period_ms) => {
                 self.last_price_ms = Some(now_ms);
+                let leased = self.standing_bids(now_ms);
+                let held = self.commitments();
                 let supply: u64 = self
                     .producers
                     .values()
                     .filter(|p| p.connected)
-                    .map(|p| self.candidate(p, self.cfg.default_lease_ms).placeable as u64)
+                    .map(|p| {
+                        let h = held.get(&p.id).copied().unwrap_or_default();
+                        self.candidate(p, self.cfg.default_lease_ms, h).placeable as u64
+                    })
                     .sum();
                 self.pricing
-                    .observe(now_ms, self.period_demand, self.period_leased, supply);
+                    .observe(now_ms, self.period_demand, leased, supply);
                 let price = self.pricing.update(now_ms);
                 self.period_demand = 0;
-                self.period_leased = 0;
                 self.prices.push_back((now_ms, price));
                 if self.prices.len() > PRICE_HISTORY {
                     self.prices.pop_front();

@@ -180,6 +180,9 @@ pub struct Predictor {
     fit: Option<ArFit>,
     checks: VecDeque<Check>,
     shortfalls: VecDeque<f64>,
+    /// The [`MARGIN_QUANTILE`] of `shortfalls`, kept as they change (placement asks for
+    /// the margin of every producer on every request; sorting each time was the cost).
+    shortfall_quantile: f64,
     /// Sum of absolute errors at the horizon, ARIMA and last value, and their count.
     arima_abs: f64,
     last_abs: f64,
@@ -206,6 +209,7 @@ impl Predictor {
             fit: None,
             checks: VecDeque::new(),
             shortfalls: VecDeque::new(),
+            shortfall_quantile: 0.0,
             arima_abs: 0.0,
             last_abs: 0.0,
             errors: 0,
@@ -240,6 +244,7 @@ impl Predictor {
         let idx = self.first + self.samples.len() as u64 - 1;
         // Score the forecasts whose horizon ends here.
         let h = self.horizon as u64;
+        let mut scored = false;
         while self.checks.front().is_some_and(|c| c.at + h <= idx) {
             let Some(c) = self.checks.pop_front() else {
                 break;
@@ -255,10 +260,14 @@ impl Predictor {
                 self.last_abs += (c.last - value).abs();
                 self.errors += 1;
                 self.shortfalls.push_back(c.arima_min - actual_min);
+                scored = true;
                 if self.shortfalls.len() > MAX_SHORTFALLS {
                     self.shortfalls.pop_front();
                 }
             }
+        }
+        if scored {
+            self.shortfall_quantile = Self::quantile(&self.shortfalls);
         }
         if let Some(fit) = &self.fit {
             let x = self.series();
@@ -321,10 +330,17 @@ impl Predictor {
         if self.shortfalls.len() < 20 {
             return 0.1 * last;
         }
-        let mut s: Vec<f64> = self.shortfalls.iter().copied().collect();
-        s.sort_by(f64::total_cmp);
+        self.shortfall_quantile.max(0.0)
+    }
+
+    /// The [`MARGIN_QUANTILE`] of the shortfalls (0 for none).
+    fn quantile(shortfalls: &VecDeque<f64>) -> f64 {
+        if shortfalls.is_empty() {
+            return 0.0;
+        }
+        let mut s: Vec<f64> = shortfalls.iter().copied().collect();
         let i = ((s.len() as f64 * MARGIN_QUANTILE) as usize).min(s.len() - 1);
-        s[i].max(0.0)
+        *s.select_nth_unstable_by(i, f64::total_cmp).1
     }
 
     /// (Σ |ARIMA error|, Σ |last-value error|, count) at the horizon.
@@ -402,6 +418,27 @@ mod tests {
         let last = p.last().expect("samples");
         assert!(p.margin(last) > 0.0);
         assert!(p.predicted_min(12_000) < last + 1e-9);
+    }
+
+    #[test]
+    fn margin_is_the_95th_percentile_of_recent_shortfalls() {
+        // Long enough that the shortfalls window is full and keeps sliding.
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut p = Predictor::new(2, 1000, 5000);
+        for t in 0..(MAX_SHORTFALLS as u64 * 3) {
+            let v = 50.0 + 20.0 * (t as f64 / 40.0).sin() + rng.random_range(-5.0..5.0);
+            p.observe(t * 1000, v);
+            if t % 7 == 0 {
+                p.refit();
+            }
+            if p.shortfalls.len() >= 20 {
+                let mut s: Vec<f64> = p.shortfalls.iter().copied().collect();
+                s.sort_by(f64::total_cmp);
+                let i = ((s.len() as f64 * MARGIN_QUANTILE) as usize).min(s.len() - 1);
+                assert_eq!(p.margin(v), s[i].max(0.0), "at sample {t}");
+            }
+        }
+        assert_eq!(p.shortfalls.len(), MAX_SHORTFALLS);
     }
 
     #[test]

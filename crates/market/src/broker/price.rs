@@ -3,21 +3,24 @@
 //! whichever of p, p(1-Δ), p(1+Δ) would have earned producers most against the demand
 //! observed) and [`FixedPrice`] (a constant, for baselines and tests).
 //!
-//! Demand is observed through the requests' budgets: every request the broker sees, priced
-//! in or out, is a bid of `slabs` at up to `budget` per slab-hour, so the demand at any
-//! candidate price q is the slabs bid at q or more. Supply is what could have been leased
-//! in the period (slabs leased in it plus what was still placeable at its end). Both are
-//! exponentially decayed sums over recent periods, so one quiet period does not swing the
-//! price. Estimated revenue at q is `q × min(demand(q), supply)`.
+//! Demand is observed through budgets: at the end of each period the broker bids once per
+//! consumer, `slabs` at up to `budget` per slab-hour, for what that consumer holds or still
+//! wants (see the broker's module doc: per consumer, not per request, so a consumer that
+//! retries while priced out does not count once per retry), so the demand at any candidate
+//! price q is the slabs bid at q or more. Supply is what could be leased: the slabs under
+//! lease at the period's end plus what was still placeable. Both are exponentially
+//! decayed sums over recent periods, so one quiet period does not swing the price.
+//! Estimated revenue at q is `q × min(demand(q), supply)`.
 
 /// How the broker sets its price per slab-hour.
 pub trait Pricing: Send {
     /// The current price per slab-hour.
     fn price(&self) -> f64;
-    /// The period's totals: slabs requested at the current price or above, slabs leased,
-    /// and slabs still placeable at the period's end.
+    /// The period's totals: slabs requested at the current price or above, slabs under
+    /// lease at the period's end, and slabs still placeable then.
     fn observe(&mut self, now_ms: u64, demand_slabs: u64, leased_slabs: u64, supply_slabs: u64);
-    /// One request seen, whether or not its budget met the price. Default: ignored.
+    /// One consumer's standing demand, once per period before `update` (see the module
+    /// doc), whether or not its budget meets the price. Default: ignored.
     fn bid(&mut self, _now_ms: u64, _budget: f64, _slabs: u64) {}
     /// End of a period: move the price; returns the new one.
     fn update(&mut self, now_ms: u64) -> f64;

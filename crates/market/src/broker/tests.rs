@@ -421,3 +421,124 @@ fn config_from_market_converts_units() {
     assert!((c.spot_price - m.spot_price * m.slab as f64 / (1u64 << 30) as f64).abs() < 1e-15);
     assert_eq!(c.ar_order, m.ar_order as usize);
 }
+
+/// A fixed price that records the bids the broker hands it.
+struct Recorder {
+    price: f64,
+    bids: std::sync::Arc<std::sync::Mutex<Vec<(f64, u64)>>>,
+}
+
+impl Pricing for Recorder {
+    fn price(&self) -> f64 {
+        self.price
+    }
+    fn observe(&mut self, _now_ms: u64, _demand: u64, _leased: u64, _supply: u64) {}
+    fn bid(&mut self, _now_ms: u64, budget: f64, slabs: u64) {
+        self.bids
+            .lock()
+            .expect("not poisoned")
+            .push((budget, slabs));
+    }
+    fn update(&mut self, _now_ms: u64) -> f64 {
+        self.price
+    }
+}
+
+#[test]
+fn each_consumer_bids_once_per_period_however_often_it_asks() {
+    let bids = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let rec = Recorder {
+        price: 1.0,
+        bids: bids.clone(),
+    };
+    let mut b = Broker::with_pricing(cfg(), 0, Box::new(rec));
+    let a = steady(&mut b, "a", 10, 60);
+    b.tick(60_000);
+    let ask = |name: &str, slabs: u32, min: u32, budget: f64, wait_ms: u64| Request {
+        consumer: name.into(),
+        budget,
+        ..req(slabs, min, wait_ms)
+    };
+    // Holds 2 slabs; asks nothing more.
+    let out = b.request(60_000, ask("rich", 2, 2, 10.0, 0));
+    open_all(&mut b, 60_000, &out.placements);
+    // Priced out, retrying twenty times.
+    for i in 0..20 {
+        assert!(b
+            .request(60_000 + i * 100, ask("poor", 3, 1, 0.5, 5000))
+            .placements
+            .is_empty());
+    }
+    // Waits in the queue for 20 (only 8 are free).
+    let out = b.request(61_000, ask("queued", 20, 20, 5.0, 60_000));
+    assert_eq!(out.pending.map(|p| p.1), Some(20));
+    for now in [65_000, 70_000] {
+        b.producer_report(now, a, st(8, 2), &[]).expect("known");
+    }
+    b.tick(70_000);
+    assert_eq!(
+        *bids.lock().expect("not poisoned"),
+        vec![(0.5, 3), (5.0, 20), (10.0, 2)],
+        "one bid per consumer, in name order"
+    );
+    // Three periods after it last asked, the priced-out consumer no longer counts; the
+    // holder and the one still queued do.
+    for now in (75_000..=100_000).step_by(5000) {
+        b.producer_report(now, a, st(8, 2), &[]).expect("known");
+        if now % 10_000 == 0 {
+            bids.lock().expect("not poisoned").clear();
+            b.tick(now);
+        }
+    }
+    assert_eq!(
+        *bids.lock().expect("not poisoned"),
+        vec![(5.0, 20), (10.0, 2)]
+    );
+}
+
+#[test]
+fn consumers_retrying_while_priced_out_do_not_drag_the_price_down() {
+    // 100 consumers want one slab each, budgets evenly over 0..2, supply plenty: revenue
+    // q × 100 (1 - q/2) peaks at q = 1. Those priced out ask five times per period;
+    // counted per request, their bids would outweigh the holders' and hold the price low.
+    let mut c = cfg();
+    c.spot_price = 1.6;
+    c.producer_timeout_ms = u64::MAX / 4;
+    c.default_lease_ms = 3_600_000;
+    let mut b = Broker::new(c, 0);
+    steady(&mut b, "big", 1000, 60);
+    b.tick(60_000);
+    assert!((b.price() - 0.4).abs() < 1e-12);
+    let budgets: Vec<f64> = (0..100).map(|i| 2.0 * (i as f64 + 0.5) / 100.0).collect();
+    let mut held: Vec<Option<LeaseId>> = vec![None; 100];
+    for period in 1..=80u64 {
+        let start = 60_000 + (period - 1) * 10_000;
+        // A holder whose budget the price passed lets its lease go.
+        for (i, h) in held.iter_mut().enumerate() {
+            if let Some(lease) = *h {
+                if budgets[i] < b.price() {
+                    b.release(start, lease).expect("held");
+                    *h = None;
+                }
+            }
+        }
+        for retry in 0..5 {
+            for (i, h) in held.iter_mut().enumerate() {
+                if h.is_some() {
+                    continue;
+                }
+                let r = Request {
+                    consumer: format!("c{i}"),
+                    budget: budgets[i],
+                    ..req(1, 1, 0)
+                };
+                let out = b.request(start + 1 + retry * 1000, r);
+                if let Some(g) = open_all(&mut b, start, &out.placements).first() {
+                    *h = Some(g.lease);
+                }
+            }
+        }
+        b.tick(start + 10_000);
+    }
+    assert!((b.price() - 1.0).abs() < 0.15, "{}", b.price());
+}
