@@ -238,7 +238,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         "overhead_p50",
         "overhead_p99",
     ]);
-    let mut plot = Plot::bars(format!("Consumer latency by protection (p50 of a 50 % GET / 50 % PUT mix, one store per mode over loopback TCP)"))
+    let mut plot = Plot::bars("Consumer latency by protection (p50 of a 50 % GET / 50 % PUT mix, one store per mode over loopback TCP)")
         .x_label("value bytes")
         .y_label("p50 latency (µs)")
         .categories(sizes.iter().map(|s| s.to_string()));

@@ -22,6 +22,7 @@ pub mod remote_iter;
 pub mod service;
 pub mod sharded;
 pub mod work;
+pub(crate) mod zipf;
 
 use std::path::{Path, PathBuf};
 

@@ -83,7 +83,8 @@ fn lease_use_renew_expire_lose_a_producer_and_lease_again() {
         {
             use std::io::{Read, Write};
             let mut s = std::net::TcpStream::connect(&addr).expect("connect");
-            s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
             let _ = s.write_all(b"\xff\xff\xff\x7fGET / HTTP/1.1\r\n\r\nnot a frame at all");
             let mut buf = [0u8; 64];
             let _ = s.read(&mut buf);

@@ -8,6 +8,9 @@
 //!   removed (rmdir) when it has no tasks left; it never kills anything.
 //! - [`swapped_ranges`]: the mappings of a process that have pages in swap
 //!   (`/proc/<pid>/smaps`), what the harvester's prefetch advises the kernel to read back.
+//! - [`swapped_pages`]: which pages of those mappings are in swap, and in which swap
+//!   slot (`/proc/<pid>/pagemap`): the prefetch reads the most recently swapped-out
+//!   first, within a budget.
 //! - [`clear_referenced`] / [`rollup`]: clearing the pages' referenced bits
 //!   (`/proc/<pid>/clear_refs`) and reading back how much of the resident memory was
 //!   referenced since (`/proc/<pid>/smaps_rollup`): idle memory at page granularity.
@@ -170,6 +173,91 @@ pub fn prefetch(pid: u32, ranges: &[SwappedRange]) -> Result<u64, HostError> {
         .map_err(|e| HostError::io("process_madvise", format!("/proc/{pid}"), e))
 }
 
+/// One page of a process that is in swap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwappedPage {
+    /// Its virtual address in the process.
+    pub addr: u64,
+    /// Its swap slot: the swap area's index in the top bits, the offset in the area
+    /// below (`type << 50 | offset`). On a swap area that has not wrapped around, slots
+    /// are handed out in increasing order, so a larger slot was (roughly) swapped out
+    /// later.
+    pub slot: u64,
+}
+
+/// The swap slot a `/proc/<pid>/pagemap` entry names, if the page is swapped (bit 62 set,
+/// bit 63 "present" clear; type in bits 0–4, offset in bits 5–54).
+pub fn pagemap_swap_slot(entry: u64) -> Option<u64> {
+    if entry & (1 << 62) == 0 || entry & (1 << 63) != 0 {
+        return None;
+    }
+    let kind = entry & 0x1f;
+    let offset = (entry >> 5) & ((1 << 50) - 1);
+    Some((kind << 50) | offset)
+}
+
+/// The pages of `pid` in `ranges` that are in swap now, with their slots
+/// (`/proc/<pid>/pagemap`; the slots read as 0 without CAP_SYS_ADMIN, so this needs
+/// root to be useful).
+pub fn swapped_pages(pid: u32, ranges: &[SwappedRange]) -> Result<Vec<SwappedPage>, HostError> {
+    use std::os::unix::fs::FileExt;
+    let path = PathBuf::from(format!("/proc/{pid}/pagemap"));
+    let file = std::fs::File::open(&path).map_err(|e| HostError::io("open", &path, e))?;
+    let page = crate::proc::page_size().max(1);
+    let mut out = Vec::new();
+    // 64 Ki entries (256 MiB of address space) a read.
+    let mut buf = vec![0u8; 8 << 16];
+    for r in ranges {
+        let first = r.start / page;
+        let pages = r.len / page;
+        let mut done = 0;
+        while done < pages {
+            let n = (pages - done).min(1 << 16) as usize;
+            let bytes = &mut buf[..n * 8];
+            let at = (first + done) * 8;
+            let got = file
+                .read_at(bytes, at)
+                .map_err(|e| HostError::io("read", &path, e))?;
+            if got == 0 {
+                break;
+            }
+            for (i, e) in bytes[..got - got % 8].chunks_exact(8).enumerate() {
+                let entry = u64::from_le_bytes(e.try_into().unwrap_or([0; 8]));
+                if let Some(slot) = pagemap_swap_slot(entry) {
+                    out.push(SwappedPage {
+                        addr: (first + done + i as u64) * page,
+                        slot,
+                    });
+                }
+            }
+            done += (got / 8) as u64;
+        }
+    }
+    Ok(out)
+}
+
+/// Contiguous address ranges `(start, len)` covering `addrs` (page addresses, any
+/// order), adjacent pages merged.
+pub fn coalesce_pages(mut addrs: Vec<u64>, page: u64) -> Vec<(u64, u64)> {
+    addrs.sort_unstable();
+    addrs.dedup();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for a in addrs {
+        match out.last_mut() {
+            Some((start, len)) if *start + *len == a => *len += page,
+            _ => out.push((a, page)),
+        }
+    }
+    out
+}
+
+/// Advise the kernel to read back exactly `ranges` (`(start, len)`) of `pid`; returns
+/// the bytes advised.
+pub fn prefetch_exact(pid: u32, ranges: &[(u64, u64)]) -> Result<u64, HostError> {
+    crate::os::prefetch_ranges(pid, ranges)
+        .map_err(|e| HostError::io("process_madvise", format!("/proc/{pid}"), e))
+}
+
 /// Clear the referenced bits of every page of `pid` (`clear_refs` 1), starting an idle
 /// measurement: what is still unreferenced at the next [`rollup`] was idle in between.
 pub fn clear_referenced(pid: u32) -> Result<(), HostError> {
@@ -277,5 +365,44 @@ Swap:                  0 kB
         );
         std::hint::black_box(&buf);
         swapped_ranges(me).unwrap();
+    }
+
+    #[test]
+    fn pagemap_entries_name_swap_slots() {
+        // Present: not swapped, whatever else is set.
+        assert_eq!(pagemap_swap_slot(1 << 63 | 1234), None);
+        // Neither present nor swapped.
+        assert_eq!(pagemap_swap_slot(0), None);
+        // Swapped: type 2, offset 0x1234.
+        let e = 1 << 62 | 0x1234 << 5 | 2;
+        assert_eq!(pagemap_swap_slot(e), Some(2 << 50 | 0x1234));
+    }
+
+    #[test]
+    fn pages_coalesce_into_ranges() {
+        let r = coalesce_pages(vec![0x3000, 0x1000, 0x2000, 0x6000, 0x2000], 0x1000);
+        assert_eq!(r, vec![(0x1000, 0x3000), (0x6000, 0x1000)]);
+        assert!(coalesce_pages(Vec::new(), 4096).is_empty());
+    }
+
+    /// This process's own pagemap reads, over a buffer it holds: nothing of it is in swap
+    /// on a machine without swap pressure, and the read covers the range.
+    #[test]
+    fn own_pagemap_reads() {
+        let buf = vec![7u8; 1 << 20];
+        let start = buf.as_ptr() as u64 & !4095;
+        let pages = swapped_pages(
+            std::process::id(),
+            &[SwappedRange {
+                start,
+                len: 1 << 20,
+                swap_bytes: 0,
+            }],
+        )
+        .unwrap();
+        assert!(pages
+            .iter()
+            .all(|p| p.addr >= start && p.addr < start + (1 << 20)));
+        std::hint::black_box(&buf);
     }
 }

@@ -491,7 +491,15 @@ async fn a_stalled_store_is_a_miss_within_the_timeout() {
     c.put(b"k", b"v").await.unwrap();
     let t = std::time::Instant::now();
     assert_eq!(c.get(b"k").await.unwrap(), None);
-    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
     let s = c.stats();
-    assert_eq!((s.misses, s.store_errors, s.lost_leases, s.leases), (1, 1, 0, 1), "{s:?}");
+    assert_eq!(
+        (s.misses, s.store_errors, s.lost_leases, s.leases),
+        (1, 1, 0, 1),
+        "{s:?}"
+    );
 }

@@ -50,6 +50,10 @@ const TICKET_KEEP_MS: u64 = 600_000;
 /// consumer still wanting memory asks again well within it.
 pub const BID_KEEP_PERIODS: u64 = 3;
 
+/// What [`Broker::collect`] returns: the grants made since, and what the request still
+/// waits for (ticket, slabs), if anything.
+pub type Collected = (Vec<LeaseGrant>, Option<(u64, u32)>);
+
 /// The broker's settings (see [`BrokerConfig::from_market`]).
 #[derive(Clone, Debug)]
 pub struct BrokerConfig {
@@ -520,7 +524,11 @@ impl Broker {
             )));
         }
         let price = self.pricing.price();
-        if !(req.budget >= price) {
+        // A NaN budget is below every price.
+        if !matches!(
+            req.budget.partial_cmp(&price),
+            Some(std::cmp::Ordering::Greater | std::cmp::Ordering::Equal)
+        ) {
             return Err(BrokerError::BelowPrice {
                 budget: req.budget,
                 price,
@@ -831,10 +839,7 @@ impl Broker {
 
     /// Grants made since for a queued request, and what it still waits for (None once
     /// done or timed out; the ticket is forgotten then).
-    pub fn collect(
-        &mut self,
-        ticket: u64,
-    ) -> Result<(Vec<LeaseGrant>, Option<(u64, u32)>), BrokerError> {
+    pub fn collect(&mut self, ticket: u64) -> Result<Collected, BrokerError> {
         let t = self
             .tickets
             .get_mut(&ticket)

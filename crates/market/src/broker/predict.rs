@@ -135,8 +135,9 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
             if f == 0.0 {
                 continue;
             }
-            for c in col..n {
-                a[r][c] -= f * a[col][c];
+            let pivot_row = a[col].clone();
+            for (x, p) in a[r][col..n].iter_mut().zip(&pivot_row[col..n]) {
+                *x -= f * p;
             }
             b[r] -= f * b[col];
         }

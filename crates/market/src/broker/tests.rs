@@ -155,7 +155,7 @@ fn falling_availability_limits_placement() {
     assert_eq!(b.placeable(flat, 10_000), 50);
     let p = b.placeable(fall, 10_000);
     assert!(
-        p <= 70 && p >= 60,
+        (60..=70).contains(&p),
         "predicted ~70 left at the lease's end, got {p}"
     );
 }

@@ -102,6 +102,8 @@ pub struct HarvestStatus {
     pub steps: u64,
     pub recoveries: u64,
     pub prefetches: u64,
+    /// Bytes the prefetches advised the kernel to read back, in all.
+    pub prefetched_bytes: u64,
 }
 
 /// What can go wrong harvesting.

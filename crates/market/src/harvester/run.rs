@@ -2,6 +2,27 @@
 //! (a burst lifts the limit at once); every cooling period it closes an epoch, asks the
 //! policy, checks headroom before lowering, applies the decision, prefetches when told,
 //! and publishes the status.
+//!
+//! Prefetch reads back the workload's *most recently* swapped-out pages (largest swap
+//! slots first: see [`granule_host::workload::SwappedPage`]), at most what fits under
+//! the limit just raised (less half a chunk of slack) and in the machine's available
+//! memory (less the headroom): prefetching more than fits would only be reclaimed again,
+//! or, with the reads still in flight, leave the kernel nothing it can reclaim. The pages
+//! it advises are counted as the harvester's own refaults and left out of the
+//! workload's refault rate for a moment, so that a prefetch is not taken for a burst.
+//!
+//! After a drop, the limit it happened at is remembered for one baseline window: the
+//! harvester does not probe below a chunk above it again until the window has passed
+//! (each probe past the workload's working set costs it a burst of refaults; once is
+//! enough to find the edge). A burst forgets nothing of that kind: it is the load
+//! changing, not the edge being found.
+//!
+//! zswap writing its pool back to the swap file (when the pool is full) reads each entry
+//! into the swap cache, and the kernel counts that as a refault of the page's group
+//! (measured here: one `workingset_refault_anon` per `zswpwb`). The machine's
+//! writebacks (`/proc/vmstat` `zswpwb`; cgroup v1 has no per-group count) are therefore
+//! subtracted from the group's refaults too. On a machine where other groups' pages are
+//! written back as well this undercounts the workload's refaults, never overcounts.
 
 use super::metric::Metric;
 use super::policy::{BaselinePolicy, Decision, Epoch};
@@ -15,6 +36,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const TICK: Duration = Duration::from_millis(250);
+/// How long the pages a prefetch advised are left out of the refault rate.
+const PREFETCH_CREDIT_FOR: Duration = Duration::from_secs(2);
 
 enum Policy {
     Baseline(BaselinePolicy),
@@ -36,6 +59,17 @@ pub(crate) struct Loop {
     oom_at_start: u64,
     started: Instant,
     status: HarvestStatus,
+    /// Refaults the harvester's own prefetch may still cause (pages advised), and until
+    /// when they are expected.
+    prefetch_credit: u64,
+    credit_until: Instant,
+    /// Refaults counted as the prefetch's or zswap writeback's so far (subtracted from
+    /// the group's counter).
+    own_refaults: u64,
+    /// The machine's zswap writebacks at the last reading.
+    writebacks: Option<u64>,
+    /// No lowering below this limit until then (set by a drop: see the module doc).
+    floor: Option<(u64, Instant)>,
 }
 
 /// The workload group's anonymous refaults so far (`workingset_refault_anon` of its
@@ -97,11 +131,50 @@ impl Loop {
             oom_at_start,
             started: Instant::now(),
             status,
+            prefetch_credit: 0,
+            credit_until: Instant::now(),
+            own_refaults: 0,
+            writebacks: granule_host::mem::vmstat().ok().map(|v| v.zswpwb),
+            floor: None,
         })
+    }
+
+    /// The group's refault counter less the refaults the harvester's prefetch and
+    /// zswap's writeback caused (see the module doc).
+    fn workload_refaults(&mut self, prev: u64) -> u64 {
+        let raw = refaults(&self.group).unwrap_or(prev + self.own_refaults);
+        let mut seen = raw.saturating_sub(self.own_refaults);
+        if let Ok(wb) = granule_host::mem::vmstat().map(|v| v.zswpwb) {
+            let new_wb = self.writebacks.map_or(0, |w| wb.saturating_sub(w));
+            self.writebacks = Some(wb);
+            let mine = seen.saturating_sub(prev).min(new_wb);
+            self.own_refaults += mine;
+            seen -= mine;
+        }
+        if self.prefetch_credit > 0 {
+            if Instant::now() > self.credit_until {
+                self.prefetch_credit = 0;
+            } else {
+                let mine = seen.saturating_sub(prev).min(self.prefetch_credit);
+                self.prefetch_credit -= mine;
+                self.own_refaults += mine;
+            }
+        }
+        raw.saturating_sub(self.own_refaults)
     }
 
     /// Run until told to stop; hands the group back for the caller to restore.
     pub(crate) fn run(mut self) -> ForeignGroup {
+        // Start the workload's pages' recency afresh: pages keep the referenced bit from
+        // whenever they were first touched until reclaim looks at them, so the first
+        // lowering would otherwise see every page as recently used and evict by list
+        // order, hot pages among them. Cleared now, the first step (a cooling period
+        // from now) tells the pages used since from the ones that were not.
+        for pid in self.group.pids().unwrap_or_default() {
+            if let Err(e) = granule_host::workload::clear_referenced(pid) {
+                tracing::debug!("harvester: clearing the referenced bits of {pid}: {e}");
+            }
+        }
         let mut vm_prev = refaults(&self.group).unwrap_or(0);
         let mut tick_at = Instant::now();
         let mut epoch_vm = vm_prev;
@@ -110,7 +183,7 @@ impl Loop {
         while !self.stop.load(Ordering::Relaxed) {
             std::thread::sleep(TICK);
             let now = Instant::now();
-            let vm = refaults(&self.group).unwrap_or(vm_prev);
+            let vm = self.workload_refaults(vm_prev);
             let dt = now.duration_since(tick_at).as_secs_f64().max(1e-3);
             let rate = vm.saturating_sub(vm_prev) as f64 / dt;
             vm_prev = vm;
@@ -191,11 +264,13 @@ impl Loop {
             }
             Decision::Hold => "holding",
             Decision::Raise(n) => {
+                self.remember_drop();
                 self.raise(n);
                 self.status.recoveries += 1;
                 "recovering"
             }
             Decision::RaisePrefetch(n) => {
+                self.remember_drop();
                 self.raise(n);
                 self.status.recoveries += 1;
                 if self.cfg.prefetch {
@@ -209,6 +284,21 @@ impl Loop {
         self.status.steps += 1;
         self.status.state = state.into();
         self.publish();
+    }
+
+    /// A drop at the current limit: keep a chunk above it for a baseline window.
+    fn remember_drop(&mut self) {
+        if let Ok(Limit::Bytes(l)) = self.group.limit() {
+            let floor = l.saturating_add(self.cfg.chunk);
+            let until = Instant::now() + self.cfg.baseline_window;
+            // A higher floor still in force stays.
+            let keep = self
+                .floor
+                .is_some_and(|(f, u)| f >= floor && u > Instant::now());
+            if !keep {
+                self.floor = Some((floor, until));
+            }
+        }
     }
 
     /// Lower by `n` if there is headroom: free swap for what the step may push out, plus
@@ -228,10 +318,20 @@ impl Loop {
             .bytes()
             .map_or(usage, |l| l.min(usage))
             .min(self.reference);
-        let new = base.saturating_sub(n);
+        let mut new = base.saturating_sub(n);
         // Never below one headroom: the workload must keep room to run.
         if new < self.cfg.headroom.max(self.cfg.chunk) {
             return false;
+        }
+        if let Some((floor, until)) = self.floor {
+            if Instant::now() >= until {
+                self.floor = None;
+            } else {
+                new = new.max(floor);
+                if new >= base {
+                    return false;
+                }
+            }
         }
         match self.group.set_limit(Limit::Bytes(new)) {
             Ok(_) => true,
@@ -280,25 +380,51 @@ impl Loop {
         self.publish();
     }
 
-    /// Read the workload's swapped memory back (see `granule_host::os::prefetch_ranges`).
+    /// How much a prefetch may read back now (see the module doc).
+    fn prefetch_budget(&self) -> u64 {
+        let under_limit = match (self.group.limit(), self.group.usage()) {
+            (Ok(Limit::Bytes(l)), Ok(u)) => l.saturating_sub(u).saturating_sub(self.cfg.chunk / 2),
+            (Ok(Limit::Unlimited), Ok(_)) => u64::MAX,
+            _ => 0,
+        };
+        let machine = granule_host::mem::meminfo()
+            .map(|m| m.available.saturating_sub(self.cfg.headroom))
+            .unwrap_or(0);
+        under_limit.min(machine)
+    }
+
+    /// Read back the workload's most recently swapped-out pages, within the budget.
     fn prefetch(&mut self) {
-        let pids = self.group.pids().unwrap_or_default();
-        for pid in pids {
-            let ranges = match granule_host::workload::swapped_ranges(pid) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::debug!("harvester: swapped ranges of {pid}: {e}");
-                    continue;
-                }
-            };
-            if ranges.is_empty() {
-                continue;
-            }
-            if let Err(e) = granule_host::workload::prefetch(pid, &ranges) {
-                tracing::warn!("harvester: prefetch of {pid}: {e}");
+        let budget = self.prefetch_budget();
+        let page = granule_host::proc::page_size().max(1);
+        let mut pages: Vec<(u64, u32, u64)> = Vec::new(); // (slot, pid, addr)
+        for pid in self.group.pids().unwrap_or_default() {
+            let found = granule_host::workload::swapped_ranges(pid)
+                .and_then(|r| granule_host::workload::swapped_pages(pid, &r));
+            match found {
+                Ok(p) => pages.extend(p.into_iter().map(|p| (p.slot, pid, p.addr))),
+                Err(e) => tracing::debug!("harvester: swapped pages of {pid}: {e}"),
             }
         }
+        // Most recently swapped out first.
+        pages.sort_unstable_by_key(|p| std::cmp::Reverse(p.0));
+        pages.truncate(usize::try_from(budget / page).unwrap_or(usize::MAX));
+        let mut by_pid: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
+        for (_, pid, addr) in pages {
+            by_pid.entry(pid).or_default().push(addr);
+        }
+        let mut advised = 0u64;
+        for (pid, addrs) in by_pid {
+            let ranges = granule_host::workload::coalesce_pages(addrs, page);
+            match granule_host::workload::prefetch_exact(pid, &ranges) {
+                Ok(n) => advised += n,
+                Err(e) => tracing::warn!("harvester: prefetch of {pid}: {e}"),
+            }
+        }
+        self.prefetch_credit += advised / page;
+        self.credit_until = Instant::now() + PREFETCH_CREDIT_FOR;
         self.status.prefetches += 1;
+        self.status.prefetched_bytes += advised;
     }
 
     fn publish(&mut self) {

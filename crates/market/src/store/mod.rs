@@ -917,7 +917,7 @@ impl Inner {
     }
 
     fn mset(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
-        if cmd.len() < 3 || cmd.len() % 2 == 0 {
+        if cmd.len() < 3 || cmd.len().is_multiple_of(2) {
             return wrong_args(out, "mset");
         }
         let now = self.now_ms;

@@ -253,7 +253,10 @@ fn parse_inline(
 mod tests {
     use super::*;
 
-    fn one(buf: &[u8]) -> Result<Option<(usize, Vec<Vec<u8>>)>, ProtocolError> {
+    /// A parsed command: bytes consumed and its arguments.
+    type Parsed = Option<(usize, Vec<Vec<u8>>)>;
+
+    fn one(buf: &[u8]) -> Result<Parsed, ProtocolError> {
         let mut args = Vec::new();
         let r = parse(buf, &Limits::default(), &mut args)?;
         Ok(r.map(|n| (n, args.iter().map(|&(s, e)| buf[s..e].to_vec()).collect())))
