@@ -22,7 +22,7 @@
 //!   p50 (p99) without leased memory ÷ with encrypted leased memory, case (b);
 //!   `speedup_p50_encrypted_disk` the same p50 ratio for case (a).
 
-use crate::kv_secure::{rand_u64, redis_version, Rng, StoreProc};
+use crate::kv_secure::{rand_u64, Rng, StoreProc};
 use crate::zipf::Zipf;
 use crate::BenchOpts;
 use anyhow::Context;
@@ -42,6 +42,8 @@ use std::time::{Duration, Instant};
 const APP_ENV: &str = "GRANULE_BENCH_CONSUMER_APP";
 const BLOCK: usize = 4096;
 const VALUE_BYTES: usize = 1024;
+const SERVER_CPU: usize = 0;
+const APP_CPU: usize = 1;
 const SERVICE_COST: Duration = Duration::from_millis(1);
 const ZIPF_THETA: f64 = 0.99;
 const READ_FRACTION: f64 = 0.95;
@@ -86,9 +88,17 @@ struct AppConfig {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Dist {
     count: u64,
+    #[serde(deserialize_with = "nan_from_null")]
     p50_us: f64,
+    #[serde(deserialize_with = "nan_from_null")]
     p99_us: f64,
+    #[serde(deserialize_with = "nan_from_null")]
     mean_us: f64,
+}
+
+/// An empty distribution's figures are NaN, which JSON writes as `null`: read it back.
+fn nan_from_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 impl Dist {
@@ -421,10 +431,16 @@ fn libc_o_direct() -> i32 {
 
 /// The backing service: answers each request after a fixed cost; keeps each key's
 /// version so reads return what was last written.
-fn start_service(keys: u64) -> anyhow::Result<(String, std::thread::JoinHandle<()>)> {
+fn start_service(
+    keys: u64,
+    cpu: Option<usize>,
+) -> anyhow::Result<(String, std::thread::JoinHandle<()>)> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?.to_string();
     let h = std::thread::spawn(move || {
+        if let Some(cpu) = cpu {
+            let _ = crate::affinity::pin_current_thread(cpu);
+        }
         let mut versions = vec![0u64; keys as usize];
         // One application at a time; the service ends when the parent connects to stop it.
         while let Ok((mut s, _)) = l.accept() {
@@ -498,6 +514,7 @@ fn run_app(
     cfg: &AppConfig,
     dir: &Path,
     groups: Option<&(ClusterGroups, granule_host::NodeGroup, Hierarchy)>,
+    cpu: Option<usize>,
 ) -> anyhow::Result<(AppResult, u64)> {
     let cfg_path = dir.join("app.json");
     std::fs::write(&cfg_path, serde_json::to_vec(cfg)?)?;
@@ -516,6 +533,9 @@ fn run_app(
         if let Some(rel) = node.paths().memory {
             watch = ForeignGroup::adopt_v1(h, &rel).ok();
         }
+    }
+    if let Some(cpu) = cpu {
+        crate::affinity::pin_pid(child.id(), cpu)?;
     }
     if let Some(stdin) = child.stdin.as_mut() {
         stdin.write_all(b"go\n")?;
@@ -569,7 +589,11 @@ fn parent(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         (s.keys * BLOCK as u64) >> 20,
         t0.elapsed().as_secs_f64()
     );
-    let (service_addr, service) = start_service(s.keys)?;
+    // The stores and the backing service on vCPU 0, the application on vCPU 1: every
+    // kind of miss crosses cores alike.
+    let pin = granule_host::os::affinity(0).map(|c| c.len()).unwrap_or(1) >= 2;
+    let _saved = crate::affinity::SavedAffinity::save();
+    let (service_addr, service) = start_service(s.keys, pin.then_some(SERVER_CPU))?;
 
     // The application's memory cgroup.
     let groups = match Hierarchy::detect() {
@@ -595,7 +619,13 @@ fn parent(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         for (name, p) in &configs {
             let stores: Vec<StoreProc> = match p {
                 Some(_) => (0..s.stores)
-                    .map(|i| StoreProc::start(s.store_bytes, &format!("lease{i}")))
+                    .map(|i| {
+                        StoreProc::start(
+                            s.store_bytes,
+                            &format!("lease{i}"),
+                            pin.then_some(SERVER_CPU),
+                        )
+                    })
                     .collect::<anyhow::Result<_>>()?,
                 None => Vec::new(),
             };
@@ -617,7 +647,7 @@ fn parent(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
                 service_addr: service_addr.clone(),
                 result_path: dir.join("result.json"),
             };
-            let (r, peak) = run_app(&cfg, &dir, groups.as_ref())?;
+            let (r, peak) = run_app(&cfg, &dir, groups.as_ref(), pin.then_some(APP_CPU))?;
             println!(
                 "consumer: {} / {name}: miss p50 {:.0} µs p99 {:.0} µs, all p50 {:.1} µs p99 {:.0} µs, wrong {}, failures {}, cgroup peak {} MiB",
                 case.name(), r.local_misses.p50_us, r.local_misses.p99_us, r.all.p50_us, r.all.p99_us,
@@ -714,20 +744,27 @@ fn parent(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         );
     }
 
-    let placement = "the parent (benchmark driver, the 1 ms backing service thread, the redis-server lease stores as \
-                     child processes) outside any limit; the application is a child process in its own memory cgroup \
-                     (v1, limit counting page cache) with one client thread; nothing is pinned: all share the machine's vCPUs."
-        .to_string();
+    let placement = if pin {
+        format!(
+            "the parent (benchmark driver, the 1 ms backing service thread, the producer stores of the leases, each on \
+             its own thread) outside any limit, the service and the stores pinned to vCPU {SERVER_CPU}; the application \
+             is a child process in its own memory cgroup (v1, limit counting page cache) with one client thread, pinned \
+             to vCPU {APP_CPU}: every kind of miss (store, service) crosses cores alike; O_DIRECT reads go to the disk."
+        )
+    } else {
+        "fewer than two vCPUs available: nothing pinned".to_string()
+    };
     let mut meta = Meta::collect(placement, opts.quick);
     meta.note(format!(
         "data set: {} keys of {VALUE_BYTES} B ({} MiB of values; on disk one 4 KiB block per key, {} MiB, read and written \
          with O_DIRECT); local memory: a CLOCK cache of {} values inside a cgroup limited to {} MiB; leased memory: {} \
-         redis-server {} stores of {} MiB (AUTH with the lease's secret, allkeys-lru), loaded with the whole data set \
+         producer stores (granule_market::store::Store) of {} MiB (AUTH with the lease's secret, approximate LRU, no rate \
+         limit), loaded with the whole data set \
          before measuring; workload: YCSB-like, scrambled Zipfian θ = {ZIPF_THETA}, {:.0} % reads, {} warm-up then {} \
          measured operations, one at a time, the same sequence in every configuration; backing service: loopback TCP, \
          {} ms per request.",
         s.keys, (s.keys * VALUE_BYTES as u64) >> 20, (s.keys * BLOCK as u64) >> 20, s.local_items, s.cgroup_bytes >> 20,
-        s.stores, redis_version(), s.store_bytes >> 20, READ_FRACTION * 100.0, s.warmup_ops, s.ops,
+        s.stores, s.store_bytes >> 20, READ_FRACTION * 100.0, s.warmup_ops, s.ops,
         SERVICE_COST.as_millis()
     ));
     meta.note(
@@ -802,4 +839,25 @@ fn crate_dir_guard(dir: PathBuf) -> impl Drop {
         }
     }
     G(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The child's result crosses a JSON file: an empty distribution (no leased hits
+    /// without leased memory) must come back, as NaN.
+    #[test]
+    fn empty_distributions_survive_json() {
+        let r = AppResult::default();
+        let mut r = AppResult {
+            leased_hits: Dist::of(&Latency::new()),
+            ..r
+        };
+        r.all.p50_us = 12.5;
+        let back: AppResult = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
+        assert!(back.leased_hits.p50_us.is_nan());
+        assert_eq!(back.leased_hits.count, 0);
+        assert_eq!(back.all.p50_us, 12.5);
+    }
 }

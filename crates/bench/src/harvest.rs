@@ -1344,7 +1344,7 @@ fn write_timeline(path: &Path, runs: &[RunOut]) -> anyhow::Result<()> {
             let s = &k.status;
             let opt = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_default();
             t += &format!(
-                "{},{},{:.2},{},{},{},{},{:.1},{:.1},{:.1},{:.1},{:.1},{:.5},{},{}\n",
+                "{},\"{}\",{:.2},{},{},{},{},{:.1},{:.1},{:.1},{:.1},{:.1},{:.5},{},{}\n",
                 r.round,
                 r.spec.label(),
                 k.at_s - r.measure_from_s,

@@ -2,8 +2,8 @@
 //! protection, integrity-only (keyed BLAKE3) and encrypted (AES-256-GCM) — end to end
 //! over TCP to a store, at several value sizes.
 //!
-//! - **Stores**: one per mode (each lease has its own store), Redis protocol with AUTH,
-//!   LRU, large enough that nothing is evicted (see [`StoreProc`]).
+//! - **Stores**: one producer store per mode (each lease has its own store), Redis
+//!   protocol with AUTH, LRU, large enough that nothing is evicted (see [`StoreProc`]).
 //! - **Client**: one [`KvCache`] per mode on a current-thread tokio runtime in this
 //!   process, one operation at a time (closed loop, latency of each operation).
 //! - **Workload**: each cache is loaded with `KEYS` values; then rounds in which every
@@ -18,6 +18,7 @@ use anyhow::Context;
 use granule_market::consumer::{
     compare_ciphers, KvCache, LeaseGrant, LeaseSource, Protection, StaticLeases,
 };
+use granule_market::store::{EvictionMode as StoreEviction, Store, StoreConfig};
 use granule_report::stats::Latency;
 use granule_report::{Cell, Meta, Plot, Report, Table};
 use granule_wire::market::EvictionMode;
@@ -26,67 +27,36 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MODES: [Protection; 3] = [Protection::None, Protection::Integrity, Protection::Encrypt];
+const STORE_CPU: usize = 0;
+const CLIENT_CPU: usize = 1;
 /// The value size the headline figures are taken at.
 const HEADLINE_BYTES: usize = 1024;
 
-/// A store for benchmarks: a `redis-server` child process with `--requirepass`, on a
-/// free loopback port, killed on drop.
+/// A store for benchmarks: a producer store ([`granule_market::store::Store`], the one a
+/// producer serves a lease from) on a free loopback port, on its own thread in this
+/// process, with a fresh secret, LRU eviction past `bytes` and no rate limit; shut down
+/// on drop.
 pub(crate) struct StoreProc {
-    child: std::process::Child,
+    store: Store,
     pub addr: String,
     pub secret: String,
-    _dir: tempfile_dir::Dir,
-}
-
-/// A private scratch directory (redis-server's working directory), removed on drop.
-mod tempfile_dir {
-    pub struct Dir(pub std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 impl StoreProc {
-    /// Start a store of `bytes` (LRU beyond that).
-    pub(crate) fn start(bytes: u64, tag: &str) -> anyhow::Result<StoreProc> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+    /// Start a store of `bytes` (LRU beyond that), its thread pinned to `cpu` if given.
+    pub(crate) fn start(bytes: u64, tag: &str, cpu: Option<usize>) -> anyhow::Result<StoreProc> {
         let secret = format!("bench-{tag}-{:016x}", rand_u64());
-        let dir =
-            std::env::temp_dir().join(format!("granule-bench-store-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--requirepass", &secret, "--save", "", "--appendonly", "no"])
-            .args([
-                "--maxmemory",
-                &bytes.to_string(),
-                "--maxmemory-policy",
-                "allkeys-lru",
-            ])
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .context("starting redis-server (Debian package redis-server)")?;
-        let addr = format!("127.0.0.1:{port}");
-        let mut store = StoreProc {
-            child,
+        let mut cfg = StoreConfig::new(bytes, &secret, StoreEviction::Lru);
+        cfg.rate_bps = 0;
+        cfg.consumer = format!("bench-{tag}");
+        let store =
+            Store::start_pinned("127.0.0.1:0", cfg, cpu).context("starting a producer store")?;
+        let addr = store.addr().to_string();
+        Ok(StoreProc {
+            store,
             addr,
             secret,
-            _dir: tempfile_dir::Dir(dir),
-        };
-        let t0 = Instant::now();
-        while std::net::TcpStream::connect(&store.addr).is_err() {
-            if t0.elapsed() > Duration::from_secs(10) || store.child.try_wait()?.is_some() {
-                anyhow::bail!("redis-server on {} did not start", store.addr);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(store)
+        })
     }
 
     /// A grant for this store, as the broker would hand out.
@@ -108,8 +78,7 @@ impl StoreProc {
 
 impl Drop for StoreProc {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.store.shutdown();
     }
 }
 
@@ -154,10 +123,18 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         .enable_all()
         .build()?;
     let store_bytes: u64 = 512 << 20;
+    // The stores on vCPU 0, the client (this thread) on vCPU 1: every mode crosses cores
+    // alike, as a request to another machine would. Floating, a store that happened to
+    // share the client's vCPU answered in a third of the time of one that did not.
+    let pin = granule_host::os::affinity(0).map(|c| c.len()).unwrap_or(1) >= 2;
+    let _saved = crate::affinity::SavedAffinity::save();
     let stores: Vec<StoreProc> = MODES
         .iter()
-        .map(|p| StoreProc::start(store_bytes, p.as_str()))
+        .map(|p| StoreProc::start(store_bytes, p.as_str(), pin.then_some(STORE_CPU)))
         .collect::<anyhow::Result<_>>()?;
+    if pin {
+        crate::affinity::pin_current_thread(CLIENT_CPU)?;
+    }
     let caches: Vec<KvCache> = rt.block_on(async {
         let mut v = Vec::new();
         for (i, (p, s)) in MODES.iter().zip(&stores).enumerate() {
@@ -298,17 +275,22 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         );
     }
 
-    let placement = "this process (the three caches on one current-thread tokio runtime, one operation at a time) and \
-                     three redis-server child processes (one store per mode), nothing pinned: they share the machine's vCPUs \
-                     with whatever else runs."
-        .to_string();
+    let placement = if pin {
+        format!(
+            "the three caches on one current-thread tokio runtime on this process's main thread, one operation at a \
+             time, pinned to vCPU {CLIENT_CPU}; the three producer stores (one per mode, each on its own thread in \
+             this process) pinned to vCPU {STORE_CPU}: every request crosses cores alike"
+        )
+    } else {
+        "fewer than two vCPUs available: nothing pinned".to_string()
+    };
     let mut meta = Meta::collect(placement, opts.quick);
     meta.note(format!(
-        "stores: redis-server {} with --requirepass (the lease's secret), {} MiB, allkeys-lru; the client is the `redis` crate \
+        "stores: producer stores (granule_market::store::Store, as a producer serves a lease) with AUTH (the lease's secret), \
+         {} MiB, approximate LRU, no rate limit; the client is the `redis` crate \
          (multiplexed connection). Workload per value size: {keys} keys loaded per mode, then {rounds} rounds in which each mode \
          in turn (rotating order) runs {batch} operations, 50 % GET of a random loaded key and 50 % PUT overwriting one; \
          {:.1} s in all.",
-        redis_version(),
         store_bytes >> 20,
         elapsed.as_secs_f64()
     ));

@@ -14,8 +14,9 @@
 //! After a drop, the limit it happened at is remembered for one baseline window: the
 //! harvester does not probe below a chunk above it again until the window has passed
 //! (each probe past the workload's working set costs it a burst of refaults; once is
-//! enough to find the edge). A burst forgets nothing of that kind: it is the load
-//! changing, not the edge being found.
+//! enough to find the edge). A burst gives the whole harvest back at once and holds
+//! harvesting for a baseline window: the load changed, and its new working set is
+//! unknown.
 //!
 //! zswap writing its pool back to the swap file (when the pool is full) reads each entry
 //! into the swap cache, and the kernel counts that as a refault of the page's group
@@ -362,13 +363,14 @@ impl Loop {
         }
     }
 
+    /// A burst: the whole harvest back at once (the found limit), prefetch, and no
+    /// lowering for a baseline window (the load changed; its new working set is unknown).
     fn burst(&mut self, rate: f64) {
-        let give = self
-            .cfg
-            .chunk
-            .saturating_mul(4)
-            .max(self.harvested_limit() / 2);
-        self.raise(give);
+        let found = self.group.found_limit();
+        if let Err(e) = self.group.set_limit(found) {
+            tracing::warn!("harvester: cannot lift the limit: {e}");
+        }
+        self.floor = Some((u64::MAX, Instant::now() + self.cfg.baseline_window));
         self.status.recoveries += 1;
         self.status.swapin_per_s = rate;
         self.status.state = if self.cfg.prefetch {
