@@ -26,7 +26,7 @@ use crate::kv_secure::{rand_u64, Rng, StoreProc};
 use crate::zipf::Zipf;
 use crate::BenchOpts;
 use anyhow::Context;
-use granule_host::{ClusterGroups, ForeignGroup, Hierarchy};
+use granule_host::{ClusterGroups, Hierarchy};
 use granule_market::consumer::{KvCache, LeaseGrant, LeaseSource, Protection, StaticLeases};
 use granule_report::stats::Latency;
 use granule_report::{Cell, Meta, Plot, Report, Table};
@@ -530,9 +530,8 @@ fn run_app(
     let mut watch = None;
     if let Some((_, node, h)) = groups {
         node.join(child.id())?;
-        if let Some(rel) = node.paths().memory {
-            watch = ForeignGroup::adopt_v1(h, &rel).ok();
-        }
+        // The group's own usage reading (it is Granule's group, not a foreign one).
+        watch = Some(granule_host::Reader::for_paths(h, &node.paths())?);
     }
     if let Some(cpu) = cpu {
         crate::affinity::pin_pid(child.id(), cpu)?;
@@ -546,7 +545,7 @@ fn run_app(
             break s;
         }
         if let Some(w) = &watch {
-            peak = peak.max(w.usage().unwrap_or(0));
+            peak = peak.max(w.memory_usage().unwrap_or(0));
         }
         std::thread::sleep(Duration::from_millis(50));
     };

@@ -33,7 +33,10 @@
 //! [`RECOVERED_WITHIN`] of the reference's uniform-load p99 for [`RECOVERED_FOR`] seconds.
 //!
 //! Needs root, cgroup v1's memory controller and `redis-server`; says which is missing
-//! otherwise.
+//! otherwise. Ctrl-C (or SIGTERM) ends the current run the normal way (redis stopped,
+//! limit, swap and zswap restored); after a SIGKILL the next run undoes what the last
+//! one left, from the records in [`STATE_DIR`]. For experiments,
+//! `GRANULE_BENCH_HARVEST_RUNS=without,baseline,psi,burst` keeps only the runs named.
 
 use crate::kv_secure::Rng;
 use crate::zipf::Zipf;
@@ -1001,11 +1004,9 @@ fn report(opts: &BenchOpts, p: &Params, runs: &[RunOut], pin: bool) -> anyhow::R
         [a, b, ..] => (1.0 - b.ops_per_s / a.ops_per_s).abs(),
         _ => f64::NAN,
     };
+    // The group's own count over each whole run (the harvester's status counts the same
+    // kills, over its part of the run only).
     let oom_kills: u64 = runs.iter().map(|r| r.oom_kills).sum();
-    let harvester_oom: u64 = runs
-        .iter()
-        .filter_map(|r| r.end.as_ref().map(|s| s.oom_kills))
-        .sum();
 
     // Bursts.
     let burst = |kind: Kind, prefetch: bool| {
@@ -1317,7 +1318,7 @@ fn report(opts: &BenchOpts, p: &Params, runs: &[RunOut], pin: bool) -> anyhow::R
     rep.summary("producer_p99_slowdown", sd);
     rep.summary("noise_floor_p99", noise_floor);
     rep.summary("producer_throughput_loss", tl);
-    rep.summary("producer_oom_kills", (oom_kills + harvester_oom) as f64);
+    rep.summary("producer_oom_kills", oom_kills as f64);
     rep.summary("burst_recovery_s_prefetch", rec_pf);
     rep.summary("burst_recovery_s_no_prefetch", rec_no);
     rep.summary("noise_floor_throughput", noise_tput);
