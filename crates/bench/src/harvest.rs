@@ -122,13 +122,6 @@ impl Drop for Active {
     }
 }
 
-/// The refault rate the harvester tolerates (pages/s; the default is 100): each step
-/// evicts, besides idle pages, some of the hot set's rarely used tail, which comes back
-/// over the following minute at 100–250 pages/s — 0.1–0.25 % of this load's requests,
-/// and most of them from zswap. 500 pages/s (0.5 % of the requests) lets that pass and
-/// still stops at the working set's edge, where the rate jumps past 600 pages/s.
-const SWAPIN_TOLERANCE: f64 = 500.0;
-
 /// The run's size.
 #[derive(Clone, Debug)]
 struct Params {
@@ -164,9 +157,9 @@ impl Params {
                 burst_uniform: Duration::from_secs(4),
                 rounds: reps.unwrap_or(1),
                 market: Market {
-                    swapin_tolerance: SWAPIN_TOLERANCE,
                     chunk: 4 << 20,
                     cooling_period: Duration::from_millis(500),
+                    observe: Duration::from_secs(1),
                     headroom: 8 << 20,
                     swap_size: 256 << 20,
                     ..base
@@ -178,15 +171,14 @@ impl Params {
                 hot_keys: 80_000,
                 clients: 4,
                 warm: Duration::from_secs(10),
-                measure: Duration::from_secs(90),
-                burst_harvest: Duration::from_secs(60),
+                measure: Duration::from_secs(150),
+                burst_harvest: Duration::from_secs(90),
                 burst_uniform: Duration::from_secs(60),
                 rounds: reps.unwrap_or(5),
                 market: Market {
                     chunk: 64 << 20,
                     cooling_period: Duration::from_secs(2),
                     swap_size: 3 << 30,
-                    swapin_tolerance: SWAPIN_TOLERANCE,
                     ..base
                 },
             }
@@ -1059,6 +1051,7 @@ fn report(opts: &BenchOpts, p: &Params, runs: &[RunOut], pin: bool) -> anyhow::R
         "limit at end MiB",
         "recoveries",
         "prefetches",
+        "harvester CPU s",
         "OOM kills",
         "uniform p99 µs",
         "recovery s",
@@ -1096,6 +1089,7 @@ fn report(opts: &BenchOpts, p: &Params, runs: &[RunOut], pin: bool) -> anyhow::R
                 .map(|s| mib(s.limit_bytes.min(u64::MAX >> 1)))),
             opt(r.end.as_ref().map(|s| s.recoveries as f64)),
             opt(r.end.as_ref().map(|s| s.prefetches as f64)),
+            opt(r.end.as_ref().map(|s| s.cpu_seconds)),
             Cell::from(r.oom_kills),
             opt(r.uniform_p99_us),
             rec,
@@ -1227,11 +1221,12 @@ fn report(opts: &BenchOpts, p: &Params, runs: &[RunOut], pin: bool) -> anyhow::R
         p.burst_uniform.as_secs_f64()
     ));
     meta.note(format!(
-        "harvester (the producer's own code, granule_market::harvester): chunk {} MiB, cooling period {} s, \
-         headroom {} MiB, slowdown threshold {} %, severe after {} epochs, metric = swap-in (anonymous refault) \
+        "harvester (the producer's own code, granule_market::harvester): observes {} s (the workload's referenced \
+         bits cleared) before its first step, then chunk {} MiB, cooling period {} s, headroom {} MiB, slowdown threshold {} %, severe after {} epochs, metric = swap-in (anonymous refault) \
          rate with a tolerance of {} pages/s, burst above {} pages/s; PSI policy target {} stall s/s; a {} MiB \
          swap file created per run and zswap on with its pool capped at {ZSWAP_POOL_PERCENT} % of RAM (a \
          victim cache; pages beyond it are written to the swap file), all undone after each run",
+        p.market.observe.as_secs_f64(),
         p.market.chunk >> 20,
         p.market.cooling_period.as_secs_f64(),
         p.market.headroom >> 20,
@@ -1330,7 +1325,33 @@ fn report(opts: &BenchOpts, p: &Params, runs: &[RunOut], pin: bool) -> anyhow::R
     rep.summary("psi_producer_throughput_loss", fig(&psi, |x| x.tput_loss));
     let out = rep.write(&opts.out)?;
     write_timeline(&out.join("timeline.csv"), runs)?;
+    write_per_second(&out.join("per_second.csv"), runs)?;
     Ok(out)
+}
+
+/// Every run's requests and p99 per second of its load (`t_s` from the start of the
+/// measured phase; negative: the warm-up), for looking at a run's course.
+fn write_per_second(path: &Path, runs: &[RunOut]) -> anyhow::Result<()> {
+    let mut t = String::from("round,run,t_s,phase,requests,p99_us\n");
+    for r in runs {
+        for (i, (n, p99)) in r.per_sec.iter().enumerate() {
+            let at = i as f64;
+            let phase = if at + 1.0 <= r.measure_from_s {
+                "warm-up"
+            } else if r.uniform_from_s.is_some_and(|u| at >= u) {
+                "uniform"
+            } else {
+                "measured"
+            };
+            t += &format!(
+                "{},\"{}\",{:.2},{phase},{n},{p99}\n",
+                r.round,
+                r.spec.label(),
+                at - r.measure_from_s
+            );
+        }
+    }
+    std::fs::write(path, t).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Every harvesting run's harvester status, once a second, to `path` (too long for the

@@ -2,7 +2,9 @@
 //! broker (`granule controller --broker`), two producers (`granule producer run
 //! --offer`), and consumers (this test process through the library, and `granule kv`).
 //! Leasing, use, renewal, expiry, a producer killed with SIGKILL (its keys become
-//! misses, then the consumer gets a new lease elsewhere), and bad requests.
+//! misses, then the consumer gets a new lease elsewhere), bad requests, and a producer
+//! that tampers with what its store holds (flipped, swapped and replayed values: misses,
+//! never wrong data).
 
 mod common;
 
@@ -331,6 +333,149 @@ fn granule_kv_puts_and_gets_across_commands() {
     );
 }
 
+/// One RESP command on a raw connection; returns the reply's bulk payload (`None` for a
+/// nil), or panics on an error reply.
+fn resp(conn: &mut std::net::TcpStream, args: &[&[u8]]) -> Option<Vec<u8>> {
+    use std::io::{BufRead, Read, Write};
+    let mut cmd = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        cmd.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        cmd.extend_from_slice(a);
+        cmd.extend_from_slice(b"\r\n");
+    }
+    conn.write_all(&cmd).expect("write to the store");
+    let mut r = std::io::BufReader::new(conn.try_clone().expect("clone"));
+    let mut line = String::new();
+    r.read_line(&mut line).expect("read the store's reply");
+    match line.as_bytes().first() {
+        Some(b'+') | Some(b':') => Some(line.trim_end().as_bytes()[1..].to_vec()),
+        Some(b'$') => {
+            let n: i64 = line[1..].trim_end().parse().expect("bulk length");
+            if n < 0 {
+                return None;
+            }
+            let mut body = vec![0u8; n as usize + 2];
+            r.read_exact(&mut body).expect("bulk body");
+            body.truncate(n as usize);
+            Some(body)
+        }
+        _ => panic!(
+            "store answered {line:?} to {:?}",
+            String::from_utf8_lossy(args[0])
+        ),
+    }
+}
+
+/// The producer side turns malicious: with the lease's secret (a producer has it: it
+/// opened the store), it flips a byte of one value, swaps two keys' values, and replays
+/// a key's older value in place of its newer one. `granule kv get` answers a miss for
+/// each (exit status 1), never the wrong bytes; untouched keys still read back.
+#[test]
+fn a_tampering_producer_never_makes_granule_kv_return_wrong_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_ctl, addr) = start_controller(&["--listen", "127.0.0.1:0", "--broker"]);
+    let _p = producer(&addr, "rogue", "32MiB", dir.path());
+    let state = dir.path().join("kv.json");
+    let kv = |args: &[&str]| {
+        Command::new(GRANULE)
+            .args(["kv", "--broker", &addr, "--state"])
+            .arg(&state)
+            .args(args)
+            .output()
+            .expect("run granule kv")
+    };
+    let start = Instant::now();
+    while !kv(&["put", "flip", "value of flip"]).status.success() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "granule kv put kept failing"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for (k, v) in [
+        ("a", "alpha"),
+        ("b", "bravo"),
+        ("kept", "untouched"),
+        ("c", "first"),
+    ] {
+        assert!(kv(&["put", k, v]).status.success(), "put {k}");
+    }
+    // The sealed value of c's first version, then c rewritten (a new counter).
+    let saved = |key: &str| -> (String, String, u64) {
+        let j: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&state).expect("state file")).expect("JSON");
+        let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+        let entry = j["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .find(|e| e[0] == hex.as_str())
+            .unwrap_or_else(|| panic!("no entry for {key}: {j:#}"))[1]
+            .clone();
+        let lease = &entry["lease"];
+        let grant = j["grants"]
+            .as_array()
+            .expect("grants")
+            .iter()
+            .find(|g| &g["lease"] == lease)
+            .expect("the entry's grant")
+            .clone();
+        (
+            grant["store_addr"].as_str().expect("addr").to_string(),
+            grant["secret"].as_str().expect("secret").to_string(),
+            entry["counter"].as_u64().expect("counter"),
+        )
+    };
+    let (store, secret, c_old) = saved("c");
+    let mut conn = std::net::TcpStream::connect(&store).expect("connect to the store");
+    assert_eq!(
+        resp(&mut conn, &[b"AUTH", secret.as_bytes()]).as_deref(),
+        Some(&b"OK"[..])
+    );
+    let key = |c: u64| c.to_be_bytes().to_vec();
+    // What a replaying producer keeps: c's first version, as sealed.
+    let c_first = resp(&mut conn, &[b"GET", &key(c_old)]).expect("c's first value");
+    assert!(kv(&["put", "c", "second"]).status.success());
+    let (_, _, c_new) = saved("c");
+    assert_ne!(c_old, c_new, "a PUT takes a fresh counter");
+    let (_, _, flip) = saved("flip");
+    let (_, _, a) = saved("a");
+    let (_, _, b) = saved("b");
+
+    // Flip one byte of flip's sealed value.
+    let mut v = resp(&mut conn, &[b"GET", &key(flip)]).expect("flip's value is in the store");
+    let last = v.len() - 1;
+    v[last] ^= 0x40;
+    resp(&mut conn, &[b"SET", &key(flip), &v]);
+    // Swap a's and b's sealed values.
+    let va = resp(&mut conn, &[b"GET", &key(a)]).expect("a");
+    let vb = resp(&mut conn, &[b"GET", &key(b)]).expect("b");
+    resp(&mut conn, &[b"SET", &key(a), &vb]);
+    resp(&mut conn, &[b"SET", &key(b), &va]);
+    // Replay c's first value under its current counter.
+    resp(&mut conn, &[b"SET", &key(c_new), &c_first]);
+    drop(conn);
+
+    for k in ["flip", "a", "b", "c"] {
+        let out = kv(&["get", k]);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "a tampered {k} must be a miss; got {:?} (stderr {})",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{k} printed tampered data {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let out = kv(&["get", "kept"]);
+    assert!(out.status.success(), "an untouched key still reads");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "untouched");
+}
+
 /// A free port on 127.0.0.1 (bound, then released for the broker to take).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -463,6 +608,7 @@ fn a_harvesting_producer_killed_with_sigkill_is_undone_by_the_next_start() {
     let harvest_env = |c: &mut Command| {
         c.env("GRANULE_MARKET_REPORT_INTERVAL", "100ms")
             .env("GRANULE_MARKET_COOLING_PERIOD", "300ms")
+            .env("GRANULE_MARKET_OBSERVE", "0s")
             .env("GRANULE_MARKET_CHUNK", "16MiB")
             .env("GRANULE_MARKET_SLAB", "8MiB")
             .env("GRANULE_MARKET_SWAP_SIZE", "256MiB")

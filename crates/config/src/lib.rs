@@ -367,6 +367,10 @@ pub struct Market {
     pub chunk: u64,
     /// Time between two steps (the effect of one step shows before the next).
     pub cooling_period: Duration,
+    /// How long the harvester watches before its first step: the workload's referenced
+    /// bits are cleared when it starts, so the first steps evict pages unused for this
+    /// long rather than pages merely unused since the last moment.
+    pub observe: Duration,
     /// A drop: the recent p99 worse than the baseline's p99 by more than this fraction.
     pub slowdown_threshold: f64,
     /// How long a baseline sample is kept.
@@ -458,6 +462,7 @@ impl Default for Market {
             policy: HarvestPolicy::Baseline,
             chunk: 64 << 20,
             cooling_period: Duration::from_secs(5),
+            observe: Duration::from_secs(30),
             slowdown_threshold: 0.01,
             baseline_window: Duration::from_secs(300),
             state_dir: "/var/lib/granule".into(),

@@ -607,6 +607,15 @@ pub static SETTINGS: &[Setting] = &[
         |d: &Duration| format_duration(*d),
     ),
     setting!(
+        "market.observe",
+        "GRANULE_MARKET_OBSERVE",
+        "a duration in 0s..=1h",
+        "how long the harvester watches the workload (its referenced bits cleared) before its first step",
+        market.observe,
+        |v: &str| dur_in(v, Duration::ZERO, Duration::from_secs(3600)),
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
         "market.slowdown_threshold",
         "GRANULE_MARKET_SLOWDOWN_THRESHOLD",
         "a fraction in 0..=1",

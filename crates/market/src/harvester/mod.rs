@@ -104,6 +104,9 @@ pub struct HarvestStatus {
     pub prefetches: u64,
     /// Bytes the prefetches advised the kernel to read back, in all.
     pub prefetched_bytes: u64,
+    /// CPU time the harvester's thread used so far, seconds (the reclaim its lowering
+    /// triggers runs on it; zswap's writeback runs in kernel workers and is not counted).
+    pub cpu_seconds: f64,
 }
 
 /// What can go wrong harvesting.
@@ -428,6 +431,7 @@ mod tests {
             chunk: 4 << 20,
             headroom: 8 << 20,
             cooling_period: Duration::from_millis(300),
+            observe: Duration::ZERO,
             ..granule_config::Market::default()
         }
     }

@@ -255,7 +255,11 @@ impl Loop {
             }
             Policy::Psi(p) => p.step(stall),
         };
+        // Before the observation is over, nothing is lowered (the referenced bits are
+        // still gathering); drops still give back (there is nothing to give yet).
+        let observing = self.started.elapsed() < self.cfg.observe;
         let state = match decision {
+            Decision::Lower(_) if observing => "observing",
             Decision::Lower(n) => {
                 if self.lower(n) {
                     "probing"
@@ -431,6 +435,7 @@ impl Loop {
 
     fn publish(&mut self) {
         let s = &mut self.status;
+        s.cpu_seconds = granule_host::proc::thread_cpu_time().as_secs_f64();
         let limit = self.group.limit().ok();
         s.limit_bytes = limit.and_then(|l| l.bytes()).unwrap_or(u64::MAX);
         s.usage_bytes = self.group.usage().unwrap_or(s.usage_bytes);
