@@ -2,14 +2,14 @@
 //! measured against the same server left alone.
 //!
 //! **The producer.** `redis-server` in a memory cgroup of its own (a
-//! [`WorkloadGroup`]), holding `keys` values of [`VALUE_BYTES`] (4000 B: jemalloc's
+//! [`WorkloadGroup`]), holding `keys` values of `VALUE_BYTES` (4000 B: jemalloc's
 //! 4 KiB size class, so one value is one page), loaded in a shuffled order. Values are
 //! half random printable bytes and half repeated text (about 2:1 under zswap's lzo; the
 //! achieved ratio is reported).
 //!
 //! **The load.** `clients` closed-loop connections (each sends `GET`, waits for the
-//! reply, sends the next) from threads of this process pinned to vCPU [`LOAD_CPU`];
-//! `redis-server` pinned to vCPU [`SERVER_CPU`]; the harvester's thread and the driver
+//! reply, sends the next) from threads of this process pinned to vCPU `LOAD_CPU`;
+//! `redis-server` pinned to vCPU `SERVER_CPU`; the harvester's thread and the driver
 //! float. Keys are drawn from YCSB's scrambled Zipfian (θ = 0.99) over a *hot set* of
 //! `hot_keys` keys (a fifth of the dataset): the dataset is well above its hot set, and
 //! the other four fifths are never asked for. The generator keeps one latency histogram
@@ -30,13 +30,12 @@
 //! for `burst_harvest`, then the load shifts to uniform over *all* keys for
 //! `burst_uniform` — with prefetch, without prefetch, and without the harvester (the
 //! reference). Recovery is the time from the shift until the per-second p99 stays within
-//! [`RECOVERED_WITHIN`] of the reference's uniform-load p99 for [`RECOVERED_FOR`] seconds.
+//! `RECOVERED_WITHIN` of the reference's uniform-load p99 for `RECOVERED_FOR` seconds.
 //!
 //! Needs root, cgroup v1's memory controller and `redis-server`; says which is missing
 //! otherwise. Ctrl-C (or SIGTERM) ends the current run the normal way (redis stopped,
 //! limit, swap and zswap restored); after a SIGKILL the next run undoes what the last
-//! one left, from the records in [`STATE_DIR`]. For experiments,
-//! `GRANULE_BENCH_HARVEST_RUNS=without,baseline,psi,burst` keeps only the runs named.
+//! one left, from the records in `/var/tmp/granule-bench-harvest`.
 
 use crate::kv_secure::Rng;
 use crate::zipf::Zipf;
@@ -751,7 +750,7 @@ fn one_run(p: &Params, dir: &Path, spec: Spec, round: usize, pin: bool) -> anyho
 }
 
 /// Seconds from the shift to uniform until the per-second p99 stays at or below
-/// `threshold_us` for [`RECOVERED_FOR`] seconds (`None`: not within the phase).
+/// `threshold_us` for `RECOVERED_FOR` seconds (`None`: not within the phase).
 fn recovery_s(per_sec: &[(u64, f64)], from_s: f64, threshold_us: f64) -> Option<f64> {
     let first = from_s.ceil() as usize;
     let secs: Vec<f64> = per_sec
@@ -918,12 +917,6 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         ));
     }
 
-    // For experiments: GRANULE_BENCH_HARVEST_RUNS=without,baseline,psi,burst keeps only
-    // the runs named.
-    if let Ok(only) = std::env::var("GRANULE_BENCH_HARVEST_RUNS") {
-        let keep: Vec<&str> = only.split(',').map(str::trim).collect();
-        plan.retain(|(_, s)| keep.contains(&if s.burst { "burst" } else { s.kind.name() }));
-    }
     let progress = crate::Progress::new(plan.len() as u64, "harvest");
     let mut runs: Vec<RunOut> = Vec::new();
     for (round, spec) in plan {

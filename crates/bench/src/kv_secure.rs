@@ -3,7 +3,7 @@
 //! over TCP to a store, at several value sizes.
 //!
 //! - **Stores**: one producer store per mode (each lease has its own store), Redis
-//!   protocol with AUTH, LRU, large enough that nothing is evicted (see [`StoreProc`]).
+//!   protocol with AUTH, LRU, large enough that nothing is evicted (see `StoreProc`).
 //! - **Client**: one [`KvCache`] per mode on a current-thread tokio runtime in this
 //!   process, one operation at a time (closed loop, latency of each operation).
 //! - **Workload**: each cache is loaded with `KEYS` values; then rounds in which every

@@ -73,6 +73,10 @@ const ENV_READS_ALLOWED: &[(&str, &str)] = &[
         "its unit test re-runs the test binary as a child that crashes",
     ),
     (
+        "crates/bench/src/consumer.rs",
+        "the consumer benchmark re-runs this binary as its application child and hands it its configuration file's path",
+    ),
+    (
         "crates/host/src/hierarchy.rs",
         "its unit test re-runs the test binary as user nobody",
     ),

@@ -253,7 +253,7 @@ impl KvCache {
     }
 
     /// How long one store operation may take before it counts as a miss (or a failed
-    /// PUT); default [`DEFAULT_STORE_TIMEOUT`].
+    /// PUT); default `DEFAULT_STORE_TIMEOUT` (1 s).
     pub fn set_store_timeout(&self, timeout: Duration) {
         self.timeout_ms
             .store(timeout.as_millis().max(1) as u64, Ordering::Relaxed);
