@@ -5,6 +5,8 @@
 //! - [`policy`]: the baseline policy, free of I/O — swap-free performance samples in an
 //!   ordered structure with expiry, drop and severe-drop detection;
 //! - [`psi`]: the pressure-stall policy, free of I/O (Senpai's control law);
+//! - `guard`: bookkeeping free of I/O — which refaults are the workload's (not the
+//!   harvester's prefetch's, not zswap writeback's), and the floor a drop leaves;
 //! - `metric`: the performance signal (refault rate, samples pushed over a Unix socket,
 //!   or an HTTP endpoint polled);
 //! - `machine`: a swap file when the machine has none and zswap in front of it, with a
@@ -24,6 +26,7 @@
 pub mod policy;
 pub mod psi;
 
+mod guard;
 mod machine;
 mod metric;
 mod run;

@@ -25,6 +25,7 @@
 //! subtracted from the group's refaults too. On a machine where other groups' pages are
 //! written back as well this undercounts the workload's refaults, never overcounts.
 
+use super::guard::{Floor, RefaultFilter};
 use super::metric::Metric;
 use super::policy::{BaselinePolicy, Decision, Epoch};
 use super::psi::PsiPolicy;
@@ -60,17 +61,10 @@ pub(crate) struct Loop {
     oom_at_start: u64,
     started: Instant,
     status: HarvestStatus,
-    /// Refaults the harvester's own prefetch may still cause (pages advised), and until
-    /// when they are expected.
-    prefetch_credit: u64,
-    credit_until: Instant,
-    /// Refaults counted as the prefetch's or zswap writeback's so far (subtracted from
-    /// the group's counter).
-    own_refaults: u64,
-    /// The machine's zswap writebacks at the last reading.
-    writebacks: Option<u64>,
+    /// The workload's refaults apart from the prefetch's and zswap writeback's.
+    refaults: RefaultFilter,
     /// No lowering below this limit until then (set by a drop: see the module doc).
-    floor: Option<(u64, Instant)>,
+    floor: Option<Floor>,
 }
 
 /// The workload group's anonymous refaults so far (`workingset_refault_anon` of its
@@ -132,10 +126,7 @@ impl Loop {
             oom_at_start,
             started: Instant::now(),
             status,
-            prefetch_credit: 0,
-            credit_until: Instant::now(),
-            own_refaults: 0,
-            writebacks: granule_host::mem::vmstat().ok().map(|v| v.zswpwb),
+            refaults: RefaultFilter::new(granule_host::mem::vmstat().ok().map(|v| v.zswpwb)),
             floor: None,
         })
     }
@@ -143,25 +134,11 @@ impl Loop {
     /// The group's refault counter less the refaults the harvester's prefetch and
     /// zswap's writeback caused (see the module doc).
     fn workload_refaults(&mut self, prev: u64) -> u64 {
-        let raw = refaults(&self.group).unwrap_or(prev + self.own_refaults);
-        let mut seen = raw.saturating_sub(self.own_refaults);
-        if let Ok(wb) = granule_host::mem::vmstat().map(|v| v.zswpwb) {
-            let new_wb = self.writebacks.map_or(0, |w| wb.saturating_sub(w));
-            self.writebacks = Some(wb);
-            let mine = seen.saturating_sub(prev).min(new_wb);
-            self.own_refaults += mine;
-            seen -= mine;
-        }
-        if self.prefetch_credit > 0 {
-            if Instant::now() > self.credit_until {
-                self.prefetch_credit = 0;
-            } else {
-                let mine = seen.saturating_sub(prev).min(self.prefetch_credit);
-                self.prefetch_credit -= mine;
-                self.own_refaults += mine;
-            }
-        }
-        raw.saturating_sub(self.own_refaults)
+        let Some(raw) = refaults(&self.group) else {
+            return prev;
+        };
+        let wb = granule_host::mem::vmstat().ok().map(|v| v.zswpwb);
+        self.refaults.update(raw, wb, prev, Instant::now())
     }
 
     /// Run until told to stop; hands the group back for the caller to restore.
@@ -294,15 +271,14 @@ impl Loop {
     /// A drop at the current limit: keep a chunk above it for a baseline window.
     fn remember_drop(&mut self) {
         if let Ok(Limit::Bytes(l)) = self.group.limit() {
-            let floor = l.saturating_add(self.cfg.chunk);
-            let until = Instant::now() + self.cfg.baseline_window;
-            // A higher floor still in force stays.
-            let keep = self
-                .floor
-                .is_some_and(|(f, u)| f >= floor && u > Instant::now());
-            if !keep {
-                self.floor = Some((floor, until));
-            }
+            let now = Instant::now();
+            self.floor = Some(Floor::after_drop(
+                self.floor,
+                l,
+                self.cfg.chunk,
+                now + self.cfg.baseline_window,
+                now,
+            ));
         }
     }
 
@@ -323,21 +299,18 @@ impl Loop {
             .bytes()
             .map_or(usage, |l| l.min(usage))
             .min(self.reference);
-        let mut new = base.saturating_sub(n);
+        let new = base.saturating_sub(n);
         // Never below one headroom: the workload must keep room to run.
         if new < self.cfg.headroom.max(self.cfg.chunk) {
             return false;
         }
-        if let Some((floor, until)) = self.floor {
-            if Instant::now() >= until {
-                self.floor = None;
-            } else {
-                new = new.max(floor);
-                if new >= base {
-                    return false;
-                }
-            }
+        let (new, expired) = Floor::apply(self.floor, base, new, Instant::now());
+        if expired {
+            self.floor = None;
         }
+        let Some(new) = new else {
+            return false;
+        };
         match self.group.set_limit(Limit::Bytes(new)) {
             Ok(_) => true,
             Err(CgroupError::LimitRefused { .. }) => false,
@@ -374,7 +347,10 @@ impl Loop {
         if let Err(e) = self.group.set_limit(found) {
             tracing::warn!("harvester: cannot lift the limit: {e}");
         }
-        self.floor = Some((u64::MAX, Instant::now() + self.cfg.baseline_window));
+        self.floor = Some(Floor {
+            limit: u64::MAX,
+            until: Instant::now() + self.cfg.baseline_window,
+        });
         self.status.recoveries += 1;
         self.status.swapin_per_s = rate;
         self.status.state = if self.cfg.prefetch {
@@ -427,8 +403,8 @@ impl Loop {
                 Err(e) => tracing::warn!("harvester: prefetch of {pid}: {e}"),
             }
         }
-        self.prefetch_credit += advised / page;
-        self.credit_until = Instant::now() + PREFETCH_CREDIT_FOR;
+        self.refaults
+            .prefetched(advised / page, Instant::now() + PREFETCH_CREDIT_FOR);
         self.status.prefetches += 1;
         self.status.prefetched_bytes += advised;
     }
