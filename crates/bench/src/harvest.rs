@@ -1243,8 +1243,10 @@ fn report(opts: &BenchOpts, p: &Params, runs: &[RunOut], pin: bool) -> anyhow::R
     meta.note(format!(
         "burst recovery: seconds from the shift to uniform until the per-second p99 stays ≤ {RECOVERED_WITHIN} × \
          the reference run's (no harvester, same uniform load) median per-second p99{} for {RECOVERED_FOR} s; \
-         prefetch = process_madvise(MADV_WILLNEED) over the mappings of redis-server with pages in swap \
-         (/proc/PID/smaps), issued when the harvester sees the burst",
+         prefetch = the harvester reads redis-server's swapped pages from /proc/PID/pagemap, takes the most \
+         recently swapped out (largest swap slot) that fit under the raised limit, and advises them with \
+         process_madvise(MADV_WILLNEED), when it sees the burst; a burst row's harvester columns are at the end \
+         of its harvesting phase (the prefetch comes after: timeline.csv)",
         ref_p99.map(|v| format!(" ({v:.0} µs)")).unwrap_or_default()
     ));
     let misses: u64 = runs.iter().map(|r| r.misses).sum();
@@ -1268,7 +1270,10 @@ fn report(opts: &BenchOpts, p: &Params, runs: &[RunOut], pin: bool) -> anyhow::R
         ));
     }
     if tl.is_nan() || tl > 0.02 {
-        missed.push(format!("producer_throughput_loss = {tl:.3} > 0.02"));
+        missed.push(format!(
+            "producer_throughput_loss = {tl:.3} > 0.02 (the pair without the harvester on both sides \
+             differed by {noise_tput:.3})"
+        ));
     }
     if oom_kills > 0 {
         missed.push(format!("{oom_kills} OOM kills"));

@@ -125,9 +125,7 @@ impl Machine {
                 // Recorded first: a kill between creating and recording would leave it.
                 m.changes.swapfile = Some(path.clone());
                 write_record(&m.record, &m.changes)?;
-                let made =
-                    swapfile::create(&path, cfg.swap_size).and_then(|()| swapfile::enable(&path));
-                if let Err(e) = made {
+                if let Err(e) = swapfile::create_and_enable(&path, cfg.swap_size) {
                     let _ = swapfile::remove(&path);
                     m.changes.swapfile = None;
                     write_record(&m.record, &m.changes)?;
