@@ -106,22 +106,49 @@ pub fn create(path: &Path, size: u64, fill: Fill) -> Result<(), HostError> {
 }
 
 /// Create the swap file `path` and turn it on: allocated with `fallocate` first, and
-/// if the kernel will not swap to that file, made again with zeros written.
+/// if the kernel refuses that file (`EINVAL`: some file systems take only written-out
+/// swap files), made again with zeros written. Not retried on a file system that holds
+/// no swap file at all (tmpfs, ramfs, overlayfs): writing gigabytes there would only
+/// fill memory before failing the same way.
 pub fn create_and_enable(path: &Path, size: u64) -> Result<(), HostError> {
     create(path, size, Fill::Allocate)?;
-    if let Err(first) = enable(path) {
-        remove(path)?;
-        tracing::debug!(
-            "swap file {}: {first}; writing it out instead",
-            path.display()
-        );
-        create(path, size, Fill::Zeros)?;
-        if let Err(e) = enable(path) {
-            let _ = remove(path);
-            return Err(e);
-        }
+    let Err(first) = enable(path) else {
+        return Ok(());
+    };
+    let einval = matches!(&first, HostError::Io { source, .. }
+        if source.raw_os_error() == Some(libc::EINVAL));
+    if !einval || !may_hold_swap(path) {
+        let _ = remove(path);
+        return Err(first);
+    }
+    remove(path)?;
+    tracing::debug!(
+        "swap file {}: {first}; writing it out instead",
+        path.display()
+    );
+    create(path, size, Fill::Zeros)?;
+    if let Err(e) = enable(path) {
+        let _ = remove(path);
+        return Err(e);
     }
     Ok(())
+}
+
+/// Whether the file system holding `path` could hold a swap file at all (not one kept
+/// in memory or layered over others).
+fn may_hold_swap(path: &Path) -> bool {
+    // statfs(2)'s f_type values (<linux/magic.h>).
+    const IN_MEMORY_OR_LAYERED: [i64; 3] = [
+        0x0102_1994, // tmpfs
+        0x8584_58f6, // ramfs
+        0x794c_7630, // overlayfs
+    ];
+    match nix::sys::statfs::statfs(path) {
+        // f_type's width differs between targets (i64 here, u32 on some).
+        #[allow(clippy::unnecessary_cast)]
+        Ok(fs) => !IN_MEMORY_OR_LAYERED.contains(&(fs.filesystem_type().0 as i64)),
+        Err(_) => true,
+    }
 }
 
 /// Turn the swap file `path` on.
@@ -220,6 +247,26 @@ mod tests {
                 }
                 Err(e) => eprintln!("skipped swapon: {e}"),
             }
+        }
+    }
+
+    /// On tmpfs (memory) a refused swap file is not written out with zeros: the file
+    /// system could never hold it.
+    #[test]
+    fn memory_file_systems_are_not_retried_with_zeros() {
+        let shm = Path::new("/dev/shm");
+        if !shm.is_dir() {
+            eprintln!("skipped: no /dev/shm");
+            return;
+        }
+        let dir = tempfile::tempdir_in(shm).unwrap();
+        let path = dir.path().join("refused.swap");
+        std::fs::write(&path, b"x").unwrap();
+        assert!(!may_hold_swap(&path));
+        std::fs::remove_file(&path).unwrap();
+        if crate::proc::is_root() {
+            assert!(create_and_enable(&path, 8 << 20).is_err());
+            assert!(!path.exists(), "the refused file is removed");
         }
     }
 }
