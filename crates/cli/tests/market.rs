@@ -34,6 +34,16 @@ fn producer(broker: &str, name: &str, offer: &str, state: &std::path::Path) -> R
     )
 }
 
+/// One `granule kv` command against the broker at `addr`, its local metadata in `state`.
+fn granule_kv(addr: &str, state: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(GRANULE)
+        .args(["kv", "--broker", addr, "--state"])
+        .arg(state)
+        .args(args)
+        .output()
+        .expect("run granule kv")
+}
+
 async fn view(addr: &str) -> MarketView {
     let c = BrokerClient::connect_tool(addr, "market test")
         .await
@@ -260,14 +270,7 @@ fn granule_kv_puts_and_gets_across_commands() {
         start_controller(&["--listen", "127.0.0.1:0", "--broker", "--dashboard", &dash]);
     let _p = producer(&addr, "donor", "32MiB", dir.path());
     let state = dir.path().join("kv.json");
-    let kv = |args: &[&str]| {
-        Command::new(GRANULE)
-            .args(["kv", "--broker", &addr, "--state"])
-            .arg(&state)
-            .args(args)
-            .output()
-            .expect("run granule kv")
-    };
+    let kv = |args: &[&str]| granule_kv(&addr, &state, args);
     // The producer registers within a report period or two.
     let start = Instant::now();
     loop {
@@ -376,14 +379,7 @@ fn a_tampering_producer_never_makes_granule_kv_return_wrong_data() {
     let (_ctl, addr) = start_controller(&["--listen", "127.0.0.1:0", "--broker"]);
     let _p = producer(&addr, "rogue", "32MiB", dir.path());
     let state = dir.path().join("kv.json");
-    let kv = |args: &[&str]| {
-        Command::new(GRANULE)
-            .args(["kv", "--broker", &addr, "--state"])
-            .arg(&state)
-            .args(args)
-            .output()
-            .expect("run granule kv")
-    };
+    let kv = |args: &[&str]| granule_kv(&addr, &state, args);
     let start = Instant::now();
     while !kv(&["put", "flip", "value of flip"]).status.success() {
         assert!(
