@@ -7,6 +7,7 @@
 
 mod antagonist;
 mod demo;
+mod fs;
 mod market;
 mod status;
 mod top;
@@ -131,6 +132,12 @@ enum Cmd {
     Kv(market::KvArgs),
     /// Put memory or CPU load into a node's cgroups (run as root on the node's machine).
     Antagonist(antagonist::Args),
+    /// The scavenging file system: mount, umount, status, drain.
+    #[command(subcommand)]
+    Fs(fs::FsCmd),
+    /// A victim store started by hand: the market's producer store in no-eviction mode,
+    /// for `granule fs mount --victims`.
+    Store(fs::StoreArgs),
 }
 
 fn main() {
@@ -300,6 +307,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             })
         }
         Cmd::Antagonist(args) => antagonist::run(args),
+        Cmd::Fs(cmd) => fs::fs(cmd),
+        Cmd::Store(args) => fs::store(args),
         Cmd::Broker(args) => market::broker(args),
         Cmd::Producer(cmd) => market::producer(cmd),
         Cmd::Kv(args) => market::kv(args),

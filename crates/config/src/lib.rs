@@ -52,6 +52,7 @@ pub struct Config {
     pub pressure: Pressure,
     pub faults: Faults,
     pub market: Market,
+    pub fs: Fs,
 }
 
 /// The cluster: its nodes, its controller, membership timing, cgroups, the dashboard,
@@ -497,6 +498,43 @@ impl Default for Market {
             protection: "encrypt".into(),
             store_timeout: Duration::from_secs(1),
             consumer_slabs: 1,
+        }
+    }
+}
+
+/// The scavenging file system (`granule fs mount`): striping, placement over own and
+/// victim stores, the mount's caches.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fs {
+    /// Bytes per stripe: files are cut into stripes of this size, each placed on a store.
+    pub stripe: u64,
+    /// Copies of each stripe (2: a replica on the second store of the stripe's order).
+    pub replicas: u32,
+    /// Weight of the victim class in placement (the own class weighs 1).
+    pub victim_weight: f64,
+    /// Share of each own node's memory its stripe store may fill.
+    pub own_share: f64,
+    /// The mount's cache of stripes read (bytes).
+    pub cache: u64,
+    /// Stripes read ahead of a sequential reader.
+    pub readahead: u32,
+    /// Stripe writes in flight at once (write-behind).
+    pub write_behind: u32,
+    /// Where mounts record their status address (`granule fs status` reads it).
+    pub state_dir: String,
+}
+
+impl Default for Fs {
+    fn default() -> Self {
+        Fs {
+            stripe: 1 << 20,
+            replicas: 1,
+            victim_weight: 1.0,
+            own_share: 0.75,
+            cache: 64 << 20,
+            readahead: 8,
+            write_behind: 8,
+            state_dir: "/run/granule/fs".into(),
         }
     }
 }

@@ -34,6 +34,9 @@
 /// [`batch::reduce_by_key_into`] write the output straight from the workers into a
 /// [`sharded::ShardedVec`] or [`sharded::ShardedMap`], exactly once.
 pub use granule_batch as batch;
+/// The scavenging file system: a FUSE mount striped over own nodes and victim stores
+/// ([`fs::run`] mounts; `granule fs mount` is the command).
+pub use granule_fs as fs;
 /// The memory market: harvester, producer stores, broker, and [`market::consumer::KvCache`].
 pub use granule_market as market;
 /// The key-range router sharded structures and services share: [`router::Router`] over

@@ -1,0 +1,31 @@
+//! Granule's scavenging file system (after MemFSS): a FUSE mount whose files live in
+//! memory — on the user's own nodes and, to extend its space, in small capped stores on
+//! other tenants' ("victim") machines, the memory market's producer stores.
+//!
+//! What it owns, by module:
+//! - [`placement`]: weighted two-level rendezvous hashing (a stripe's class, then its
+//!   store in the class; replicas; the order a drained stripe moves along), free of I/O;
+//! - [`meta`]: the namespace and each file's stripe table, and the POSIX rules of the
+//!   namespace operations, free of I/O;
+//! - [`stores`]: own stores (a memory proclet per own node) and victim stores (RESP,
+//!   with the lease's secret; stripes sealed as the market's consumer seals values);
+//! - [`engine`]: write-behind, the read cache and readahead, placement onto stores,
+//!   replicas, draining and repairing;
+//! - [`fuse`]: the kernel's requests mapped onto the engine (through `fuser`);
+//! - [`mount`]: one mount's life (own cluster, victims, leases, status door, unmount);
+//! - [`status`]: what a mount reports (`granule fs status`, `/metrics`).
+//!
+//! It is a layer on the runtime (proclets for own stores) and the market (stores,
+//! leases, sealing): it must not touch `/proc` or `/sys` beyond what FUSE needs, nor the
+//! runtime's internals.
+#![forbid(unsafe_code)]
+
+pub mod engine;
+pub mod fuse;
+pub mod meta;
+pub mod mount;
+pub mod placement;
+pub mod status;
+pub mod stores;
+
+pub use mount::{is_mounted, preflight, run, unmount, MountError, MountOptions};

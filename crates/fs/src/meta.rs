@@ -1,0 +1,674 @@
+//! The file system's metadata, free of I/O: inodes (attributes, directory entries,
+//! symlink targets), each file's stripe table (version, valid length and the stores
+//! holding each stripe), hard links, and the POSIX rules of the namespace operations
+//! (what may be renamed over what, what `rmdir` refuses, when a file's data is freed).
+//!
+//! Errors are errnos, as FUSE answers them. Data I/O is not here: operations that free
+//! stripes return them, and the caller deletes them from the stores.
+
+use crate::placement::StoreId;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::time::SystemTime;
+
+pub type Ino = u64;
+/// The root directory's inode number (FUSE's).
+pub const ROOT: Ino = 1;
+/// Longest name in a directory.
+pub const NAME_MAX: usize = 255;
+
+/// What an inode is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Node {
+    File {
+        /// Stripe index → where it is. Absent: a hole (reads as zeros).
+        stripes: BTreeMap<u64, Stripe>,
+        /// The layout (index into the mount's layouts) its stripes were placed with.
+        layout: u32,
+    },
+    Dir {
+        entries: BTreeMap<OsString, Ino>,
+        parent: Ino,
+    },
+    Symlink {
+        target: OsString,
+    },
+}
+
+/// One stripe's current version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stripe {
+    /// A fresh number per write of the stripe (the store key; the sealing counter).
+    pub version: u64,
+    /// Bytes of the stored stripe that are file data; the rest of the stripe reads as
+    /// zeros (a truncate shortens this without rewriting the stripe).
+    pub len: u32,
+    /// Bytes stored (the stripe as written, before any truncate).
+    pub stored: u32,
+    /// Stores holding a copy.
+    pub copies: Vec<StoreId>,
+}
+
+/// An inode: attributes plus what it is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Inode {
+    pub ino: Ino,
+    /// Permission bits (and set-id/sticky), without the file type.
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+    pub node: Node,
+    /// A name it was last reached by (for log lines about lost data).
+    pub name: OsString,
+    /// Open handles: the data stays while one is open, even after the last unlink.
+    #[serde(skip)]
+    pub open: u32,
+}
+
+impl Inode {
+    pub fn is_dir(&self) -> bool {
+        matches!(self.node, Node::Dir { .. })
+    }
+}
+
+/// A stripe a namespace operation freed: delete these copies from their stores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Freed {
+    pub version: u64,
+    /// Bytes each copy holds (before sealing).
+    pub stored: u32,
+    pub copies: Vec<StoreId>,
+}
+
+/// The namespace.
+#[derive(Debug)]
+pub struct Namespace {
+    pub inodes: HashMap<Ino, Inode>,
+    next: Ino,
+}
+
+fn check_name(name: &OsStr) -> Result<(), i32> {
+    if name.len() > NAME_MAX {
+        return Err(libc::ENAMETOOLONG);
+    }
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}
+
+impl Default for Namespace {
+    fn default() -> Self {
+        Namespace::new(0o755, 0, 0)
+    }
+}
+
+impl Namespace {
+    /// An empty file system whose root has these attributes.
+    pub fn new(perm: u16, uid: u32, gid: u32) -> Namespace {
+        let now = SystemTime::now();
+        let root = Inode {
+            ino: ROOT,
+            perm,
+            uid,
+            gid,
+            nlink: 2,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            node: Node::Dir {
+                entries: BTreeMap::new(),
+                parent: ROOT,
+            },
+            name: "/".into(),
+            open: 0,
+        };
+        Namespace {
+            inodes: HashMap::from([(ROOT, root)]),
+            next: ROOT + 1,
+        }
+    }
+
+    pub fn get(&self, ino: Ino) -> Result<&Inode, i32> {
+        self.inodes.get(&ino).ok_or(libc::ENOENT)
+    }
+
+    pub fn get_mut(&mut self, ino: Ino) -> Result<&mut Inode, i32> {
+        self.inodes.get_mut(&ino).ok_or(libc::ENOENT)
+    }
+
+    fn entries(&self, dir: Ino) -> Result<&BTreeMap<OsString, Ino>, i32> {
+        match &self.get(dir)?.node {
+            Node::Dir { entries, .. } => Ok(entries),
+            _ => Err(libc::ENOTDIR),
+        }
+    }
+
+    fn entries_mut(&mut self, dir: Ino) -> Result<&mut BTreeMap<OsString, Ino>, i32> {
+        match &mut self.get_mut(dir)?.node {
+            Node::Dir { entries, .. } => Ok(entries),
+            _ => Err(libc::ENOTDIR),
+        }
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Ino, i32> {
+        if name.len() > NAME_MAX {
+            return Err(libc::ENAMETOOLONG);
+        }
+        let entries = self.entries(parent)?;
+        if name == "." {
+            return Ok(parent);
+        }
+        if name == ".." {
+            return match &self.get(parent)?.node {
+                Node::Dir { parent, .. } => Ok(*parent),
+                _ => Err(libc::ENOTDIR),
+            };
+        }
+        entries.get(name).copied().ok_or(libc::ENOENT)
+    }
+
+    fn touch_dir(&mut self, dir: Ino) {
+        if let Some(d) = self.inodes.get_mut(&dir) {
+            let now = SystemTime::now();
+            d.mtime = now;
+            d.ctime = now;
+        }
+    }
+
+    /// Make a new inode named `name` in `parent`.
+    fn make(
+        &mut self,
+        parent: Ino,
+        name: &OsStr,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+        node: Node,
+    ) -> Result<Ino, i32> {
+        check_name(name)?;
+        if self.entries(parent)?.contains_key(name) {
+            return Err(libc::EEXIST);
+        }
+        let ino = self.next;
+        self.next += 1;
+        let now = SystemTime::now();
+        let is_dir = matches!(node, Node::Dir { .. });
+        let size = match &node {
+            Node::Symlink { target } => target.len() as u64,
+            _ => 0,
+        };
+        self.inodes.insert(
+            ino,
+            Inode {
+                ino,
+                perm: perm & 0o7777,
+                uid,
+                gid,
+                nlink: if is_dir { 2 } else { 1 },
+                size,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                node,
+                name: name.to_owned(),
+                open: 0,
+            },
+        );
+        self.entries_mut(parent)?.insert(name.to_owned(), ino);
+        if is_dir {
+            if let Ok(p) = self.get_mut(parent) {
+                p.nlink += 1;
+            }
+        }
+        self.touch_dir(parent);
+        Ok(ino)
+    }
+
+    pub fn create(
+        &mut self,
+        parent: Ino,
+        name: &OsStr,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+        layout: u32,
+    ) -> Result<Ino, i32> {
+        let node = Node::File {
+            stripes: BTreeMap::new(),
+            layout,
+        };
+        self.make(parent, name, perm, uid, gid, node)
+    }
+
+    pub fn mkdir(
+        &mut self,
+        parent: Ino,
+        name: &OsStr,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Ino, i32> {
+        let node = Node::Dir {
+            entries: BTreeMap::new(),
+            parent,
+        };
+        self.make(parent, name, perm, uid, gid, node)
+    }
+
+    pub fn symlink(
+        &mut self,
+        parent: Ino,
+        name: &OsStr,
+        target: &OsStr,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Ino, i32> {
+        if target.len() > 4096 {
+            return Err(libc::ENAMETOOLONG);
+        }
+        let node = Node::Symlink {
+            target: target.to_owned(),
+        };
+        self.make(parent, name, 0o777, uid, gid, node)
+    }
+
+    /// A hard link to `ino` named `name` in `parent`.
+    pub fn link(&mut self, ino: Ino, parent: Ino, name: &OsStr) -> Result<(), i32> {
+        check_name(name)?;
+        if self.get(ino)?.is_dir() {
+            return Err(libc::EPERM);
+        }
+        if self.entries(parent)?.contains_key(name) {
+            return Err(libc::EEXIST);
+        }
+        self.entries_mut(parent)?.insert(name.to_owned(), ino);
+        let i = self.get_mut(ino)?;
+        i.nlink += 1;
+        i.ctime = SystemTime::now();
+        self.touch_dir(parent);
+        Ok(())
+    }
+
+    /// Drop one link of `ino`; its stripes when that was the last link and no handle is
+    /// open.
+    fn drop_link(&mut self, ino: Ino) -> Vec<Freed> {
+        let Some(i) = self.inodes.get_mut(&ino) else {
+            return Vec::new();
+        };
+        i.nlink = i.nlink.saturating_sub(1);
+        i.ctime = SystemTime::now();
+        if i.nlink == 0 && i.open == 0 {
+            return self.remove(ino);
+        }
+        Vec::new()
+    }
+
+    fn remove(&mut self, ino: Ino) -> Vec<Freed> {
+        match self.inodes.remove(&ino).map(|i| i.node) {
+            Some(Node::File { stripes, .. }) => stripes
+                .into_values()
+                .map(|s| Freed {
+                    version: s.version,
+                    stored: s.stored,
+                    copies: s.copies,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn unlink(&mut self, parent: Ino, name: &OsStr) -> Result<Vec<Freed>, i32> {
+        let ino = self.lookup(parent, name)?;
+        if self.get(ino)?.is_dir() {
+            return Err(libc::EISDIR);
+        }
+        self.entries_mut(parent)?.remove(name);
+        self.touch_dir(parent);
+        Ok(self.drop_link(ino))
+    }
+
+    pub fn rmdir(&mut self, parent: Ino, name: &OsStr) -> Result<(), i32> {
+        if name == "." {
+            return Err(libc::EINVAL);
+        }
+        if name == ".." {
+            return Err(libc::ENOTEMPTY);
+        }
+        let ino = self.lookup(parent, name)?;
+        if !self.entries(ino)?.is_empty() {
+            return Err(libc::ENOTEMPTY);
+        }
+        self.entries_mut(parent)?.remove(name);
+        self.inodes.remove(&ino);
+        if let Ok(p) = self.get_mut(parent) {
+            p.nlink = p.nlink.saturating_sub(1);
+        }
+        self.touch_dir(parent);
+        Ok(())
+    }
+
+    /// Whether `dir` is `ancestor` or inside it.
+    fn is_within(&self, mut dir: Ino, ancestor: Ino) -> bool {
+        loop {
+            if dir == ancestor {
+                return true;
+            }
+            match self.inodes.get(&dir).map(|i| &i.node) {
+                Some(Node::Dir { parent, .. }) if *parent != dir => dir = *parent,
+                _ => return false,
+            }
+        }
+    }
+
+    /// rename(2): `noreplace` is RENAME_NOREPLACE. Returns what a replaced file freed.
+    pub fn rename(
+        &mut self,
+        parent: Ino,
+        name: &OsStr,
+        newparent: Ino,
+        newname: &OsStr,
+        noreplace: bool,
+    ) -> Result<Vec<Freed>, i32> {
+        check_name(newname)?;
+        let ino = self.lookup(parent, name)?;
+        self.entries(newparent)?;
+        let moving_dir = self.get(ino)?.is_dir();
+        if moving_dir && self.is_within(newparent, ino) {
+            return Err(libc::EINVAL);
+        }
+        let mut freed = Vec::new();
+        if let Some(&old) = self.entries(newparent)?.get(newname) {
+            if old == ino {
+                return Ok(freed); // the same file: nothing to do
+            }
+            if noreplace {
+                return Err(libc::EEXIST);
+            }
+            let old_is_dir = self.get(old)?.is_dir();
+            match (moving_dir, old_is_dir) {
+                (true, false) => return Err(libc::ENOTDIR),
+                (false, true) => return Err(libc::EISDIR),
+                (true, true) => {
+                    if !self.entries(old)?.is_empty() {
+                        return Err(libc::ENOTEMPTY);
+                    }
+                    self.entries_mut(newparent)?.remove(newname);
+                    self.inodes.remove(&old);
+                    if let Ok(p) = self.get_mut(newparent) {
+                        p.nlink = p.nlink.saturating_sub(1);
+                    }
+                }
+                (false, false) => {
+                    self.entries_mut(newparent)?.remove(newname);
+                    freed = self.drop_link(old);
+                }
+            }
+        }
+        self.entries_mut(parent)?.remove(name);
+        self.entries_mut(newparent)?.insert(newname.to_owned(), ino);
+        let i = self.get_mut(ino)?;
+        i.name = newname.to_owned();
+        i.ctime = SystemTime::now();
+        if let Node::Dir { parent: p, .. } = &mut i.node {
+            *p = newparent;
+        }
+        if moving_dir && parent != newparent {
+            if let Ok(p) = self.get_mut(parent) {
+                p.nlink = p.nlink.saturating_sub(1);
+            }
+            if let Ok(p) = self.get_mut(newparent) {
+                p.nlink += 1;
+            }
+        }
+        self.touch_dir(parent);
+        self.touch_dir(newparent);
+        Ok(freed)
+    }
+
+    /// Set a file's size: stripes wholly past the end are freed; the stripe holding the
+    /// new end keeps only the bytes before it.
+    pub fn truncate(&mut self, ino: Ino, size: u64, stripe: u64) -> Result<Vec<Freed>, i32> {
+        let i = self.get_mut(ino)?;
+        let Node::File { stripes, .. } = &mut i.node else {
+            return Err(if i.is_dir() {
+                libc::EISDIR
+            } else {
+                libc::EINVAL
+            });
+        };
+        let mut freed = Vec::new();
+        let first_gone = size.div_ceil(stripe);
+        let gone: Vec<u64> = stripes.range(first_gone..).map(|(k, _)| *k).collect();
+        for k in gone {
+            if let Some(s) = stripes.remove(&k) {
+                freed.push(Freed {
+                    version: s.version,
+                    stored: s.stored,
+                    copies: s.copies,
+                });
+            }
+        }
+        if !size.is_multiple_of(stripe) {
+            if let Some(s) = stripes.get_mut(&(size / stripe)) {
+                let keep = (size % stripe) as u32;
+                s.len = s.len.min(keep);
+            }
+        }
+        i.size = size;
+        let now = SystemTime::now();
+        i.mtime = now;
+        i.ctime = now;
+        Ok(freed)
+    }
+
+    /// A handle was opened.
+    pub fn opened(&mut self, ino: Ino) -> Result<(), i32> {
+        self.get_mut(ino)?.open += 1;
+        Ok(())
+    }
+
+    /// A handle was released; the data goes when it was the last one of an unlinked file.
+    pub fn released(&mut self, ino: Ino) -> Vec<Freed> {
+        let Some(i) = self.inodes.get_mut(&ino) else {
+            return Vec::new();
+        };
+        i.open = i.open.saturating_sub(1);
+        if i.open == 0 && i.nlink == 0 {
+            return self.remove(ino);
+        }
+        Vec::new()
+    }
+
+    /// Every stripe copy on `store`: (inode, stripe index, version).
+    pub fn stripes_on(&self, store: StoreId) -> Vec<(Ino, u64, u64)> {
+        let mut out = Vec::new();
+        for i in self.inodes.values() {
+            if let Node::File { stripes, .. } = &i.node {
+                for (idx, s) in stripes {
+                    if s.copies.contains(&store) {
+                        out.push((i.ino, *idx, s.version));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Stripes with fewer copies than `want` (and those with none: lost).
+    pub fn under_replicated(&self, want: usize) -> (u64, u64) {
+        let (mut short, mut lost) = (0, 0);
+        for i in self.inodes.values() {
+            if let Node::File { stripes, .. } = &i.node {
+                for s in stripes.values() {
+                    if s.copies.is_empty() {
+                        lost += 1;
+                    } else if s.copies.len() < want {
+                        short += 1;
+                    }
+                }
+            }
+        }
+        (short, lost)
+    }
+
+    /// Files and directories in use (for statfs).
+    pub fn count(&self) -> u64 {
+        self.inodes.len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(s: &str) -> &OsStr {
+        OsStr::new(s)
+    }
+
+    fn stripe(version: u64, len: u32, store: StoreId) -> Stripe {
+        Stripe {
+            version,
+            len,
+            stored: len,
+            copies: vec![store],
+        }
+    }
+
+    fn add_stripes(ns: &mut Namespace, ino: Ino, n: u64) {
+        if let Node::File { stripes, .. } = &mut ns.get_mut(ino).unwrap().node {
+            for k in 0..n {
+                stripes.insert(k, stripe(100 + k, 10, 1));
+            }
+        }
+        ns.get_mut(ino).unwrap().size = n * 10;
+    }
+
+    #[test]
+    fn create_lookup_unlink() {
+        let mut ns = Namespace::default();
+        let f = ns.create(ROOT, os("a"), 0o644, 0, 0, 0).unwrap();
+        assert_eq!(ns.lookup(ROOT, os("a")), Ok(f));
+        assert_eq!(ns.create(ROOT, os("a"), 0o644, 0, 0, 0), Err(libc::EEXIST));
+        add_stripes(&mut ns, f, 3);
+        let freed = ns.unlink(ROOT, os("a")).unwrap();
+        assert_eq!(freed.len(), 3);
+        assert_eq!(ns.lookup(ROOT, os("a")), Err(libc::ENOENT));
+        assert!(ns.get(f).is_err());
+    }
+
+    #[test]
+    fn unlinked_open_file_keeps_its_data_until_release() {
+        let mut ns = Namespace::default();
+        let f = ns.create(ROOT, os("a"), 0o644, 0, 0, 0).unwrap();
+        add_stripes(&mut ns, f, 2);
+        ns.opened(f).unwrap();
+        assert!(ns.unlink(ROOT, os("a")).unwrap().is_empty());
+        assert!(ns.get(f).is_ok());
+        assert_eq!(ns.released(f).len(), 2);
+        assert!(ns.get(f).is_err());
+    }
+
+    #[test]
+    fn hard_links_share_data() {
+        let mut ns = Namespace::default();
+        let f = ns.create(ROOT, os("a"), 0o644, 0, 0, 0).unwrap();
+        add_stripes(&mut ns, f, 1);
+        ns.link(f, ROOT, os("b")).unwrap();
+        assert_eq!(ns.get(f).unwrap().nlink, 2);
+        assert!(ns.unlink(ROOT, os("a")).unwrap().is_empty());
+        assert_eq!(ns.lookup(ROOT, os("b")), Ok(f));
+        assert_eq!(ns.unlink(ROOT, os("b")).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn rename_over_a_file_frees_it() {
+        let mut ns = Namespace::default();
+        let a = ns.create(ROOT, os("a"), 0o644, 0, 0, 0).unwrap();
+        let b = ns.create(ROOT, os("b"), 0o644, 0, 0, 0).unwrap();
+        add_stripes(&mut ns, b, 2);
+        assert_eq!(
+            ns.rename(ROOT, os("a"), ROOT, os("b"), true),
+            Err(libc::EEXIST)
+        );
+        assert_eq!(
+            ns.rename(ROOT, os("a"), ROOT, os("b"), false)
+                .unwrap()
+                .len(),
+            2
+        );
+        assert_eq!(ns.lookup(ROOT, os("b")), Ok(a));
+        assert!(ns.get(b).is_err());
+        assert_eq!(ns.lookup(ROOT, os("a")), Err(libc::ENOENT));
+    }
+
+    #[test]
+    fn directory_rules() {
+        let mut ns = Namespace::default();
+        let d = ns.mkdir(ROOT, os("d"), 0o755, 0, 0).unwrap();
+        let e = ns.mkdir(d, os("e"), 0o755, 0, 0).unwrap();
+        assert_eq!(ns.get(ROOT).unwrap().nlink, 3);
+        assert_eq!(ns.rmdir(ROOT, os("d")), Err(libc::ENOTEMPTY));
+        assert_eq!(
+            ns.rename(ROOT, os("d"), e, os("x"), false),
+            Err(libc::EINVAL)
+        );
+        let f = ns.create(ROOT, os("f"), 0o644, 0, 0, 0).unwrap();
+        assert_eq!(
+            ns.rename(ROOT, os("f"), ROOT, os("d"), false),
+            Err(libc::EISDIR)
+        );
+        assert_eq!(
+            ns.rename(d, os("e"), ROOT, os("f"), false),
+            Err(libc::ENOTDIR)
+        );
+        assert_eq!(ns.unlink(ROOT, os("d")), Err(libc::EISDIR));
+        ns.rename(d, os("e"), ROOT, os("e2"), false).unwrap();
+        assert_eq!(ns.lookup(e, os("..")), Ok(ROOT));
+        assert_eq!(ns.get(d).unwrap().nlink, 2);
+        ns.rmdir(ROOT, os("d")).unwrap();
+        assert_eq!(ns.get(ROOT).unwrap().nlink, 3);
+        let _ = f;
+        assert_eq!(ns.lookup(f, os("x")), Err(libc::ENOTDIR));
+        assert_eq!(
+            ns.create(ROOT, OsStr::new(&"n".repeat(300)), 0o644, 0, 0, 0),
+            Err(libc::ENAMETOOLONG)
+        );
+    }
+
+    #[test]
+    fn truncate_frees_stripes_past_the_end_and_shortens_the_last() {
+        let mut ns = Namespace::default();
+        let f = ns.create(ROOT, os("a"), 0o644, 0, 0, 0).unwrap();
+        add_stripes(&mut ns, f, 4); // stripes of 10 bytes
+        let freed = ns.truncate(f, 15, 10).unwrap();
+        assert_eq!(freed.len(), 2);
+        let Node::File { stripes, .. } = &ns.get(f).unwrap().node else {
+            panic!()
+        };
+        assert_eq!(stripes.get(&1).unwrap().len, 5);
+        assert_eq!(stripes.get(&0).unwrap().len, 10);
+        assert_eq!(ns.get(f).unwrap().size, 15);
+        assert!(ns.truncate(f, 0, 10).unwrap().len() == 2);
+    }
+
+    #[test]
+    fn stripes_on_and_replication_counts() {
+        let mut ns = Namespace::default();
+        let f = ns.create(ROOT, os("a"), 0o644, 0, 0, 0).unwrap();
+        add_stripes(&mut ns, f, 3);
+        assert_eq!(ns.stripes_on(1).len(), 3);
+        assert_eq!(ns.under_replicated(2), (3, 0));
+        if let Node::File { stripes, .. } = &mut ns.get_mut(f).unwrap().node {
+            stripes.get_mut(&0).unwrap().copies.clear();
+        }
+        assert_eq!(ns.under_replicated(2), (2, 1));
+    }
+}

@@ -1,0 +1,553 @@
+//! One mount's life: checks before mounting (the FUSE device, the mount point), its own
+//! Granule cluster and a stripe store on each own node, its victim stores (listed by
+//! hand, or leased from the broker in no-eviction mode and renewed), the FUSE session,
+//! the status door (`/status`, `/metrics`, `/drain`), the record `granule fs status`
+//! finds it by, and the end: Ctrl-C, SIGTERM, an unmount from outside, or the cluster
+//! going away all unmount, release the leases and stop the cluster.
+
+use crate::engine::{Engine, Settings};
+use crate::fuse::GranuleFs;
+use crate::meta::Namespace;
+use crate::placement::StoreId;
+use crate::status::{self, Record};
+use crate::stores::{victim_capacity, Store, StoreState};
+use granule_market::client::{BrokerLeases, LeaseTerms};
+use granule_market::consumer::{LeaseSource, Protection, Sealer};
+use granule_market::wire::EvictionMode;
+use granule_runtime::{Cluster, Config, NodeState};
+use granule_wire::Role;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why a mount could not start or ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("{0}")]
+    Fuse(String),
+    #[error("mount point {0}: {1}")]
+    MountPoint(PathBuf, String),
+    #[error("starting the own nodes: {0}")]
+    Cluster(String),
+    #[error("victim store {0}: {1}")]
+    Victim(String, String),
+    #[error("broker: {0}")]
+    Broker(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What `granule fs mount` was asked for.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    pub dir: PathBuf,
+    /// `[fs]`, `[cluster]` (own nodes), `[market]` (broker, lease time, protection).
+    pub config: Config,
+    /// Hand-started victim stores: (address, secret).
+    pub victims: Vec<(String, String)>,
+    /// Bytes the mount may use on each listed victim store (default: its `maxmemory`).
+    pub victim_bytes: Option<u64>,
+    /// Lease this many slabs of victim memory from the broker (`market.broker`).
+    pub victim_slabs: u32,
+}
+
+/// Check that this process can mount at all, with a message that says what to do.
+pub fn preflight(dir: &Path) -> Result<(), MountError> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(MountError::Fuse(
+                "/dev/fuse is missing: load the FUSE module (`modprobe fuse`), or in a \
+                 container start it with the device (`--device /dev/fuse`)"
+                    .into(),
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(MountError::Fuse(
+                "no permission to open /dev/fuse: run as root, or add your user to the \
+                 group that owns it, and install Debian's `fuse3` (fusermount3)"
+                    .into(),
+            ))
+        }
+        Err(e) => return Err(MountError::Fuse(format!("cannot open /dev/fuse: {e}"))),
+    }
+    let has_fusermount = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").is_file()));
+    if !has_fusermount {
+        return Err(MountError::Fuse(
+            "fusermount3 is not installed: install Debian's `fuse3` package \
+             (apt-get install fuse3)"
+                .into(),
+        ));
+    }
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(MountError::MountPoint(dir.into(), "not a directory".into())),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err(MountError::MountPoint(
+                dir.into(),
+                "a mount that crashed is still attached: run `granule fs umount DIR` \
+                 (or `fusermount3 -uz DIR`) first"
+                    .into(),
+            ))
+        }
+        Err(e) => return Err(MountError::MountPoint(dir.into(), e.to_string())),
+    }
+    if is_mounted(dir) {
+        return Err(MountError::MountPoint(
+            dir.into(),
+            "something is already mounted there".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `dir` is a mount point now (from /proc/self/mountinfo).
+pub fn is_mounted(dir: &Path) -> bool {
+    let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let want = abs.to_string_lossy().replace(' ', "\\040");
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| {
+            t.lines()
+                .any(|l| l.split(' ').nth(4) == Some(want.trim_end_matches('/')))
+        })
+        .unwrap_or(false)
+}
+
+/// Unmount `dir`, lazily if it is busy or its server is gone (`fusermount3 -uz`).
+pub fn unmount(dir: &Path) -> Result<(), MountError> {
+    let out = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(dir)
+        .output()
+        .map_err(|e| {
+            MountError::Fuse(format!("running fusermount3: {e} (install Debian's fuse3)"))
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    Err(MountError::MountPoint(
+        dir.into(),
+        format!("fusermount3 -uz: {err}"),
+    ))
+}
+
+/// The market leases behind victim stores, when they came from the broker.
+struct Leases {
+    source: Arc<BrokerLeases>,
+    /// Lease → store.
+    stores: parking_lot::Mutex<Vec<(u64, StoreId, u64)>>,
+}
+
+/// Mount and serve until the mount ends. Prints `granule fs: mounted DIR ...` on stdout
+/// once the mount is usable.
+pub fn run(opts: MountOptions) -> Result<(), MountError> {
+    preflight(&opts.dir)?;
+    let cfg = opts.config.clone();
+    let fs_cfg = cfg.fs.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("granule-fs")
+        .enable_all()
+        .build()?;
+
+    // The own nodes: an embedded cluster of this binary (or the one cluster.controller
+    // names). The file system places every stripe itself, so nodes do not shed.
+    let mut ccfg = cfg.clone();
+    ccfg.pressure.shed = false;
+    let cluster = Cluster::with_config(ccfg).map_err(|e| MountError::Cluster(e.to_string()))?;
+    let result = serve(&opts, &cfg, &fs_cfg, &rt, &cluster);
+    cluster.shutdown();
+    rt.shutdown_timeout(Duration::from_secs(2));
+    result
+}
+
+fn serve(
+    opts: &MountOptions,
+    cfg: &Config,
+    fs_cfg: &granule_runtime::config::Fs,
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster,
+) -> Result<(), MountError> {
+    let settings = Settings {
+        stripe: fs_cfg.stripe,
+        replicas: fs_cfg.replicas as usize,
+        cache_bytes: fs_cfg.cache,
+        readahead: fs_cfg.readahead,
+        write_behind: fs_cfg.write_behind,
+    };
+    let (uid, gid) = (
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    );
+    let engine = Engine::new(
+        settings,
+        rt.handle().clone(),
+        Namespace::new(0o755, uid, gid),
+    );
+    let next_id = AtomicU32::new(1);
+
+    // Own stores: one per node process.
+    let nodes = cluster
+        .nodes()
+        .map_err(|e| MountError::Cluster(e.to_string()))?;
+    let own: Vec<_> = nodes
+        .iter()
+        .filter(|n| n.role == Role::Node && n.state == NodeState::Alive)
+        .collect();
+    if own.is_empty() {
+        return Err(MountError::Cluster(
+            "no own node to keep data on (cluster.nodes is empty)".into(),
+        ));
+    }
+    for n in &own {
+        let cap = (n.spec.mem_bytes as f64 * fs_cfg.own_share) as u64;
+        let id = next_id.fetch_add(1, Ordering::Relaxed);
+        let s = rt
+            .block_on(Store::own(id, n.id, cap))
+            .map_err(|e| MountError::Cluster(e.to_string()))?;
+        engine.add_store(s, "own", 1.0);
+    }
+
+    // Victim stores.
+    let protection = Protection::parse(&cfg.market.protection)
+        .map_err(|e| MountError::Victim("-".into(), e.to_string()))?;
+    let master: [u8; 32] = rand::random();
+    let sealer = Arc::new(Sealer::new(protection, &master));
+    let timeout = cfg.market.store_timeout.max(Duration::from_secs(2));
+    for (addr, secret) in &opts.victims {
+        let cap = match opts.victim_bytes {
+            Some(b) => b,
+            None => rt
+                .block_on(victim_capacity(addr, secret, timeout))
+                .map_err(|e| MountError::Victim(addr.clone(), e.to_string()))?,
+        };
+        let id = next_id.fetch_add(1, Ordering::Relaxed);
+        let s = Store::victim(id, addr, secret, cap, None, sealer.clone(), timeout);
+        engine.add_store(s, "victim", fs_cfg.victim_weight);
+    }
+    let leases = if opts.victim_slabs > 0 {
+        let broker = cfg.market.broker.clone().ok_or_else(|| {
+            MountError::Broker("--victim-slabs needs a broker (--broker or market.broker)".into())
+        })?;
+        let terms = LeaseTerms {
+            consumer: format!("granule-fs-{}", std::process::id()),
+            lease_time: cfg.market.lease_time,
+            budget: f64::MAX,
+            mode: EvictionMode::NoEviction,
+        };
+        let source = Arc::new(
+            rt.block_on(BrokerLeases::connect(&broker, terms))
+                .map_err(|e| MountError::Broker(e.to_string()))?,
+        );
+        let grants = rt
+            .block_on(source.acquire(opts.victim_slabs))
+            .map_err(|e| MountError::Broker(e.to_string()))?;
+        if grants.is_empty() {
+            tracing::warn!("the broker granted no victim memory: the mount runs on own nodes only");
+        }
+        let l = Arc::new(Leases {
+            source,
+            stores: parking_lot::Mutex::new(Vec::new()),
+        });
+        for g in grants {
+            let id = next_id.fetch_add(1, Ordering::Relaxed);
+            let cap = u64::from(g.slabs) * g.slab_bytes;
+            let s = Store::victim(
+                id,
+                &g.store_addr,
+                &g.secret,
+                cap,
+                Some(g.lease),
+                sealer.clone(),
+                timeout,
+            );
+            engine.add_store(s, "victim", fs_cfg.victim_weight);
+            l.stores.lock().push((g.lease, id, g.expires_unix_ms));
+        }
+        Some(l)
+    } else {
+        None
+    };
+
+    // The status door.
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let http = listener.local_addr()?.to_string();
+    let dir = std::path::absolute(&opts.dir).unwrap_or_else(|_| opts.dir.clone());
+    let app = door(engine.clone(), dir.clone());
+    let limits = granule_http::Limits::from_config(cfg);
+    rt.spawn(granule_http::serve(
+        listener,
+        app,
+        limits,
+        "the file system's status door",
+    ));
+    let record_file = status::record_path(Path::new(&fs_cfg.state_dir), &dir);
+    let record = Record {
+        dir: dir.clone(),
+        pid: std::process::id(),
+        http: http.clone(),
+    };
+    if let Err(e) = std::fs::create_dir_all(&fs_cfg.state_dir).and_then(|()| {
+        std::fs::write(
+            &record_file,
+            serde_json::to_vec_pretty(&record).unwrap_or_default(),
+        )
+    }) {
+        tracing::warn!(
+            "cannot record the mount in {}: {e} (granule fs status will not find it)",
+            fs_cfg.state_dir
+        );
+    }
+
+    // The FUSE session.
+    let root = nix::unistd::geteuid().is_root();
+    let mut options = vec![
+        fuser::MountOption::FSName("granule".into()),
+        fuser::MountOption::Subtype("granule".into()),
+        fuser::MountOption::DefaultPermissions,
+    ];
+    if root {
+        // Other users may use it, and fusermount3 unmounts it if this process dies.
+        options.push(fuser::MountOption::AutoUnmount);
+    }
+    let mut fcfg = fuser::Config::default();
+    fcfg.mount_options = options;
+    fcfg.acl = if root {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
+    fcfg.n_threads = Some(4);
+    fcfg.clone_fd = true;
+    let session = fuser::Session::new(GranuleFs::new(engine.clone()), &opts.dir, &fcfg)
+        .map_err(|e| mount_error(&opts.dir, e))?;
+    let bg = session.spawn().map_err(|e| mount_error(&opts.dir, e))?;
+
+    let (cap, _) = engine.space();
+    let victims = engine.stores.all().iter().filter(|s| s.is_victim()).count();
+    println!(
+        "granule fs: mounted {} ({} own store{}, {} victim store{}, {:.2} GiB; stripe {} KiB, {} cop{}; status at http://{http}/status)",
+        opts.dir.display(),
+        own.len(),
+        if own.len() == 1 { "" } else { "s" },
+        victims,
+        if victims == 1 { "" } else { "s" },
+        cap as f64 / (1u64 << 30) as f64,
+        fs_cfg.stripe >> 10,
+        fs_cfg.replicas,
+        if fs_cfg.replicas == 1 { "y" } else { "ies" },
+    );
+
+    // Wait for the end.
+    let stop = Arc::new(AtomicBool::new(false));
+    let why = Arc::new(parking_lot::Mutex::new(String::new()));
+    {
+        let (stop, why) = (stop.clone(), why.clone());
+        rt.spawn(async move {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!("cannot watch SIGTERM: {e}");
+                        return;
+                    }
+                };
+            let w = tokio::select! {
+                _ = tokio::signal::ctrl_c() => "interrupted",
+                _ = term.recv() => "terminated",
+            };
+            *why.lock() = w.to_string();
+            stop.store(true, Ordering::Release);
+        });
+    }
+    if let Some(l) = &leases {
+        let (l, engine, cfg) = (l.clone(), engine.clone(), cfg.clone());
+        rt.spawn(async move { maintain_leases(l, engine, cfg).await });
+    }
+    let mut checks = 0u64;
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        if bg.guard.is_finished() {
+            *why.lock() = "unmounted".into();
+            break;
+        }
+        checks += 1;
+        if checks.is_multiple_of(20) {
+            // The own nodes: when every one is gone, the data is gone with them.
+            match cluster.nodes() {
+                Ok(ns)
+                    if ns
+                        .iter()
+                        .any(|n| n.role == Role::Node && n.state == NodeState::Alive) => {}
+                Ok(_) => {
+                    *why.lock() = "every own node is gone".into();
+                    break;
+                }
+                Err(e) => {
+                    *why.lock() = format!("the cluster stopped ({e})");
+                    break;
+                }
+            }
+        }
+    }
+    let why = why.lock().clone();
+    eprintln!("granule fs: {why}: unmounting {}", opts.dir.display());
+    if !bg.guard.is_finished() {
+        if let Err(e) = bg.umount_and_join() {
+            tracing::debug!("unmount: {e}; unmounting lazily");
+            if let Err(e) = unmount(&opts.dir) {
+                eprintln!("granule fs: {e}");
+            }
+        }
+    } else if let Err(e) = bg.join() {
+        tracing::debug!("session ended: {e}");
+    }
+    if is_mounted(&opts.dir) {
+        let _ = unmount(&opts.dir);
+    }
+    let _ = std::fs::remove_file(&record_file);
+    if let Some(l) = &leases {
+        let ids: Vec<u64> = l.stores.lock().iter().map(|(lease, _, _)| *lease).collect();
+        for lease in ids {
+            let _ = rt.block_on(l.source.release(lease));
+        }
+    }
+    rt.block_on(engine.close());
+    Ok(())
+}
+
+fn mount_error(dir: &Path, e: std::io::Error) -> MountError {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => MountError::Fuse(format!(
+            "no permission to mount at {}: run as root, or install Debian's `fuse3` \
+             (its setuid fusermount3 mounts for users) and own the directory ({e})",
+            dir.display()
+        )),
+        Some(libc::ENODEV) => {
+            MountError::Fuse("the kernel has no FUSE support loaded: `modprobe fuse`".into())
+        }
+        _ => MountError::MountPoint(dir.into(), format!("mounting failed: {e}")),
+    }
+}
+
+/// Renew leases before they expire; drain stores whose lease is revoked.
+async fn maintain_leases(l: Arc<Leases>, engine: Arc<Engine>, cfg: Config) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        for lease in l.source.take_revoked() {
+            let store = l
+                .stores
+                .lock()
+                .iter()
+                .find(|(x, _, _)| *x == lease)
+                .map(|(_, s, _)| *s);
+            if let Some(id) = store {
+                tracing::info!(lease, "victim lease revoked: draining its store");
+                let (e, src) = (engine.clone(), l.source.clone());
+                tokio::spawn(async move {
+                    match e.drain(id).await {
+                        Ok((moved, lost)) => {
+                            tracing::info!(lease, moved, lost, "revoked store drained")
+                        }
+                        Err(err) => tracing::warn!(lease, "drain: {err}"),
+                    }
+                    let _ = src.release(lease).await;
+                });
+            }
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let within = (cfg.market.lease_time / 4).as_millis() as u64;
+        let expiring: Vec<(u64, StoreId)> = l
+            .stores
+            .lock()
+            .iter()
+            .filter(|(_, id, exp)| {
+                *exp <= now + within
+                    && engine
+                        .stores
+                        .get(*id)
+                        .is_some_and(|s| s.state() != StoreState::Gone)
+            })
+            .map(|(lease, id, _)| (*lease, *id))
+            .collect();
+        for (lease, id) in expiring {
+            match l.source.renew(lease).await {
+                Ok(t) => {
+                    if let Some(e) = l.stores.lock().iter_mut().find(|(x, _, _)| *x == lease) {
+                        e.2 = t;
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        lease,
+                        "renewing the lease failed ({err}): draining its store"
+                    );
+                    let e = engine.clone();
+                    tokio::spawn(async move {
+                        let _ = e.drain(id).await;
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The status door: `/status` (JSON), `/metrics` (Prometheus), `POST /drain?store=NAME`.
+fn door(engine: Arc<Engine>, dir: PathBuf) -> axum::Router {
+    use axum::extract::{Query, State};
+    use axum::routing::{get, post};
+    use axum::Json;
+    #[derive(serde::Deserialize)]
+    struct DrainQ {
+        store: String,
+    }
+    type St = State<(Arc<Engine>, PathBuf)>;
+    async fn status_h(State((e, d)): St) -> Json<status::Status> {
+        Json(status::status(&e, &d))
+    }
+    async fn metrics_h(State((e, d)): St) -> String {
+        status::prometheus(&status::status(&e, &d))
+    }
+    async fn drain_h(
+        State((e, _)): St,
+        Query(q): Query<DrainQ>,
+    ) -> (axum::http::StatusCode, String) {
+        let found = e
+            .stores
+            .all()
+            .into_iter()
+            .find(|s| s.name == q.store || s.id.to_string() == q.store);
+        let Some(s) = found else {
+            return (
+                axum::http::StatusCode::NOT_FOUND,
+                format!("no store '{}' in this mount", q.store),
+            );
+        };
+        match e.drain(s.id).await {
+            Ok((moved, lost)) => (
+                axum::http::StatusCode::OK,
+                serde_json::json!({"store": s.name, "moved": moved, "lost": lost}).to_string(),
+            ),
+            Err(err) => (axum::http::StatusCode::CONFLICT, err),
+        }
+    }
+    axum::Router::new()
+        .route("/status", get(status_h))
+        .route("/metrics", get(metrics_h))
+        .route("/drain", post(drain_h))
+        .with_state((engine, dir))
+}

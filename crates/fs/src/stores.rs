@@ -1,0 +1,494 @@
+//! The stores stripes live in, and the one interface the data path uses for both kinds:
+//!
+//! - **own stores**: a memory proclet per own node ([`StripeStore`]), reached through
+//!   the runtime's calls; stripes are stored as they are (own nodes are trusted);
+//! - **victim stores**: the memory market's producer stores (leased from the broker in
+//!   no-eviction mode, or started by hand), spoken to over RESP with the lease's secret
+//!   through the `redis` crate, as any Redis client would. Stripes are sealed with the
+//!   market consumer's [`Sealer`] under the stripe's version (a fresh 64-bit number per
+//!   write, also the store key), so a victim that corrupts a stripe, hands back another
+//!   stripe, or replays an older version of it is caught: the copy fails to open.
+//!
+//! This module also keeps each store's accounting (capacity, bytes the mount put there,
+//! stripes) and state (active, draining, gone), which placement and `statfs` read.
+
+use crate::placement::StoreId;
+use granule_market::consumer::Sealer;
+use granule_runtime::{Footprint, Kind, NodeId, Proclet};
+use parking_lot::Mutex;
+use redis::aio::MultiplexedConnection;
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StoreError {
+    /// The store is full (a victim's `-OOM`, or our own accounting).
+    #[error("store full")]
+    Full,
+    /// The store cannot be reached (connection refused or dropped, node dead).
+    #[error("store unreachable: {0}")]
+    Lost(String),
+    /// A copy came back that does not open under its version: corrupted, swapped or
+    /// replayed by the store.
+    #[error("stripe failed verification")]
+    Tampered,
+    /// Anything else the store said (timeouts, error replies).
+    #[error("store error: {0}")]
+    Other(String),
+}
+
+/// An own node's stripes: the state of a memory proclet.
+#[derive(Default, Serialize, Deserialize)]
+pub struct StripeStore {
+    stripes: HashMap<u64, ByteBuf>,
+    bytes: u64,
+}
+
+impl Footprint for StripeStore {
+    fn footprint(&self) -> u64 {
+        // Tracked as stripes come and go: walking a GiB-sized map to measure it would
+        // cost as much as the calls themselves.
+        std::mem::size_of::<Self>() as u64 + self.bytes + self.stripes.capacity() as u64 * 48
+    }
+}
+
+/// Whether a store takes new stripes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StoreState {
+    Active,
+    /// Its stripes are moving away; reads still go to it, writes do not.
+    Draining,
+    /// Drained, released or lost: nothing goes to it any more.
+    Gone,
+}
+
+impl StoreState {
+    fn from_u8(v: u8) -> StoreState {
+        match v {
+            0 => StoreState::Active,
+            1 => StoreState::Draining,
+            _ => StoreState::Gone,
+        }
+    }
+    fn as_u8(self) -> u8 {
+        match self {
+            StoreState::Active => 0,
+            StoreState::Draining => 1,
+            StoreState::Gone => 2,
+        }
+    }
+}
+
+enum Backend {
+    Own(Proclet<StripeStore>),
+    Victim(Victim),
+}
+
+struct Victim {
+    addr: String,
+    secret: String,
+    sealer: Arc<Sealer>,
+    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    timeout: Duration,
+}
+
+/// One store, own or victim.
+pub struct Store {
+    pub id: StoreId,
+    /// Index of its class in the mount's layout (0: own, 1: victims).
+    pub class: usize,
+    /// What it is called in status and logs: `own:n3` or the victim's address.
+    pub name: String,
+    /// The market lease it comes from, if any.
+    pub lease: Option<u64>,
+    /// Bytes the mount may put there.
+    pub capacity: AtomicU64,
+    /// Bytes of stripe copies the mount keeps there (sealed size for victims).
+    pub used: AtomicU64,
+    /// Stripe copies there.
+    pub stripes: AtomicU64,
+    state: AtomicU8,
+    backend: Backend,
+    /// Count of failed operations (status, metrics).
+    pub errors: AtomicU64,
+    /// Copies that failed verification.
+    pub tampered: AtomicU64,
+}
+
+/// The store key of a stripe version: 8 bytes, big-endian (binary-safe in RESP).
+fn key_of(version: u64) -> [u8; 8] {
+    version.to_be_bytes()
+}
+
+impl Store {
+    /// A stripe store proclet on own node `node`.
+    pub async fn own(id: StoreId, node: NodeId, capacity: u64) -> Result<Store, StoreError> {
+        // Hybrid: a store holds memory and also spends CPU moving stripes in bursts.
+        let p = Proclet::<StripeStore>::builder(Kind::Hybrid)
+            .on(node)
+            .pinned()
+            .footprint()
+            .create_async((), |()| StripeStore::default())
+            .await
+            .map_err(|e| StoreError::Lost(format!("creating the stripe store on {node}: {e}")))?;
+        Ok(Store::new(
+            id,
+            0,
+            format!("own:{node}"),
+            None,
+            capacity,
+            Backend::Own(p),
+        ))
+    }
+
+    /// A victim store at `addr` (RESP, `AUTH secret`), holding up to `capacity` bytes.
+    pub fn victim(
+        id: StoreId,
+        addr: &str,
+        secret: &str,
+        capacity: u64,
+        lease: Option<u64>,
+        sealer: Arc<Sealer>,
+        timeout: Duration,
+    ) -> Store {
+        Store::new(
+            id,
+            1,
+            addr.to_string(),
+            lease,
+            capacity,
+            Backend::Victim(Victim {
+                addr: addr.to_string(),
+                secret: secret.to_string(),
+                sealer,
+                conn: tokio::sync::Mutex::new(None),
+                timeout,
+            }),
+        )
+    }
+
+    fn new(
+        id: StoreId,
+        class: usize,
+        name: String,
+        lease: Option<u64>,
+        capacity: u64,
+        backend: Backend,
+    ) -> Store {
+        Store {
+            id,
+            class,
+            name,
+            lease,
+            capacity: AtomicU64::new(capacity),
+            used: AtomicU64::new(0),
+            stripes: AtomicU64::new(0),
+            state: AtomicU8::new(StoreState::Active.as_u8()),
+            backend,
+            errors: AtomicU64::new(0),
+            tampered: AtomicU64::new(0),
+        }
+    }
+
+    pub fn is_victim(&self) -> bool {
+        matches!(self.backend, Backend::Victim(_))
+    }
+
+    pub fn state(&self) -> StoreState {
+        StoreState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub fn set_state(&self, s: StoreState) {
+        self.state.store(s.as_u8(), Ordering::Release);
+    }
+
+    /// Bytes one copy of a `len`-byte stripe takes here.
+    pub fn stored_size(&self, len: usize) -> u64 {
+        match &self.backend {
+            Backend::Own(_) => len as u64,
+            Backend::Victim(v) => (len + v.sealer.overhead() + 8) as u64,
+        }
+    }
+
+    /// Room left for the mount (capacity less what it keeps here).
+    pub fn free(&self) -> u64 {
+        self.capacity
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.used.load(Ordering::Relaxed))
+    }
+
+    /// Claim room for one copy; false when it does not fit.
+    pub fn reserve(&self, bytes: u64) -> bool {
+        let cap = self.capacity.load(Ordering::Relaxed);
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                (u + bytes <= cap).then_some(u + bytes)
+            })
+            .is_ok()
+    }
+
+    /// Give back room claimed with [`Store::reserve`].
+    pub fn unreserve(&self, bytes: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                Some(u.saturating_sub(bytes))
+            });
+    }
+
+    /// Store `data` as `version` (room must have been reserved).
+    pub async fn put(&self, version: u64, data: &[u8]) -> Result<(), StoreError> {
+        let r = match &self.backend {
+            Backend::Own(p) => p
+                .run_async(
+                    (version, ByteBuf::from(data.to_vec())),
+                    |s: &mut StripeStore, (k, v): (u64, ByteBuf)| {
+                        s.bytes += v.len() as u64;
+                        if let Some(old) = s.stripes.insert(k, v) {
+                            s.bytes -= old.len() as u64;
+                        }
+                    },
+                )
+                .await
+                .map_err(call_error),
+            Backend::Victim(v) => {
+                let sealed = v.sealer.seal(version, data);
+                v.set(&key_of(version), sealed).await
+            }
+        };
+        if r.is_ok() {
+            self.stripes.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// The stripe stored as `version`, `Ok(None)` when the store does not hold it.
+    pub async fn get(&self, version: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let r = match &self.backend {
+            Backend::Own(p) => p
+                .run_ref_async(version, |s: &StripeStore, k: u64| {
+                    s.stripes.get(&k).cloned()
+                })
+                .await
+                .map(|o| o.map(ByteBuf::into_vec))
+                .map_err(call_error),
+            Backend::Victim(v) => match v.get(&key_of(version)).await {
+                Ok(Some(sealed)) => match v.sealer.open(version, sealed) {
+                    Ok(data) => Ok(Some(data)),
+                    Err(_) => {
+                        self.tampered.fetch_add(1, Ordering::Relaxed);
+                        Err(StoreError::Tampered)
+                    }
+                },
+                Ok(None) => Ok(None),
+                Err(e) => Err(e),
+            },
+        };
+        if r.is_err() {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Forget `version`; `bytes` is the room its copy took.
+    pub async fn delete(&self, version: u64, bytes: u64) -> Result<(), StoreError> {
+        self.unreserve(bytes);
+        let _ = self
+            .stripes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(1))
+            });
+        if self.state() == StoreState::Gone {
+            return Ok(());
+        }
+        match &self.backend {
+            Backend::Own(p) => p
+                .run_async(version, |s: &mut StripeStore, k: u64| {
+                    if let Some(old) = s.stripes.remove(&k) {
+                        s.bytes -= old.len() as u64;
+                    }
+                })
+                .await
+                .map_err(call_error),
+            Backend::Victim(v) => v.del(&key_of(version)).await,
+        }
+    }
+
+    /// Free the store's resources when the mount ends (own proclets are destroyed).
+    pub async fn close(&self) {
+        if let Backend::Own(p) = &self.backend {
+            let _ = p.destroy_async().await;
+        }
+    }
+}
+
+fn call_error(e: granule_runtime::CallError) -> StoreError {
+    use granule_runtime::CallError as C;
+    match e {
+        C::NodeUnreachable { .. } | C::ProcletGone(_) | C::NoCluster => {
+            StoreError::Lost(e.to_string())
+        }
+        other => StoreError::Other(other.to_string()),
+    }
+}
+
+fn redis_error(e: redis::RedisError) -> StoreError {
+    if e.code() == Some("OOM") {
+        return StoreError::Full;
+    }
+    if !e.is_timeout()
+        && (e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_unrecoverable_error())
+    {
+        return StoreError::Lost(e.to_string());
+    }
+    StoreError::Other(e.to_string())
+}
+
+/// How long a rate-limited request keeps retrying before it fails.
+const RATE_RETRY_FOR: Duration = Duration::from_secs(30);
+
+impl Victim {
+    async fn conn(&self) -> Result<MultiplexedConnection, StoreError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let (host, port) = self
+            .addr
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
+            .ok_or_else(|| StoreError::Other(format!("bad store address '{}'", self.addr)))?;
+        let info = redis::ConnectionInfo {
+            addr: redis::ConnectionAddr::Tcp(host, port),
+            redis: redis::RedisConnectionInfo {
+                password: Some(self.secret.clone()),
+                ..Default::default()
+            },
+        };
+        let client = redis::Client::open(info).map_err(redis_error)?;
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout);
+        let c = tokio::time::timeout(
+            self.timeout,
+            client.get_multiplexed_async_connection_with_config(&cfg),
+        )
+        .await
+        .map_err(|_| StoreError::Lost(format!("{}: connect timed out", self.addr)))?
+        .map_err(redis_error)?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn drop_conn(&self) {
+        *self.conn.lock().await = None;
+    }
+
+    /// Run one command, retrying while the store's rate limit refuses it and once after
+    /// a dropped connection.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        let start = Instant::now();
+        let mut reconnects = 0;
+        let mut backoff = Duration::from_millis(2);
+        loop {
+            let mut c = self.conn().await?;
+            match cmd.query_async::<T>(&mut c).await {
+                Ok(v) => return Ok(v),
+                Err(e) if e.to_string().contains("rate limit") => {
+                    if start.elapsed() > RATE_RETRY_FOR {
+                        return Err(StoreError::Other(e.to_string()));
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(100));
+                }
+                Err(e) => {
+                    let err = redis_error(e);
+                    if matches!(err, StoreError::Lost(_)) && reconnects == 0 {
+                        reconnects += 1;
+                        self.drop_conn().await;
+                        continue;
+                    }
+                    return Err(err);
+                }
+            }
+        }
+    }
+
+    async fn set(&self, key: &[u8], value: Vec<u8>) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(value);
+        self.query::<()>(&cmd).await
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(key);
+        self.query::<Option<Vec<u8>>>(&cmd).await
+    }
+
+    async fn del(&self, key: &[u8]) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(key);
+        self.query::<i64>(&cmd).await.map(|_| ())
+    }
+}
+
+/// Ask a victim store how many bytes it holds at most (`INFO`'s `maxmemory`).
+pub async fn victim_capacity(
+    addr: &str,
+    secret: &str,
+    timeout: Duration,
+) -> Result<u64, StoreError> {
+    let v = Victim {
+        addr: addr.to_string(),
+        secret: secret.to_string(),
+        sealer: Arc::new(Sealer::new(
+            granule_market::consumer::Protection::None,
+            &[0; 32],
+        )),
+        conn: tokio::sync::Mutex::new(None),
+        timeout,
+    };
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("memory");
+    let info: String = v.query(&cmd).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("maxmemory:"))
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .ok_or_else(|| StoreError::Other(format!("{addr}: INFO names no maxmemory")))
+}
+
+/// The mount's stores, by id.
+#[derive(Default)]
+pub struct Stores {
+    pub by_id: Mutex<HashMap<StoreId, Arc<Store>>>,
+}
+
+impl Stores {
+    pub fn get(&self, id: StoreId) -> Option<Arc<Store>> {
+        self.by_id.lock().get(&id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Store>> {
+        let mut v: Vec<_> = self.by_id.lock().values().cloned().collect();
+        v.sort_by_key(|s| s.id);
+        v
+    }
+
+    pub fn insert(&self, s: Store) -> Arc<Store> {
+        let s = Arc::new(s);
+        self.by_id.lock().insert(s.id, s.clone());
+        s
+    }
+}
