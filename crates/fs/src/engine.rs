@@ -300,47 +300,7 @@ impl Engine {
         for (idx, o, n) in pieces(offset, data.len() as u64, stripe) {
             let part = &data[consumed..consumed + n];
             consumed += n;
-            // A new buffer starts from the stripe's current content unless this write
-            // replaces all of it.
-            let mut base = None;
-            if !self.is_buffered(ino, idx) {
-                let existing = self.existing_len(ino, idx);
-                if existing > 0 && !(o == 0 && n as u64 >= existing) {
-                    base = Some(self.current_stripe(ino, idx).await?);
-                }
-            }
-            let full = {
-                let mut dirty = self.dirty.lock();
-                let d = dirty.entry(ino).or_default();
-                // Bytes a new buffer starts with count as buffered too.
-                let (buf, before) = match d.stripes.entry(idx) {
-                    std::collections::hash_map::Entry::Occupied(e) => {
-                        let b = e.into_mut();
-                        let n = b.len();
-                        (b, n)
-                    }
-                    std::collections::hash_map::Entry::Vacant(e) => {
-                        (e.insert(base.take().unwrap_or_default()), 0)
-                    }
-                };
-                if buf.len() < o + n {
-                    buf.resize(o + n, 0);
-                }
-                buf[o..o + n].copy_from_slice(part);
-                self.dirty_bytes
-                    .fetch_add((buf.len() - before) as u64, Ordering::Relaxed);
-                // A stripe written up to its end goes out now (sequential writers).
-                if (o + n) as u64 == stripe {
-                    d.stripes.remove(&idx)
-                } else {
-                    None
-                }
-            };
-            if let Some(buf) = full {
-                self.dirty_bytes
-                    .fetch_sub(buf.len() as u64, Ordering::Relaxed);
-                self.submit(ino, idx, buf).await;
-            }
+            self.write_piece(ino, idx, o, part).await?;
         }
         self.n.writes.fetch_add(1, Ordering::Relaxed);
         self.n
@@ -372,18 +332,98 @@ impl Engine {
         }
     }
 
-    /// Send one stripe to its stores (waits for a write-behind slot, not for the write).
-    async fn submit(self: &Arc<Self>, ino: Ino, idx: u64, data: Vec<u8>) {
-        let permit = match self.write_slots.clone().acquire_owned().await {
-            Ok(p) => p,
-            Err(_) => return,
-        };
+    /// Write `part` at `o` of stripe `idx`: into the stripe's buffer, which starts from
+    /// the stripe's newest content unless this write replaces all of it. A buffer written
+    /// up to the stripe's end is sent at once (sequential writers).
+    async fn write_piece(
+        self: &Arc<Self>,
+        ino: Ino,
+        idx: u64,
+        o: usize,
+        part: &[u8],
+    ) -> Result<(), i32> {
+        let stripe = self.settings.stripe;
+        let n = part.len();
+        loop {
+            // Outside the lock (fetching may take a store round trip): the content a new
+            // buffer would start from, and which version of the stripe that is.
+            let seen = self.content_version(ino, idx);
+            let mut base = None;
+            if !self.is_buffered(ino, idx) {
+                let existing = self.existing_len(ino, idx);
+                if existing > 0 && !(o == 0 && n as u64 >= existing) {
+                    base = Some(self.current_stripe(ino, idx).await?);
+                }
+            }
+            let staged = {
+                let mut dirty = self.dirty.lock();
+                let d = dirty.entry(ino).or_default();
+                // Bytes a new buffer starts with count as buffered too.
+                let (buf, before) = match d.stripes.entry(idx) {
+                    std::collections::hash_map::Entry::Occupied(e) => {
+                        let b = e.into_mut();
+                        let len = b.len();
+                        (b, len)
+                    }
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        // Another writer may have sent the stripe meanwhile: then the
+                        // base is stale; start again from the newer content.
+                        if self.content_version(ino, idx) != seen {
+                            continue;
+                        }
+                        (e.insert(base.take().unwrap_or_default()), 0)
+                    }
+                };
+                if buf.len() < o + n {
+                    buf.resize(o + n, 0);
+                }
+                buf[o..o + n].copy_from_slice(part);
+                self.dirty_bytes
+                    .fetch_add((buf.len() - before) as u64, Ordering::Relaxed);
+                if (o + n) as u64 == stripe {
+                    d.stripes.remove(&idx).map(|buf| self.stage(ino, idx, buf))
+                } else {
+                    None
+                }
+            };
+            if let Some((version, data)) = staged {
+                self.send(ino, idx, version, data).await;
+            }
+            return Ok(());
+        }
+    }
+
+    /// The version of the stripe's newest content outside the buffers (0: none).
+    fn content_version(&self, ino: Ino, idx: u64) -> u64 {
+        if let Some((v, _)) = self.inflight.lock().get(&(ino, idx)) {
+            return *v;
+        }
+        let ns = self.ns.lock();
+        match ns.get(ino).map(|i| &i.node) {
+            Ok(Node::File { stripes, .. }) => stripes.get(&idx).map_or(0, |s| s.version),
+            _ => 0,
+        }
+    }
+
+    /// A buffer leaves the buffers: it takes its version and becomes the stripe's newest
+    /// content for readers at once (called under the buffers' lock, so no reader or
+    /// writer sees the stripe in neither place).
+    fn stage(&self, ino: Ino, idx: u64, buf: Vec<u8>) -> (u64, Arc<Vec<u8>>) {
+        self.dirty_bytes
+            .fetch_sub(buf.len() as u64, Ordering::Relaxed);
         let version = self.fresh_version();
-        let data = Arc::new(data);
+        let data = Arc::new(buf);
         self.inflight
             .lock()
             .insert((ino, idx), (version, data.clone()));
         self.pending.lock().entry(ino).or_default().inflight += 1;
+        (version, data)
+    }
+
+    /// Send a staged stripe to its stores (waits for a write-behind slot, not for the
+    /// write).
+    async fn send(self: &Arc<Self>, ino: Ino, idx: u64, version: u64, data: Arc<Vec<u8>>) {
+        let permit = self.write_slots.clone().acquire_owned().await.ok();
         let me = self.clone();
         self.rt.spawn(async move {
             let r = me.store_stripe(ino, idx, version, &data).await;
@@ -396,7 +436,7 @@ impl Engine {
             }
             let mut p = me.pending.lock();
             let e = p.entry(ino).or_default();
-            e.inflight -= 1;
+            e.inflight = e.inflight.saturating_sub(1);
             if let Err(errno) = r {
                 e.error.get_or_insert(errno);
             }
@@ -529,17 +569,22 @@ impl Engine {
 
     /// Send every buffered stripe of `ino`.
     pub async fn flush_buffers(self: &Arc<Self>, ino: Ino) {
-        let bufs: Vec<(u64, Vec<u8>)> = {
+        let staged: Vec<(u64, u64, Arc<Vec<u8>>)> = {
             let mut dirty = self.dirty.lock();
             match dirty.remove(&ino) {
-                Some(d) => d.stripes.into_iter().collect(),
+                Some(d) => d
+                    .stripes
+                    .into_iter()
+                    .map(|(idx, buf)| {
+                        let (v, data) = self.stage(ino, idx, buf);
+                        (idx, v, data)
+                    })
+                    .collect(),
                 None => Vec::new(),
             }
         };
-        for (idx, buf) in bufs {
-            self.dirty_bytes
-                .fetch_sub(buf.len() as u64, Ordering::Relaxed);
-            self.submit(ino, idx, buf).await;
+        for (idx, version, data) in staged {
+            self.send(ino, idx, version, data).await;
         }
     }
 
@@ -816,6 +861,13 @@ impl Engine {
         tracing::info!(store = %s.name, "draining");
         let r = self.evacuate(id, true).await;
         s.set_state(StoreState::Gone);
+        let left = self.ns.lock().stripes_on(id).len();
+        if left > 0 {
+            tracing::error!(
+                store = %s.name,
+                "{left} stripes could not move off the store (no room elsewhere): they are lost when it goes"
+            );
+        }
         tracing::info!(store = %s.name, moved = r.0, lost = r.1, "drained");
         Ok(r)
     }
@@ -838,7 +890,7 @@ impl Engine {
                     .map(|&(ino, idx, version)| self.move_one(&src, ino, idx, version, readable));
                 for r in futures::future::join_all(jobs).await {
                     match r {
-                        Move::Moved => {
+                        Move::Moved | Move::Dropped => {
                             moved += 1;
                             progress = true;
                         }
@@ -894,8 +946,12 @@ impl Engine {
         // The bytes: from the leaving store while it still answers, else from a copy.
         let mut data = None;
         if readable {
-            if let Ok(Some(d)) = src.get(version).await {
-                data = Some(d);
+            match src.get(version).await {
+                Ok(Some(d)) => data = Some(d),
+                Ok(None) => {}
+                // Not answering just now: try again later rather than give the copy up.
+                Err(_) if others.is_empty() => return Move::Stuck,
+                Err(_) => {}
             }
         }
         if data.is_none() && want_new {
@@ -929,12 +985,15 @@ impl Engine {
                         Err(e) => {
                             t.unreserve(t.stored_size(d.len()));
                             tracing::warn!(store = %t.name, "moving a stripe: {e}");
-                            return Move::Stuck;
                         }
                     }
-                } else {
-                    return Move::Stuck;
                 }
+            }
+            // No store to take it: with a copy elsewhere the stripe lives on with one
+            // copy fewer (status counts it under "replicas missing"); with none, it stays
+            // on the leaving store while that still answers.
+            if new_copy.is_none() && others.is_empty() && readable && data.is_some() {
+                return Move::Stuck;
             }
         }
         let stored = meta.stored as usize;
@@ -963,11 +1022,15 @@ impl Engine {
         }
         let _ = src.delete(version, src.stored_size(stored)).await;
         if new_copy.is_none() && others.is_empty() {
+            self.n.lost_stripes.fetch_add(1, Ordering::Relaxed);
             tracing::error!(
                 store = %src.name,
                 "stripe {idx} of file {name:?} (inode {ino}) was only on a store that is gone: it is lost; reads of it fail with EIO"
             );
             return Move::Lost;
+        }
+        if new_copy.is_none() {
+            return Move::Dropped;
         }
         Move::Moved
     }
@@ -997,6 +1060,8 @@ impl ReadOut {
 
 enum Move {
     Moved,
+    /// The leaving copy was dropped; another copy remains.
+    Dropped,
     Lost,
     Raced,
     Stuck,

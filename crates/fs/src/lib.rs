@@ -16,7 +16,7 @@
 //! - [`status`]: what a mount reports (`granule fs status`, `/metrics`).
 //!
 //! It is a layer on the runtime (proclets for own stores) and the market (stores,
-//! leases, sealing): it must not touch `/proc` or `/sys` beyond what FUSE needs, nor the
+//! leases, sealing): it must not touch `/proc` or `/sys` (the host crate does), nor the
 //! runtime's internals.
 #![forbid(unsafe_code)]
 

@@ -107,16 +107,9 @@ pub fn preflight(dir: &Path) -> Result<(), MountError> {
     Ok(())
 }
 
-/// Whether `dir` is a mount point now (from /proc/self/mountinfo).
+/// Whether `dir` is a mount point now.
 pub fn is_mounted(dir: &Path) -> bool {
-    let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
-    let want = abs.to_string_lossy().replace(' ', "\\040");
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| {
-            t.lines()
-                .any(|l| l.split(' ').nth(4) == Some(want.trim_end_matches('/')))
-        })
-        .unwrap_or(false)
+    granule_host::mounts::is_mount_point(dir)
 }
 
 /// Unmount `dir`, lazily if it is busy or its server is gone (`fusermount3 -uz`).
@@ -330,6 +323,12 @@ fn serve(
     let session = fuser::Session::new(GranuleFs::new(engine.clone()), &opts.dir, &fcfg)
         .map_err(|e| mount_error(&opts.dir, e))?;
     let bg = session.spawn().map_err(|e| mount_error(&opts.dir, e))?;
+    // The kernel sends reads as large as the mount's read-ahead (128 KiB by default):
+    // a stripe's worth makes a sequential read one request per stripe.
+    let ra_kib = (fs_cfg.stripe >> 10).clamp(128, 16 << 10);
+    if let Err(e) = granule_host::mounts::set_read_ahead(&opts.dir, ra_kib) {
+        tracing::debug!("cannot raise the mount's read-ahead to {ra_kib} KiB: {e}");
+    }
 
     let (cap, _) = engine.space();
     let victims = engine.stores.all().iter().filter(|s| s.is_victim()).count();
@@ -403,18 +402,26 @@ fn serve(
     }
     let why = why.lock().clone();
     eprintln!("granule fs: {why}: unmounting {}", opts.dir.display());
-    if !bg.guard.is_finished() {
-        if let Err(e) = bg.umount_and_join() {
-            tracing::debug!("unmount: {e}; unmounting lazily");
-            if let Err(e) = unmount(&opts.dir) {
-                eprintln!("granule fs: {e}");
-            }
-        }
-    } else if let Err(e) = bg.join() {
-        tracing::debug!("session ended: {e}");
-    }
+    // Unmount first (lazily, so open files do not keep it), then the session's threads
+    // see the device close and end. (fuser's own unmount only hands the mount to
+    // fusermount3's auto-unmount helper, which unmounts only after this process dies.)
     if is_mounted(&opts.dir) {
-        let _ = unmount(&opts.dir);
+        if let Err(e) = unmount(&opts.dir) {
+            eprintln!("granule fs: {e}");
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !bg.guard.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if bg.guard.is_finished() {
+        if let Err(e) = bg.join() {
+            tracing::debug!("session ended: {e}");
+        }
+    } else {
+        // Leave its threads; the process is about to end.
+        tracing::warn!("the FUSE session did not end within 10 s of the unmount");
+        std::mem::forget(bg);
     }
     let _ = std::fs::remove_file(&record_file);
     if let Some(l) = &leases {

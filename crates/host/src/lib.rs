@@ -15,6 +15,8 @@
 //!   where debugfs is mounted);
 //! - [`psi`]: pressure stall information, system-wide and per v2 group;
 //! - [`machine`]: CPU model and count, memory, kernel release;
+//! - [`mounts`]: whether a directory is a mount point, and a mount's read-ahead (for
+//!   the file system's FUSE mount);
 //! - cgroup v1 groups *Granule creates for itself*: detecting whether cgroup v1 is usable
 //!   ([`Hierarchy::detect`], with a human reason when it is not, so callers can fall back
 //!   to budget accounting); one directory per local cluster,
@@ -58,6 +60,7 @@ mod group;
 mod hierarchy;
 pub mod machine;
 pub mod mem;
+pub mod mounts;
 pub mod os;
 pub mod proc;
 mod procfs;
