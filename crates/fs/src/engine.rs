@@ -426,7 +426,7 @@ impl Engine {
         let permit = self.write_slots.clone().acquire_owned().await.ok();
         let me = self.clone();
         self.rt.spawn(async move {
-            let r = me.store_stripe(ino, idx, version, &data).await;
+            let r = me.store_stripe(ino, idx, version, data).await;
             drop(permit);
             {
                 let mut inf = me.inflight.lock();
@@ -451,7 +451,7 @@ impl Engine {
         ino: Ino,
         idx: u64,
         version: u64,
-        data: &[u8],
+        data: Arc<Vec<u8>>,
     ) -> Result<(), i32> {
         let layout_i = {
             let ns = self.ns.lock();
@@ -471,7 +471,7 @@ impl Engine {
             if targets.is_empty() {
                 break;
             }
-            let puts = targets.iter().map(|s| s.put(version, data));
+            let puts = targets.iter().map(|s| s.put(version, &data));
             let results = futures::future::join_all(puts).await;
             for (s, r) in targets.iter().zip(results) {
                 tried.push(s.id);
@@ -980,7 +980,7 @@ impl Engine {
                     &exclude,
                 );
                 if let Some(t) = targets.first() {
-                    match t.put(version, d).await {
+                    match t.put(version, &Arc::new(d.clone())).await {
                         Ok(()) => new_copy = Some(t.clone()),
                         Err(e) => {
                             t.unreserve(t.stored_size(d.len()));

@@ -42,6 +42,22 @@ pub enum StoreError {
     Other(String),
 }
 
+/// A stripe's bytes as a call argument: encoded straight from the shared buffer (no
+/// copy before the wire), decoded into a buffer of its own.
+pub struct Shared(pub Arc<Vec<u8>>);
+
+impl Serialize for Shared {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serde_bytes::Bytes::new(&self.0).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Shared {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Shared(Arc::new(ByteBuf::deserialize(d)?.into_vec())))
+    }
+}
+
 /// An own node's stripes: the state of a memory proclet.
 #[derive(Default, Serialize, Deserialize)]
 pub struct StripeStore {
@@ -242,12 +258,15 @@ impl Store {
     }
 
     /// Store `data` as `version` (room must have been reserved).
-    pub async fn put(&self, version: u64, data: &[u8]) -> Result<(), StoreError> {
+    pub async fn put(&self, version: u64, data: &Arc<Vec<u8>>) -> Result<(), StoreError> {
         let r = match &self.backend {
             Backend::Own(p) => p
                 .run_async(
-                    (version, ByteBuf::from(data.to_vec())),
-                    |s: &mut StripeStore, (k, v): (u64, ByteBuf)| {
+                    (version, Shared(data.clone())),
+                    |s: &mut StripeStore, (k, v): (u64, Shared)| {
+                        let v = ByteBuf::from(
+                            Arc::try_unwrap(v.0).unwrap_or_else(|a| a.as_ref().clone()),
+                        );
                         s.bytes += v.len() as u64;
                         if let Some(old) = s.stripes.insert(k, v) {
                             s.bytes -= old.len() as u64;
