@@ -11,6 +11,7 @@ pub mod affinity;
 pub mod batch;
 pub mod consumer;
 pub mod controller;
+pub mod fs;
 pub mod harvest;
 pub mod invoke;
 pub mod kv;
@@ -19,6 +20,7 @@ pub mod market;
 pub mod migrate;
 pub mod pressure;
 pub mod remote_iter;
+pub mod scavenge;
 pub mod service;
 pub mod sharded;
 pub mod work;
@@ -55,6 +57,8 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("harvest", "a real redis-server under Zipfian load with and without the harvester: memory harvested vs idle, p99 and throughput"),
     ("market", "the broker over 48 simulated hours: 1000 consumers, 100 producers, diurnal supply and demand"),
     ("consumer", "a YCSB-like application whose misses go to disk or a 1 ms service, with and without leased memory"),
+    ("fs", "the scavenging file system's mount vs tmpfs and bindfs over tmpfs: sequential write, cold read (also vs raw TCP), fio random 4 KiB, small files"),
+    ("scavenge", "a bag of dd writers and a small-file DAG on the scavenging mount (own nodes + CPU-capped victim stores) beside a tenant: its slowdown, victim CPU, node-seconds vs a reservation"),
     ("pressure", "KV shards under open-loop load while a memory antagonist fills one node: p99 timeline, moves, vs throttled migration"),
 ];
 
@@ -74,6 +78,8 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         "harvest" => harvest::run(opts),
         "market" => market::run(opts),
         "consumer" => consumer::run(opts),
+        "fs" => fs::run(opts),
+        "scavenge" => scavenge::run(opts),
         other => anyhow::bail!(
             "unknown benchmark '{other}'; known: {}",
             BENCHMARKS

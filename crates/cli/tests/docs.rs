@@ -637,6 +637,12 @@ fn claims() -> Vec<Claim> {
         "\"cpu=1,mem=512MiB;cpu=1,mem=512MiB;cpu=1,mem=512MiB\"",
     );
     vec![
+        setting(
+            "docs/guide/fs.md",
+            "Files are cut into stripes (`fs.stripe`, 1 MiB by default). Each stripe is placed by",
+            "fs.stripe",
+            "1MiB",
+        ),
         // README.md
         claim(
             README,
