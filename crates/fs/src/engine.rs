@@ -665,6 +665,13 @@ impl Engine {
                 }
             };
             if let Some(meta) = meta.filter(|m| o + len as usize <= m.len as usize) {
+                // A small read out of sequence takes only its bytes from an own store
+                // (random 4 KiB reads would otherwise move a whole stripe each).
+                if !sequential && len * 8 <= stripe && !self.is_cached(ino, idx, meta.version) {
+                    if let Some(d) = self.fetch_range(&meta, o, len as usize).await {
+                        return Ok(ReadOut::Owned(d));
+                    }
+                }
                 let data = self.fetch(ino, idx, &meta, layout, &name).await?;
                 if o + len as usize <= data.len() {
                     return Ok(ReadOut::Shared(data, o, o + len as usize));
@@ -736,6 +743,34 @@ impl Engine {
             .iter()
             .map(|(idx, m)| self.fetch(ino, *idx, m, layout, &name));
         let _ = futures::future::join_all(fetches).await;
+    }
+
+    fn is_cached(&self, ino: Ino, idx: u64, version: u64) -> bool {
+        self.cache
+            .lock()
+            .slots
+            .get(&(ino, idx, version))
+            .is_some_and(|s| s.initialized())
+    }
+
+    /// Part of a stripe from the first own store holding it; `None` when no own copy
+    /// answers with it (the caller reads the whole stripe, with all its fallbacks).
+    async fn fetch_range(&self, meta: &Stripe, o: usize, n: usize) -> Option<Vec<u8>> {
+        for id in &meta.copies {
+            let s = self.stores.get(*id)?;
+            if s.state() == StoreState::Gone {
+                continue;
+            }
+            match s.get_range(meta.version, o, n).await {
+                Some(Ok(Some(d))) if d.len() == n => {
+                    self.n.stripes_fetched.fetch_add(1, Ordering::Relaxed);
+                    return Some(d);
+                }
+                None => return None,
+                _ => continue,
+            }
+        }
+        None
     }
 
     /// A stripe's stored bytes, through the cache.

@@ -42,8 +42,10 @@ pub enum StoreError {
     Other(String),
 }
 
-/// A stripe's bytes as a call argument: encoded straight from the shared buffer (no
-/// copy before the wire), decoded into a buffer of its own.
+/// A stripe's bytes, shared: encoded straight from the buffer (no copy before the
+/// wire), decoded into a buffer of its own. Own stores keep stripes this way, so a read
+/// is answered without copying the stripe first.
+#[derive(Clone)]
 pub struct Shared(pub Arc<Vec<u8>>);
 
 impl Serialize for Shared {
@@ -61,7 +63,7 @@ impl<'de> Deserialize<'de> for Shared {
 /// An own node's stripes: the state of a memory proclet.
 #[derive(Default, Serialize, Deserialize)]
 pub struct StripeStore {
-    stripes: HashMap<u64, ByteBuf>,
+    stripes: HashMap<u64, Shared>,
     bytes: u64,
 }
 
@@ -264,12 +266,9 @@ impl Store {
                 .run_async(
                     (version, Shared(data.clone())),
                     |s: &mut StripeStore, (k, v): (u64, Shared)| {
-                        let v = ByteBuf::from(
-                            Arc::try_unwrap(v.0).unwrap_or_else(|a| a.as_ref().clone()),
-                        );
-                        s.bytes += v.len() as u64;
+                        s.bytes += v.0.len() as u64;
                         if let Some(old) = s.stripes.insert(k, v) {
-                            s.bytes -= old.len() as u64;
+                            s.bytes -= old.0.len() as u64;
                         }
                     },
                 )
@@ -296,7 +295,7 @@ impl Store {
                     s.stripes.get(&k).cloned()
                 })
                 .await
-                .map(|o| o.map(ByteBuf::into_vec))
+                .map(|o| o.map(|v| Arc::try_unwrap(v.0).unwrap_or_else(|a| a.as_ref().clone())))
                 .map_err(call_error),
             Backend::Victim(v) => match v.get(&key_of(version)).await {
                 Ok(Some(sealed)) => match v.sealer.open(version, sealed) {
@@ -316,6 +315,37 @@ impl Store {
         r
     }
 
+    /// Bytes `offset..offset+len` of the stripe stored as `version`, from an own store
+    /// (a victim's stripes are sealed whole: `None`, read the whole stripe instead).
+    pub async fn get_range(
+        &self,
+        version: u64,
+        offset: usize,
+        len: usize,
+    ) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        let Backend::Own(p) = &self.backend else {
+            return None;
+        };
+        let r = p
+            .run_ref_async(
+                (version, offset as u64, len as u64),
+                |s: &StripeStore, (k, o, n): (u64, u64, u64)| {
+                    s.stripes.get(&k).map(|v| {
+                        let end = (o + n).min(v.0.len() as u64) as usize;
+                        let start = (o as usize).min(end);
+                        ByteBuf::from(v.0[start..end].to_vec())
+                    })
+                },
+            )
+            .await
+            .map(|o| o.map(ByteBuf::into_vec))
+            .map_err(call_error);
+        if r.is_err() {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(r)
+    }
+
     /// Forget `version`; `bytes` is the room its copy took.
     pub async fn delete(&self, version: u64, bytes: u64) -> Result<(), StoreError> {
         self.unreserve(bytes);
@@ -331,7 +361,7 @@ impl Store {
             Backend::Own(p) => p
                 .run_async(version, |s: &mut StripeStore, k: u64| {
                     if let Some(old) = s.stripes.remove(&k) {
-                        s.bytes -= old.len() as u64;
+                        s.bytes -= old.0.len() as u64;
                     }
                 })
                 .await
