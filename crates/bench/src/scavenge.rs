@@ -82,22 +82,16 @@ const TENANT_ENV: &str = "GRANULE_BENCH_SCAVENGE_TENANT";
 const OWN_CPU: usize = 0;
 /// The victim side: tenant and victim stores.
 const VICTIM_CPU: usize = 1;
-/// The victim stores' CPU cap, cores (one CFS quota over all of them); for experiments,
-/// `VICTIM_CORES_ENV` sets another. A CPU-bound tenant that shares its vCPU with stores
+/// The victim stores' CPU cap, cores (one CFS quota over all of them). A CPU-bound tenant that shares its vCPU with stores
 /// taking a share f of it runs 1/(1-f) as long: the 0.10 target allows f ≤ 0.09, and
 /// 0.08 leaves a little for what the stores cost it through caches and memory. (Under a
 /// cap of 0.2 the stores of `--quick` took 0.10-0.12 of the vCPU, a slowdown of 0.11-0.14
 /// from the CPU share alone, and the rounds were about a fifth shorter.)
 const VICTIM_CORES: f64 = 0.08;
-const VICTIM_CORES_ENV: &str = "GRANULE_BENCH_SCAVENGE_VICTIM_CORES";
 
-/// The cap in force: `VICTIM_CORES`, or the experiment's.
+/// The cap in force.
 fn victim_cores() -> f64 {
-    std::env::var(VICTIM_CORES_ENV)
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .filter(|c| *c > 0.0)
-        .unwrap_or(VICTIM_CORES)
+    VICTIM_CORES
 }
 /// Distinct random sources the writer tasks copy from (task k copies source k % SOURCES).
 const SOURCES: usize = 8;

@@ -76,8 +76,10 @@ pub fn preflight(dir: &Path) -> Result<(), MountError> {
         }
         Err(e) => return Err(MountError::Fuse(format!("cannot open /dev/fuse: {e}"))),
     }
-    let has_fusermount = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").is_file()));
+    let has_fusermount = match std::process::Command::new("fusermount3").arg("-V").output() {
+        Ok(_) => true,
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    };
     if !has_fusermount {
         return Err(MountError::Fuse(
             "fusermount3 is not installed: install Debian's `fuse3` package \

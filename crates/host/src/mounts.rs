@@ -26,6 +26,22 @@ pub fn is_mount_point(dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// The file system type of the mount at `dir` (`tmpfs`, `fuse.granule`, ...), if `dir`
+/// is a mount point (the last mount there, when several are stacked).
+pub fn mount_type(dir: &Path) -> Option<String> {
+    let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let want = abs.to_string_lossy().replace(' ', "\\040");
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().rev().find_map(|l| {
+        let fields: Vec<&str> = l.split(' ').collect();
+        if fields.get(4) != Some(&want.as_str()) {
+            return None;
+        }
+        let dash = fields.iter().position(|f| *f == "-")?;
+        fields.get(dash + 1).map(|s| s.to_string())
+    })
+}
+
 /// The (major, minor) device number of the file system `dir` is on.
 pub fn device_of(dir: &Path) -> std::io::Result<(u64, u64)> {
     let dev = std::fs::metadata(dir)?.dev();

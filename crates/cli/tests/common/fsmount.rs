@@ -77,16 +77,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 /// The fs type of the mount at `dir` in /proc/self/mountinfo, if `dir` is a mount point.
 pub fn mount_type(dir: &Path) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = dir.to_str()?.replace(' ', "\\040");
-    info.lines().rev().find_map(|l| {
-        let fields: Vec<&str> = l.split(' ').collect();
-        if fields.get(4) != Some(&want.as_str()) {
-            return None;
-        }
-        let dash = fields.iter().position(|f| *f == "-")?;
-        fields.get(dash + 1).map(|s| s.to_string())
-    })
+    granule_host::mounts::mount_type(dir)
 }
 
 fn fusermount_lazy(dir: &Path) {
