@@ -610,7 +610,15 @@ impl Engine {
     /// Set the size of `ino` (truncate or extend with zeros).
     pub async fn truncate(self: &Arc<Self>, ino: Ino, size: u64) -> Result<(), i32> {
         // Buffers and writes in flight could land after the truncate: finish them first.
-        let _ = self.sync(ino).await;
+        // Their error, if any, stays for the file's next fsync or flush to report.
+        if let Err(e) = self.sync(ino).await {
+            self.pending
+                .lock()
+                .entry(ino)
+                .or_default()
+                .error
+                .get_or_insert(e);
+        }
         let freed = self.ns.lock().truncate(ino, size, self.settings.stripe)?;
         self.release_freed(freed);
         Ok(())
