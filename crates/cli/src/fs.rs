@@ -78,7 +78,17 @@ pub fn fs(cmd: FsCmd) -> anyhow::Result<()> {
     match cmd {
         FsCmd::Mount(a) => mount(a),
         FsCmd::Umount { dir } => {
-            granule::fs::unmount(&dir)?;
+            // A crashed mount run as root is unmounted by fusermount3's auto-unmount,
+            // possibly while this runs: nothing left to do is not an error.
+            if !granule::fs::is_mounted(&dir) {
+                println!("granule fs: {} is not mounted", dir.display());
+                return Ok(());
+            }
+            if let Err(e) = granule::fs::unmount(&dir) {
+                if granule::fs::is_mounted(&dir) {
+                    return Err(e.into());
+                }
+            }
             println!("granule fs: unmounted {}", dir.display());
             Ok(())
         }

@@ -514,6 +514,9 @@ pub struct Fs {
     pub victim_weight: f64,
     /// Share of each own node's memory its stripe store may fill.
     pub own_share: f64,
+    /// Whether the mount's own process (the cluster's driver, an own node) keeps a
+    /// stripe store too, when its nodes are embedded ones that end with it.
+    pub driver_store: bool,
     /// The mount's cache of stripes read (bytes).
     pub cache: u64,
     /// Stripes read ahead of a sequential reader.
@@ -531,6 +534,7 @@ impl Default for Fs {
             replicas: 1,
             victim_weight: 1.0,
             own_share: 0.75,
+            driver_store: true,
             cache: 64 << 20,
             readahead: 8,
             write_behind: 8,

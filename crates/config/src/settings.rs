@@ -990,6 +990,15 @@ pub static SETTINGS: &[Setting] = &[
         |x: &f64| x.to_string(),
     ),
     setting!(
+        "fs.driver_store",
+        "GRANULE_FS_DRIVER_STORE",
+        "on or off",
+        "whether the mount's own process keeps stripes too (own_share of cluster.driver's mem) when its nodes are embedded; never under an outside controller, whose nodes outlive the mount",
+        fs.driver_store,
+        parse_switch,
+        |b: &bool| switch_text(*b),
+    ),
+    setting!(
         "fs.cache",
         "GRANULE_FS_CACHE",
         "a size in 0B..=64GiB",

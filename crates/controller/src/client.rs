@@ -4,7 +4,7 @@ use crate::ControllerError;
 use granule_transport::{Connection, Handler, Identity, TransportConfig, TransportError};
 use granule_wire::{
     BinaryHash, CgroupPaths, ClusterEvent, Kind, Location, MoveStats, Msg, NodeId, NodeInfo,
-    NodeSpec, ProcletId, RemoteError, Resource, Role, Usage,
+    NodeSpec, Panel, ProcletId, RemoteError, Resource, Role, Usage,
 };
 use std::ops::Range;
 use std::sync::Arc;
@@ -310,6 +310,16 @@ impl ControllerClient {
             .await?
         {
             Msg::Proposed(p) => Ok(p),
+            m => Err(Self::unexpected(m)),
+        }
+    }
+
+    /// Show (or refresh) a panel on the dashboard. It stays while it is refreshed within
+    /// its `ttl_ms` and this connection stays open; an oversize panel is refused
+    /// (`Refused`, naming the bound it breaks: see [`crate::panels`]).
+    pub async fn publish_panel(&self, panel: Panel) -> Result<(), ControllerError> {
+        match self.call(&Msg::PublishPanel(panel)).await? {
+            Msg::Done => Ok(()),
             m => Err(Self::unexpected(m)),
         }
     }

@@ -1,7 +1,9 @@
 //! The controller's HTTP side (owned here): the live dashboard page, the JSON it polls
-//! (`/api/cluster`, `/api/events`), and the controller's Prometheus metrics (`/metrics`).
+//! (`/api/cluster`, `/api/events`, `/api/panels`), and the controller's Prometheus
+//! metrics (`/metrics`).
 //! It only reads the controller's state; nothing here changes the cluster.
 
+use crate::panels::PanelView;
 use crate::server::Inner;
 use axum::extract::{RawQuery, State as AxState};
 use axum::http::{header, StatusCode};
@@ -32,6 +34,8 @@ pub struct ClusterView {
     /// Services sharing the controller (the market's broker), by name.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub extensions: BTreeMap<String, serde_json::Value>,
+    /// Panels published by layers above the controller (see `/api/panels`).
+    pub panels: Vec<PanelView>,
 }
 
 /// One structure (or service) across the cluster.
@@ -72,7 +76,7 @@ fn query_u64(q: &Option<String>, key: &str) -> Option<u64> {
         .and_then(|(_, v)| v.parse().ok())
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -80,12 +84,14 @@ fn now_ms() -> u64 {
 
 async fn cluster(AxState(inner): AxState<Arc<Inner>>, RawQuery(q): RawQuery) -> Response {
     let st = inner.state.lock();
-    let nodes = st.list(Instant::now());
+    let now = Instant::now();
+    let nodes = st.list(now);
     let last_seq = st.next_event_seq() - 1;
     let events = match query_u64(&q, "after") {
         Some(after) => st.events_after(after, 500),
         None => st.events_after(last_seq.saturating_sub(200), 200),
     };
+    let panels = st.panels.views(now);
     drop(st);
     let extensions = inner
         .ext
@@ -99,8 +105,13 @@ async fn cluster(AxState(inner): AxState<Arc<Inner>>, RawQuery(q): RawQuery) -> 
         nodes,
         events,
         last_seq,
+        panels,
     })
     .into_response()
+}
+
+async fn panels(AxState(inner): AxState<Arc<Inner>>) -> Response {
+    Json(inner.state.lock().panels.views(Instant::now())).into_response()
 }
 
 async fn events(AxState(inner): AxState<Arc<Inner>>, RawQuery(q): RawQuery) -> Response {
@@ -123,6 +134,8 @@ async fn metrics(AxState(inner): AxState<Arc<Inner>>) -> Response {
             .set((nodes.len() - alive) as f64);
         metrics::gauge!("granule_controller_located_proclets").set(st.locations_len() as f64);
         metrics::gauge!("granule_controller_events").set((st.next_event_seq() - 1) as f64);
+        metrics::gauge!("granule_controller_panels")
+            .set(st.panels.views(Instant::now()).len() as f64);
     }
     if let Some(e) = &inner.ext {
         e.refresh_metrics();
@@ -141,7 +154,8 @@ async fn dashboard() -> Html<&'static str> {
 async fn not_found() -> (StatusCode, &'static str) {
     (
         StatusCode::NOT_FOUND,
-        "not found: the controller serves / (dashboard), /api/cluster, /api/events, /metrics\n",
+        "not found: the controller serves / (dashboard), /api/cluster, /api/events, \
+         /api/panels, /metrics\n",
     )
 }
 
@@ -150,6 +164,7 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
         .route("/", get(dashboard))
         .route("/api/cluster", get(cluster))
         .route("/api/events", get(events))
+        .route("/api/panels", get(panels))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .with_state(inner)

@@ -8,9 +8,14 @@
 //! when a cached location turns out stale.
 //!
 //! Operators see it through HTTP (module `http`): a live dashboard page, the JSON it
-//! polls (`/api/cluster`: nodes, structures, recent events) and Prometheus `/metrics`.
-//! It keeps the most recent cluster events (moves, splits, merges, nodes joining and
-//! dying) that hosts send with their heartbeats.
+//! polls (`/api/cluster`: nodes, structures, recent events, panels) and Prometheus
+//! `/metrics`. It keeps the most recent cluster events (moves, splits, merges, nodes
+//! joining and dying) that hosts send with their heartbeats.
+//!
+//! Layers above it (the file system) show their own figures on the dashboard as
+//! *panels* (module `panels`): named sections of facts and small text tables sent with
+//! `PublishPanel` ([`ControllerClient::publish_panel`]), kept while refreshed, bounded in
+//! size. The controller never interprets them and depends on none of those layers.
 //!
 //! It runs embedded in a driver ([`ControllerHandle::start`]) or standalone
 //! (`granule controller --listen ADDR`, [`run_standalone`]). Nodes and tools talk to it
@@ -24,11 +29,13 @@
 
 mod client;
 mod http;
+pub mod panels;
 mod server;
 mod state;
 
 pub use client::{ControllerClient, Registration};
 pub use http::{structures, ClusterView, StructureView};
+pub use panels::{check_panel, PanelError, PanelView};
 pub use server::{run_standalone, run_standalone_with, ControllerHandle, Extension};
 pub use state::{ControllerConfig, PlaceError, RegisterError, State};
 

@@ -252,6 +252,15 @@ impl Inner {
                 Ok(Msg::Done)
             }
             Msg::ListNodes => Ok(Msg::Nodes(self.state.lock().list(now))),
+            Msg::PublishPanel(panel) => {
+                let from = host.map_or_else(|| conn.peer_addr().to_string(), |n| n.to_string());
+                self.state
+                    .lock()
+                    .panels
+                    .publish(conn_key(conn), from, panel, now, crate::http::now_ms())
+                    .map_err(|e| RemoteError::Refused(e.to_string()))?;
+                Ok(Msg::Done)
+            }
             Msg::Events { after, limit } => Ok(Msg::EventList(
                 self.state
                     .lock()
@@ -388,6 +397,8 @@ impl Handler for ControllerHandler {
         if let Some(ext) = &self.0.ext {
             ext.on_close(conn);
         }
+        // A publisher that went away takes its panels with it.
+        self.0.state.lock().panels.drop_source(conn_key(conn));
         let node = self.0.by_conn.lock().remove(&conn_key(conn));
         if let Some(node) = node {
             let reason = conn.close_reason().unwrap_or_default();
@@ -530,10 +541,9 @@ async fn run_controller(
             if !overdue.is_empty() {
                 sweep.declare_dead(&overdue, "no heartbeat within the failure timeout");
             }
-            sweep
-                .state
-                .lock()
-                .prune_dead(Instant::now(), DEAD_NODE_RETENTION);
+            let mut st = sweep.state.lock();
+            st.prune_dead(Instant::now(), DEAD_NODE_RETENTION);
+            st.panels.prune(Instant::now());
         }
     };
     let dashboard = {

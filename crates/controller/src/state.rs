@@ -113,6 +113,8 @@ pub struct State {
     /// The most recent cluster events (at most [`EVENT_LOG`]), oldest first.
     events: VecDeque<ClusterEvent>,
     next_event: u64,
+    /// Dashboard panels published by layers above (see [`crate::panels`]).
+    pub panels: crate::panels::Panels,
 }
 
 /// How long a destroyed proclet's id is remembered (far longer than any location update
@@ -136,6 +138,7 @@ impl State {
             members_version: 1,
             events: VecDeque::new(),
             next_event: 1,
+            panels: crate::panels::Panels::default(),
         }
     }
 

@@ -19,6 +19,7 @@
 use crate::meta::{Freed, Ino, Namespace, Node, Stripe};
 use crate::placement::{stripe_key, Layout, StoreId};
 use crate::stores::{Store, StoreError, StoreState, Stores};
+use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,9 +37,9 @@ pub struct Settings {
     pub write_behind: u32,
 }
 
-type Fetched = Result<Arc<Vec<u8>>, i32>;
+type Fetched = Result<Bytes, i32>;
 /// A stripe being written: its version and bytes.
-type InFlight = (u64, Arc<Vec<u8>>);
+type InFlight = (u64, Bytes);
 type Slot = Arc<OnceCell<Fetched>>;
 
 /// Stripes read, by (inode, stripe, version): a stale version is never served because
@@ -100,6 +101,8 @@ pub struct Engine {
     pub n: Counters,
     /// When the mount started (status).
     pub started: Instant,
+    /// How far the metadata copy has caught up (fsync waits on it).
+    pub meta: crate::metacopy::MetaSync,
 }
 
 /// The byte range of stripe `idx` a request at `offset..offset+len` covers, as
@@ -140,6 +143,7 @@ impl Engine {
             rt,
             n: Counters::default(),
             started: Instant::now(),
+            meta: crate::metacopy::MetaSync::default(),
         })
     }
 
@@ -183,6 +187,70 @@ impl Engine {
         c.stores.push(id);
         self.push_layout(next);
         s
+    }
+
+    /// Every layout so far (the metadata copy keeps them).
+    pub fn layouts(&self) -> Vec<Layout> {
+        self.layouts.lock().clone()
+    }
+
+    /// Every stripe version handed out so far is below this.
+    pub fn versions_below(&self) -> u64 {
+        self.next_version.load(Ordering::Relaxed)
+    }
+
+    /// Serve what a metadata copy kept (recovery; before the mount takes requests): the
+    /// namespace, the layouts and the stores. Store accounting is counted again from the
+    /// stripe tables. Stripes orphaned by the dead mount are deleted.
+    pub fn restore(
+        self: &Arc<Self>,
+        ns: Namespace,
+        orphans: Vec<Freed>,
+        layouts: Vec<Layout>,
+        stores: Vec<Store>,
+        versions_below: u64,
+    ) {
+        // Versions are also the sealing counter: none may be used twice. The dead mount
+        // may have handed out versions after its last shipment, but never billions.
+        self.next_version
+            .fetch_max(versions_below.saturating_add(1 << 32), Ordering::Relaxed);
+        for s in stores {
+            self.stores.insert(s);
+        }
+        if !layouts.is_empty() {
+            *self.layouts.lock() = layouts;
+        }
+        {
+            for i in ns.inodes() {
+                if let Node::File { stripes, .. } = &i.node {
+                    for st in stripes.values() {
+                        for c in &st.copies {
+                            if let Some(s) = self.stores.get(*c) {
+                                let size = s.stored_size(st.stored as usize);
+                                s.used.fetch_add(size, Ordering::Relaxed);
+                                s.stripes.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        *self.ns.lock() = ns;
+        self.release_freed(orphans);
+    }
+
+    /// fsync: [`Engine::sync`], then wait until the metadata copy holds the namespace
+    /// as it is now.
+    pub async fn fsync(self: &Arc<Self>, ino: Ino) -> Result<(), i32> {
+        let r = self.sync(ino).await;
+        self.sync_meta().await;
+        r
+    }
+
+    /// Wait until the metadata copy holds the namespace as it is now.
+    pub async fn sync_meta(&self) {
+        let seq = self.ns.lock().seq();
+        self.meta.wait(seq).await;
     }
 
     /// Bytes (capacity, used) over stores that take stripes.
@@ -247,7 +315,7 @@ impl Engine {
     /// write that changes only part of it.
     async fn current_stripe(self: &Arc<Self>, ino: Ino, idx: u64) -> Result<Vec<u8>, i32> {
         if let Some((_, d)) = self.inflight.lock().get(&(ino, idx)) {
-            return Ok(d.as_ref().clone());
+            return Ok(d.to_vec());
         }
         let (meta, layout, name) = {
             let ns = self.ns.lock();
@@ -263,9 +331,7 @@ impl Engine {
             return Ok(Vec::new());
         };
         let data = self.fetch(ino, idx, &meta, layout, &name).await?;
-        let mut v = data.as_ref().clone();
-        v.truncate(meta.len as usize);
-        Ok(v)
+        Ok(data[..(meta.len as usize).min(data.len())].to_vec())
     }
 
     /// Write `data` at `offset` of file `ino`.
@@ -408,11 +474,11 @@ impl Engine {
     /// A buffer leaves the buffers: it takes its version and becomes the stripe's newest
     /// content for readers at once (called under the buffers' lock, so no reader or
     /// writer sees the stripe in neither place).
-    fn stage(&self, ino: Ino, idx: u64, buf: Vec<u8>) -> (u64, Arc<Vec<u8>>) {
+    fn stage(&self, ino: Ino, idx: u64, buf: Vec<u8>) -> (u64, Bytes) {
         self.dirty_bytes
             .fetch_sub(buf.len() as u64, Ordering::Relaxed);
         let version = self.fresh_version();
-        let data = Arc::new(buf);
+        let data = Bytes::from(buf);
         self.inflight
             .lock()
             .insert((ino, idx), (version, data.clone()));
@@ -422,7 +488,7 @@ impl Engine {
 
     /// Send a staged stripe to its stores (waits for a write-behind slot, not for the
     /// write).
-    async fn send(self: &Arc<Self>, ino: Ino, idx: u64, version: u64, data: Arc<Vec<u8>>) {
+    async fn send(self: &Arc<Self>, ino: Ino, idx: u64, version: u64, data: Bytes) {
         let permit = self.write_slots.clone().acquire_owned().await.ok();
         let me = self.clone();
         self.rt.spawn(async move {
@@ -451,7 +517,7 @@ impl Engine {
         ino: Ino,
         idx: u64,
         version: u64,
-        data: Arc<Vec<u8>>,
+        data: Bytes,
     ) -> Result<(), i32> {
         let layout_i = {
             let ns = self.ns.lock();
@@ -569,7 +635,7 @@ impl Engine {
 
     /// Send every buffered stripe of `ino`.
     pub async fn flush_buffers(self: &Arc<Self>, ino: Ino) {
-        let staged: Vec<(u64, u64, Arc<Vec<u8>>)> = {
+        let staged: Vec<(u64, u64, Bytes)> = {
             let mut dirty = self.dirty.lock();
             match dirty.remove(&ino) {
                 Some(d) => d
@@ -677,7 +743,8 @@ impl Engine {
                 // (random 4 KiB reads would otherwise move a whole stripe each).
                 if !sequential && len * 8 <= stripe && !self.is_cached(ino, idx, meta.version) {
                     if let Some(d) = self.fetch_range(&meta, o, len as usize).await {
-                        return Ok(ReadOut::Owned(d));
+                        let n = d.len();
+                        return Ok(ReadOut::Shared(d, 0, n));
                     }
                 }
                 let data = self.fetch(ino, idx, &meta, layout, &name).await?;
@@ -763,7 +830,7 @@ impl Engine {
 
     /// Part of a stripe from the first own store holding it; `None` when no own copy
     /// answers with it (the caller reads the whole stripe, with all its fallbacks).
-    async fn fetch_range(&self, meta: &Stripe, o: usize, n: usize) -> Option<Vec<u8>> {
+    async fn fetch_range(&self, meta: &Stripe, o: usize, n: usize) -> Option<Bytes> {
         for id in &meta.copies {
             let s = self.stores.get(*id)?;
             if s.state() == StoreState::Gone {
@@ -852,7 +919,7 @@ impl Engine {
                 continue;
             }
             match s.get(meta.version).await {
-                Ok(Some(d)) if d.len() >= meta.len as usize => return Ok(Arc::new(d)),
+                Ok(Some(d)) if d.len() >= meta.len as usize => return Ok(d),
                 Ok(Some(d)) => {
                     tracing::warn!(store = %s.name, "stripe {idx} of {name:?} is short ({} bytes)", d.len());
                 }
@@ -897,10 +964,32 @@ impl Engine {
             .stores
             .get(id)
             .ok_or_else(|| format!("no store {id}"))?;
-        if s.state() == StoreState::Gone {
-            return Err(format!("store {} is already gone", s.name));
+        // One drain per store: a second request (a refused lease renewal after the
+        // revocation, an operator's `granule fs drain`) finds it draining already.
+        match s.begin_drain() {
+            Ok(()) => {}
+            Err(StoreState::Gone) => return Err(format!("store {} is already gone", s.name)),
+            Err(_) => return Err(format!("store {} is already draining", s.name)),
         }
-        s.set_state(StoreState::Draining);
+        self.evacuate_drained(&s).await
+    }
+
+    /// [`Engine::drain`] started now (the store takes no new stripes from this moment),
+    /// finished on the mount's runtime.
+    pub fn start_drain(self: &Arc<Self>, id: StoreId) -> Result<(), String> {
+        let s = self
+            .stores
+            .get(id)
+            .ok_or_else(|| format!("no store {id}"))?;
+        s.begin_drain()
+            .map_err(|st| format!("store {} is {st:?}, not active", s.name))?;
+        let e = self.clone();
+        self.rt.spawn(async move { e.evacuate_drained(&s).await });
+        Ok(())
+    }
+
+    async fn evacuate_drained(self: &Arc<Self>, s: &Arc<Store>) -> Result<(u64, u64), String> {
+        let id = s.id;
         tracing::info!(store = %s.name, "draining");
         let r = self.evacuate(id, true).await;
         s.set_state(StoreState::Gone);
@@ -1006,8 +1095,7 @@ impl Engine {
                 data = self
                     .fetch_from_stores(idx, &m, layout, ino, &name)
                     .await
-                    .ok()
-                    .map(|d| d.as_ref().clone());
+                    .ok();
             }
         }
         let mut new_copy = None;
@@ -1023,7 +1111,7 @@ impl Engine {
                     &exclude,
                 );
                 if let Some(t) = targets.first() {
-                    match t.put(version, &Arc::new(d.clone())).await {
+                    match t.put(version, d).await {
                         Ok(()) => new_copy = Some(t.clone()),
                         Err(e) => {
                             t.unreserve(t.stored_size(d.len()));
@@ -1089,7 +1177,7 @@ impl Engine {
 /// What a read returns: bytes of its own, or a range of a fetched stripe (no copy).
 pub enum ReadOut {
     Owned(Vec<u8>),
-    Shared(Arc<Vec<u8>>, usize, usize),
+    Shared(Bytes, usize, usize),
 }
 
 impl ReadOut {

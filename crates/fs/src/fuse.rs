@@ -448,7 +448,7 @@ impl Filesystem for GranuleFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.block(self.engine.sync(ino.0)) {
+        match self.block(self.engine.fsync(ino.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         }
@@ -506,7 +506,9 @@ impl Filesystem for GranuleFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Metadata changes take effect when they are made.
+        // Metadata changes take effect when they are made; fsync makes them survive the
+        // mount process (on the metadata copy).
+        self.block(self.engine.sync_meta());
         reply.ok();
     }
 

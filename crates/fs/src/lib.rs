@@ -7,13 +7,16 @@
 //!   store in the class; replicas; the order a drained stripe moves along), free of I/O;
 //! - [`meta`]: the namespace and each file's stripe table, and the POSIX rules of the
 //!   namespace operations, free of I/O;
+//! - [`metacopy`]: the metadata's second copy on another own node, kept current, and
+//!   adopted by the next mount when the mount process dies;
 //! - [`stores`]: own stores (a memory proclet per own node) and victim stores (RESP,
 //!   with the lease's secret; stripes sealed as the market's consumer seals values);
 //! - [`engine`]: write-behind, the read cache and readahead, placement onto stores,
 //!   replicas, draining and repairing;
 //! - [`fuse`]: the kernel's requests mapped onto the engine (through `fuser`);
 //! - [`mount`]: one mount's life (own cluster, victims, leases, status door, unmount);
-//! - [`status`]: what a mount reports (`granule fs status`, `/metrics`).
+//! - [`status`]: what a mount reports (`granule fs status`, `/metrics`);
+//! - [`panel`]: the same figures as a panel on the controller's dashboard.
 //!
 //! It is a layer on the runtime (proclets for own stores) and the market (stores,
 //! leases, sealing): it must not touch `/proc` or `/sys` (the host crate does), nor the
@@ -23,7 +26,9 @@
 pub mod engine;
 pub mod fuse;
 pub mod meta;
+pub mod metacopy;
 pub mod mount;
+pub mod panel;
 pub mod placement;
 pub mod status;
 pub mod stores;

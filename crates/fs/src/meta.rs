@@ -8,7 +8,7 @@
 
 use crate::placement::StoreId;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::time::SystemTime;
 
@@ -89,8 +89,27 @@ pub struct Freed {
 /// The namespace.
 #[derive(Debug)]
 pub struct Namespace {
-    pub inodes: HashMap<Ino, Inode>,
+    inodes: HashMap<Ino, Inode>,
     next: Ino,
+    /// Inodes changed (or removed) since the last [`Namespace::take_changes`]: what the
+    /// metadata's second copy has not seen yet. Every mutable access goes through
+    /// [`Namespace::get_mut`], [`Namespace::put`] or [`Namespace::take`], which mark it.
+    changed: HashSet<Ino>,
+    /// Count of changes ever made (a change's sequence number; fsync waits until the
+    /// copy has applied the one it saw).
+    seq: u64,
+}
+
+/// What changed in a namespace since the last time it was asked: inodes as they are
+/// now, and those gone.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Changes {
+    /// The namespace's change count these bring a copy up to.
+    pub seq: u64,
+    /// The next inode number to hand out.
+    pub next: Ino,
+    pub upserts: Vec<Inode>,
+    pub removes: Vec<Ino>,
 }
 
 fn check_name(name: &OsStr) -> Result<(), i32> {
@@ -133,15 +152,97 @@ impl Namespace {
         Namespace {
             inodes: HashMap::from([(ROOT, root)]),
             next: ROOT + 1,
+            changed: HashSet::from([ROOT]),
+            seq: 1,
         }
+    }
+
+    /// A namespace rebuilt from a copy's inodes. Inodes no name reaches any more (an
+    /// unlinked file that was open when its mount died) are dropped: their stripes are
+    /// returned for deleting.
+    pub fn restore(inodes: HashMap<Ino, Inode>, next: Ino) -> (Namespace, Vec<Freed>) {
+        let mut ns = Namespace {
+            next: next.max(inodes.keys().max().copied().unwrap_or(ROOT) + 1),
+            inodes,
+            changed: HashSet::new(),
+            seq: 0,
+        };
+        let orphans: Vec<Ino> = ns
+            .inodes
+            .values()
+            .filter(|i| i.nlink == 0 && i.ino != ROOT)
+            .map(|i| i.ino)
+            .collect();
+        let freed = orphans.into_iter().flat_map(|o| ns.remove(o)).collect();
+        (ns, freed)
     }
 
     pub fn get(&self, ino: Ino) -> Result<&Inode, i32> {
         self.inodes.get(&ino).ok_or(libc::ENOENT)
     }
 
+    /// An inode to change (marked changed for the metadata copy).
     pub fn get_mut(&mut self, ino: Ino) -> Result<&mut Inode, i32> {
-        self.inodes.get_mut(&ino).ok_or(libc::ENOENT)
+        match self.inodes.get_mut(&ino) {
+            Some(i) => {
+                self.changed.insert(ino);
+                self.seq += 1;
+                Ok(i)
+            }
+            None => Err(libc::ENOENT),
+        }
+    }
+
+    fn put(&mut self, i: Inode) {
+        self.changed.insert(i.ino);
+        self.seq += 1;
+        self.inodes.insert(i.ino, i);
+    }
+
+    fn take(&mut self, ino: Ino) -> Option<Inode> {
+        self.changed.insert(ino);
+        self.seq += 1;
+        self.inodes.remove(&ino)
+    }
+
+    /// The change count (see [`Changes::seq`]).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// What changed since the last call (None: nothing).
+    pub fn take_changes(&mut self) -> Option<Changes> {
+        if self.changed.is_empty() {
+            return None;
+        }
+        let mut c = Changes {
+            seq: self.seq,
+            next: self.next,
+            ..Changes::default()
+        };
+        for ino in std::mem::take(&mut self.changed) {
+            match self.inodes.get(&ino) {
+                Some(i) => c.upserts.push(i.clone()),
+                None => c.removes.push(ino),
+            }
+        }
+        Some(c)
+    }
+
+    /// Everything, as changes to an empty copy (and nothing left marked changed).
+    pub fn snapshot(&mut self) -> Changes {
+        self.changed.clear();
+        Changes {
+            seq: self.seq,
+            next: self.next,
+            upserts: self.inodes.values().cloned().collect(),
+            removes: Vec::new(),
+        }
+    }
+
+    /// Every inode (status, recovery checks).
+    pub fn inodes(&self) -> impl Iterator<Item = &Inode> {
+        self.inodes.values()
     }
 
     fn entries(&self, dir: Ino) -> Result<&BTreeMap<OsString, Ino>, i32> {
@@ -176,7 +277,7 @@ impl Namespace {
     }
 
     fn touch_dir(&mut self, dir: Ino) {
-        if let Some(d) = self.inodes.get_mut(&dir) {
+        if let Ok(d) = self.get_mut(dir) {
             let now = SystemTime::now();
             d.mtime = now;
             d.ctime = now;
@@ -205,23 +306,20 @@ impl Namespace {
             Node::Symlink { target } => target.len() as u64,
             _ => 0,
         };
-        self.inodes.insert(
+        self.put(Inode {
             ino,
-            Inode {
-                ino,
-                perm: perm & 0o7777,
-                uid,
-                gid,
-                nlink: if is_dir { 2 } else { 1 },
-                size,
-                atime: now,
-                mtime: now,
-                ctime: now,
-                node,
-                name: name.to_owned(),
-                open: 0,
-            },
-        );
+            perm: perm & 0o7777,
+            uid,
+            gid,
+            nlink: if is_dir { 2 } else { 1 },
+            size,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            node,
+            name: name.to_owned(),
+            open: 0,
+        });
         self.entries_mut(parent)?.insert(name.to_owned(), ino);
         if is_dir {
             if let Ok(p) = self.get_mut(parent) {
@@ -300,7 +398,7 @@ impl Namespace {
     /// Drop one link of `ino`; its stripes when that was the last link and no handle is
     /// open.
     fn drop_link(&mut self, ino: Ino) -> Vec<Freed> {
-        let Some(i) = self.inodes.get_mut(&ino) else {
+        let Ok(i) = self.get_mut(ino) else {
             return Vec::new();
         };
         i.nlink = i.nlink.saturating_sub(1);
@@ -312,7 +410,7 @@ impl Namespace {
     }
 
     fn remove(&mut self, ino: Ino) -> Vec<Freed> {
-        match self.inodes.remove(&ino).map(|i| i.node) {
+        match self.take(ino).map(|i| i.node) {
             Some(Node::File { stripes, .. }) => stripes
                 .into_values()
                 .map(|s| Freed {
@@ -347,7 +445,7 @@ impl Namespace {
             return Err(libc::ENOTEMPTY);
         }
         self.entries_mut(parent)?.remove(name);
-        self.inodes.remove(&ino);
+        self.take(ino);
         if let Ok(p) = self.get_mut(parent) {
             p.nlink = p.nlink.saturating_sub(1);
         }
@@ -401,7 +499,7 @@ impl Namespace {
                         return Err(libc::ENOTEMPTY);
                     }
                     self.entries_mut(newparent)?.remove(newname);
-                    self.inodes.remove(&old);
+                    self.take(old);
                     if let Ok(p) = self.get_mut(newparent) {
                         p.nlink = p.nlink.saturating_sub(1);
                     }
@@ -471,12 +569,14 @@ impl Namespace {
 
     /// A handle was opened.
     pub fn opened(&mut self, ino: Ino) -> Result<(), i32> {
-        self.get_mut(ino)?.open += 1;
+        // Not get_mut: the open count is not metadata the copy keeps.
+        self.inodes.get_mut(&ino).ok_or(libc::ENOENT)?.open += 1;
         Ok(())
     }
 
     /// A handle was released; the data goes when it was the last one of an unlinked file.
     pub fn released(&mut self, ino: Ino) -> Vec<Freed> {
+        // Not get_mut: the open count is not metadata the copy keeps.
         let Some(i) = self.inodes.get_mut(&ino) else {
             return Vec::new();
         };

@@ -8,13 +8,14 @@
 use crate::engine::{Engine, Settings};
 use crate::fuse::GranuleFs;
 use crate::meta::Namespace;
+use crate::metacopy::{self, MetaCopy, Replicator};
 use crate::placement::StoreId;
 use crate::status::{self, Record};
 use crate::stores::{victim_capacity, Store, StoreState};
 use granule_market::client::{BrokerLeases, LeaseTerms};
 use granule_market::consumer::{LeaseSource, Protection, Sealer};
 use granule_market::wire::EvictionMode;
-use granule_runtime::{Cluster, Config, NodeState};
+use granule_runtime::{Cluster, Config, NodeState, Proclet};
 use granule_wire::Role;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -34,6 +35,8 @@ pub enum MountError {
     Victim(String, String),
     #[error("broker: {0}")]
     Broker(String),
+    #[error("{0}")]
+    Recover(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -188,8 +191,36 @@ fn serve(
         Namespace::new(0o755, uid, gid),
     );
     let next_id = AtomicU32::new(1);
+    let dir = std::path::absolute(&opts.dir).unwrap_or_else(|_| opts.dir.clone());
+    let record_file = status::record_path(Path::new(&fs_cfg.state_dir), &dir);
+    // Own nodes that outlive the mount (an outside controller's) keep its data, and a
+    // mount of the same directory after this one died adopts it.
+    let outside = cfg.cluster.controller.clone();
+    let adopted = match adoptable(&record_file, outside.as_deref()) {
+        Some((rec, copy)) => match rt.block_on(metacopy::fetch(&copy)) {
+            Ok(got) => Some((rec, copy, got)),
+            Err(e) => {
+                return Err(MountError::Recover(format!(
+                    "the mount of {} that died (pid {}) left its metadata on the own nodes, but it cannot be read: {e}. \
+                     To start an empty file system instead, delete {}",
+                    dir.display(),
+                    rec.pid,
+                    record_file.display()
+                )))
+            }
+        },
+        None => None,
+    };
 
-    // Own stores: one per node process.
+    let timeout = cfg.market.store_timeout.max(Duration::from_secs(2));
+    let (protection_name, master) = match &adopted {
+        Some((_, _, got)) => (got.mount.protection.clone(), got.mount.master),
+        None => (cfg.market.protection.clone(), rand::random()),
+    };
+    let protection = Protection::parse(&protection_name)
+        .map_err(|e| MountError::Victim("-".into(), e.to_string()))?;
+    let sealer = Arc::new(Sealer::new(protection, &master));
+
     let nodes = cluster
         .nodes()
         .map_err(|e| MountError::Cluster(e.to_string()))?;
@@ -202,7 +233,61 @@ fn serve(
             "no own node to keep data on (cluster.nodes is empty)".into(),
         ));
     }
+
+    // What the dead mount left: its namespace and stores, served again.
+    let mut leased_before = Vec::new();
+    if let Some((rec, _, got)) = &adopted {
+        if got.mount.stripe != fs_cfg.stripe {
+            return Err(MountError::Recover(format!(
+                "the mount of {} that died (pid {}) used {} KiB stripes, not {} KiB: mount with --stripe {}",
+                dir.display(),
+                rec.pid,
+                got.mount.stripe >> 10,
+                fs_cfg.stripe >> 10,
+                got.mount.stripe
+            )));
+        }
+        let mut stores = Vec::new();
+        for im in &got.mount.stores {
+            let s = Store::from_image(im, sealer.clone(), timeout);
+            if let Some(node) = s.node() {
+                if !own.iter().any(|n| n.id == node) {
+                    tracing::warn!("{}: its node is gone, and the stripes only it held", s.name);
+                    s.set_state(StoreState::Gone);
+                }
+            }
+            if s.lease.is_some() && s.state() == StoreState::Active {
+                // The dead mount's lease: its stripes move to this mount's stores.
+                leased_before.push(s.id);
+            }
+            next_id.fetch_max(s.id + 1, Ordering::Relaxed);
+            stores.push(s);
+        }
+        let (ns, orphans) = Namespace::restore(got.inodes.clone(), got.next);
+        let files = ns.count();
+        engine.restore(
+            ns,
+            orphans,
+            got.mount.layouts.clone(),
+            stores,
+            got.mount.versions_below,
+        );
+        eprintln!(
+            "granule fs: adopted the {files} files and directories of the mount that died (pid {}) from its metadata copy",
+            rec.pid
+        );
+    }
+
+    // Own stores: one per node process (an adopted one where it still lives).
     for n in &own {
+        let has = engine
+            .stores
+            .all()
+            .iter()
+            .any(|s| s.node() == Some(n.id) && s.state() == StoreState::Active);
+        if has {
+            continue;
+        }
         let cap = (n.spec.mem_bytes as f64 * fs_cfg.own_share) as u64;
         let id = next_id.fetch_add(1, Ordering::Relaxed);
         let s = rt
@@ -210,14 +295,28 @@ fn serve(
             .map_err(|e| MountError::Cluster(e.to_string()))?;
         engine.add_store(s, "own", 1.0);
     }
+    // This process is an own node too. With embedded nodes (which end with it) it keeps
+    // stripes as well: reading those costs no network hop and no copy before the kernel.
+    // Under an outside controller it does not: its nodes outlive it, and so should data.
+    let driver_store = fs_cfg.driver_store && outside.is_none();
+    if driver_store {
+        let me = cluster.node_id();
+        let cap = (cfg.cluster.driver.mem_bytes as f64 * fs_cfg.own_share) as u64;
+        let id = next_id.fetch_add(1, Ordering::Relaxed);
+        let s = rt
+            .block_on(Store::own(id, me, cap))
+            .map_err(|e| MountError::Cluster(e.to_string()))?;
+        engine.add_store(s, "own", 1.0);
+    }
 
     // Victim stores.
-    let protection = Protection::parse(&cfg.market.protection)
-        .map_err(|e| MountError::Victim("-".into(), e.to_string()))?;
-    let master: [u8; 32] = rand::random();
-    let sealer = Arc::new(Sealer::new(protection, &master));
-    let timeout = cfg.market.store_timeout.max(Duration::from_secs(2));
     for (addr, secret) in &opts.victims {
+        let known = engine.stores.all().iter().any(|s| {
+            s.is_victim() && s.lease.is_none() && &s.name == addr && s.state() != StoreState::Gone
+        });
+        if known {
+            continue;
+        }
         let cap = match opts.victim_bytes {
             Some(b) => b,
             None => rt
@@ -272,10 +371,15 @@ fn serve(
         None
     };
 
+    for id in leased_before {
+        if let Err(e) = engine.start_drain(id) {
+            tracing::warn!("draining the dead mount's leased store: {e}");
+        }
+    }
+
     // The status door.
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let http = listener.local_addr()?.to_string();
-    let dir = std::path::absolute(&opts.dir).unwrap_or_else(|_| opts.dir.clone());
     let app = door(engine.clone(), dir.clone());
     let limits = granule_http::Limits::from_config(cfg);
     rt.spawn(granule_http::serve(
@@ -284,23 +388,45 @@ fn serve(
         limits,
         "the file system's status door",
     ));
-    let record_file = status::record_path(Path::new(&fs_cfg.state_dir), &dir);
-    let record = Record {
+    let record = Arc::new(parking_lot::Mutex::new(Record {
         dir: dir.clone(),
         pid: std::process::id(),
         http: http.clone(),
-    };
-    if let Err(e) = std::fs::create_dir_all(&fs_cfg.state_dir).and_then(|()| {
-        std::fs::write(
-            &record_file,
-            serde_json::to_vec_pretty(&record).unwrap_or_default(),
-        )
-    }) {
+        controller: outside.clone(),
+        meta: None,
+    }));
+    let adopted_copy = adopted.map(|(_, copy, _)| copy);
+    if let Some(c) = &adopted_copy {
+        record.lock().meta = serde_json::to_value(c).ok();
+    }
+    if let Err(e) = std::fs::create_dir_all(&fs_cfg.state_dir)
+        .and_then(|()| write_record(&record_file, &record.lock()))
+    {
         tracing::warn!(
             "cannot record the mount in {}: {e} (granule fs status will not find it)",
             fs_cfg.state_dir
         );
     }
+
+    // The metadata's second copy, on another own node.
+    let replicator = {
+        let (record, file) = (record.clone(), record_file.clone());
+        Replicator::new(
+            engine.clone(),
+            adopted_copy,
+            master,
+            protection_name,
+            cluster.node_id(),
+            Box::new(move |copy: &Proclet<MetaCopy>| {
+                let mut r = record.lock();
+                r.meta = serde_json::to_value(copy).ok();
+                if let Err(e) = write_record(&file, &r) {
+                    tracing::warn!("cannot record the metadata copy in {}: {e}", file.display());
+                }
+            }),
+        )
+    };
+    rt.spawn(replicator.clone().run());
 
     // The FUSE session.
     let root = nix::unistd::geteuid().is_root();
@@ -337,8 +463,8 @@ fn serve(
     println!(
         "granule fs: mounted {} ({} own store{}, {} victim store{}, {:.2} GiB; stripe {} KiB, {} cop{}; status at http://{http}/status)",
         opts.dir.display(),
-        own.len(),
-        if own.len() == 1 { "" } else { "s" },
+        own.len() + usize::from(driver_store),
+        if own.len() + usize::from(driver_store) == 1 { "" } else { "s" },
         victims,
         if victims == 1 { "" } else { "s" },
         cap as f64 / (1u64 << 30) as f64,
@@ -373,6 +499,12 @@ fn serve(
         let (l, engine, cfg) = (l.clone(), engine.clone(), cfg.clone());
         rt.spawn(async move { maintain_leases(l, engine, cfg).await });
     }
+    // The mount's panel on its controller's dashboard (see crate::panel).
+    rt.spawn(crate::panel::publish_loop(
+        engine.clone(),
+        dir.clone(),
+        cluster.panel_publisher(),
+    ));
     let mut checks = 0u64;
     loop {
         std::thread::sleep(Duration::from_millis(100));
@@ -432,8 +564,30 @@ fn serve(
             let _ = rt.block_on(l.source.release(lease));
         }
     }
+    rt.block_on(replicator.finish());
     rt.block_on(engine.close());
     Ok(())
+}
+
+fn write_record(file: &Path, record: &Record) -> std::io::Result<()> {
+    // Written whole and renamed: a reader never sees half a record.
+    let tmp = file.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(record).unwrap_or_default())?;
+    std::fs::rename(&tmp, file)
+}
+
+/// The metadata copy a dead mount of the same directory left on own nodes that outlive
+/// mounts (the same outside controller), if any.
+fn adoptable(record_file: &Path, controller: Option<&str>) -> Option<(Record, Proclet<MetaCopy>)> {
+    let controller = controller?;
+    let rec: Record = serde_json::from_slice(&std::fs::read(record_file).ok()?).ok()?;
+    let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(rec.pid as i32), None)
+        .map_or_else(|e| e != nix::errno::Errno::ESRCH, |()| true);
+    if alive || rec.controller.as_deref() != Some(controller) {
+        return None;
+    }
+    let copy = serde_json::from_value(rec.meta.clone()?).ok()?;
+    Some((rec, copy))
 }
 
 fn mount_error(dir: &Path, e: std::io::Error) -> MountError {
@@ -455,12 +609,14 @@ async fn maintain_leases(l: Arc<Leases>, engine: Arc<Engine>, cfg: Config) {
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         for lease in l.source.take_revoked() {
-            let store = l
-                .stores
-                .lock()
-                .iter()
-                .find(|(x, _, _)| *x == lease)
-                .map(|(_, s, _)| *s);
+            // The broker ended the lease when it sent the notice: forget it here at once,
+            // so it is neither renewed (a refused renewal would drain again) nor released
+            // again at unmount.
+            let store = {
+                let mut stores = l.stores.lock();
+                let at = stores.iter().position(|(x, _, _)| *x == lease);
+                at.map(|i| stores.remove(i).1)
+            };
             if let Some(id) = store {
                 tracing::info!(lease, "victim lease revoked: draining its store");
                 let (e, src) = (engine.clone(), l.source.clone());
@@ -501,14 +657,14 @@ async fn maintain_leases(l: Arc<Leases>, engine: Arc<Engine>, cfg: Config) {
                     }
                 }
                 Err(err) => {
-                    tracing::warn!(
-                        lease,
-                        "renewing the lease failed ({err}): draining its store"
-                    );
-                    let e = engine.clone();
-                    tokio::spawn(async move {
-                        let _ = e.drain(id).await;
-                    });
+                    // This loop comes back every 250 ms and a draining store is still
+                    // renewed (and refused) until it is gone: drain it only once.
+                    if engine.start_drain(id).is_ok() {
+                        tracing::warn!(
+                            lease,
+                            "renewing the lease failed ({err}): draining its store"
+                        );
+                    }
                 }
             }
         }

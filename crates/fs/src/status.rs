@@ -56,6 +56,9 @@ pub struct Status {
     pub cache_hits: u64,
     pub verification_failures: u64,
     pub stripes_moved: u64,
+    /// Where the metadata's second copy is (`on n2`), or why there is none.
+    #[serde(default)]
+    pub metadata_copy: String,
 }
 
 /// The engine's status now.
@@ -123,6 +126,7 @@ pub fn status(e: &Engine, dir: &Path) -> Status {
         cache_hits: n.cache_hits.load(Ordering::Relaxed),
         verification_failures: n.verification_failures.load(Ordering::Relaxed),
         stripes_moved: n.moved.load(Ordering::Relaxed),
+        metadata_copy: e.meta.describe(),
     }
 }
 
@@ -269,6 +273,7 @@ pub fn lines(s: &Status) -> Vec<String> {
         "stripes draining: {}   replicas missing: {}   stripes lost: {}   verification failures: {}",
         s.draining_stripes, s.replicas_missing, s.stripes_lost, s.verification_failures
     ));
+    out.push(format!("metadata copy: {}", s.metadata_copy));
     out
 }
 
@@ -279,6 +284,13 @@ pub struct Record {
     pub pid: u32,
     /// `host:port` of its status and metrics door.
     pub http: String,
+    /// The controller of its own nodes, when they are not its own embedded ones (they
+    /// outlive the mount, and so does its data).
+    #[serde(default)]
+    pub controller: Option<String>,
+    /// The handle of its metadata copy (see `metacopy`), once there is one.
+    #[serde(default)]
+    pub meta: Option<serde_json::Value>,
 }
 
 /// The file a mount of `dir` records itself in.

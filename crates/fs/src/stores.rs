@@ -13,12 +13,13 @@
 //! stripes) and state (active, draining, gone), which placement and `statfs` read.
 
 use crate::placement::StoreId;
+use bytes::Bytes;
 use granule_market::consumer::Sealer;
 use granule_runtime::{Footprint, Kind, NodeId, Proclet};
+use granule_wire::Blob;
 use parking_lot::Mutex;
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
-use serde_bytes::ByteBuf;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -42,28 +43,12 @@ pub enum StoreError {
     Other(String),
 }
 
-/// A stripe's bytes, shared: encoded straight from the buffer (no copy before the
-/// wire), decoded into a buffer of its own. Own stores keep stripes this way, so a read
-/// is answered without copying the stripe first.
-#[derive(Clone)]
-pub struct Shared(pub Arc<Vec<u8>>);
-
-impl Serialize for Shared {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        serde_bytes::Bytes::new(&self.0).serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for Shared {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(Shared(Arc::new(ByteBuf::deserialize(d)?.into_vec())))
-    }
-}
-
 /// An own node's stripes: the state of a memory proclet.
 #[derive(Default, Serialize, Deserialize)]
 pub struct StripeStore {
-    stripes: HashMap<u64, Shared>,
+    /// Stripes as shared buffers: a read is answered without copying the stripe first,
+    /// and the mount decodes the reply as a view into the frame it arrived in.
+    stripes: HashMap<u64, Blob>,
     bytes: u64,
 }
 
@@ -103,7 +88,7 @@ impl StoreState {
 }
 
 enum Backend {
-    Own(Proclet<StripeStore>),
+    Own(NodeId, Proclet<StripeStore>),
     Victim(Victim),
 }
 
@@ -143,7 +128,73 @@ fn key_of(version: u64) -> [u8; 8] {
     version.to_be_bytes()
 }
 
+/// What the metadata copy keeps of a store: enough to reach it again after the mount
+/// that placed stripes there died (an own store's proclet handle; a victim's address
+/// and secret).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StoreImage {
+    pub id: StoreId,
+    pub class: usize,
+    pub name: String,
+    pub lease: Option<u64>,
+    pub capacity: u64,
+    pub state: StoreState,
+    pub own: Option<(NodeId, Proclet<StripeStore>)>,
+    pub victim: Option<(String, String)>,
+}
+
 impl Store {
+    /// The store again, from its image (the victims' sealer is the mount's, rebuilt from
+    /// the same key).
+    pub fn from_image(im: &StoreImage, sealer: Arc<Sealer>, timeout: Duration) -> Store {
+        let s = match (&im.own, &im.victim) {
+            (Some((node, p)), _) => Store::new(
+                im.id,
+                im.class,
+                im.name.clone(),
+                im.lease,
+                im.capacity,
+                Backend::Own(*node, p.clone()),
+            ),
+            (None, Some((addr, secret))) => {
+                Store::victim(im.id, addr, secret, im.capacity, im.lease, sealer, timeout)
+            }
+            (None, None) => {
+                let s = Store::victim(im.id, "-", "", 0, None, sealer, timeout);
+                s.set_state(StoreState::Gone);
+                s
+            }
+        };
+        s.set_state(im.state);
+        s
+    }
+
+    /// What the metadata copy keeps of this store.
+    pub fn image(&self) -> StoreImage {
+        let (own, victim) = match &self.backend {
+            Backend::Own(node, p) => (Some((*node, p.clone())), None),
+            Backend::Victim(v) => (None, Some((v.addr.clone(), v.secret.clone()))),
+        };
+        StoreImage {
+            id: self.id,
+            class: self.class,
+            name: self.name.clone(),
+            lease: self.lease,
+            capacity: self.capacity.load(Ordering::Relaxed),
+            state: self.state(),
+            own,
+            victim,
+        }
+    }
+
+    /// The own node an own store lives on.
+    pub fn node(&self) -> Option<NodeId> {
+        match &self.backend {
+            Backend::Own(n, _) => Some(*n),
+            Backend::Victim(_) => None,
+        }
+    }
+
     /// A stripe store proclet on own node `node`.
     pub async fn own(id: StoreId, node: NodeId, capacity: u64) -> Result<Store, StoreError> {
         // Hybrid: a store holds memory and also spends CPU moving stripes in bursts.
@@ -160,7 +211,7 @@ impl Store {
             format!("own:{node}"),
             None,
             capacity,
-            Backend::Own(p),
+            Backend::Own(node, p),
         ))
     }
 
@@ -221,6 +272,19 @@ impl Store {
         StoreState::from_u8(self.state.load(Ordering::Acquire))
     }
 
+    /// Active → draining, or the state it is in instead.
+    pub fn begin_drain(&self) -> Result<(), StoreState> {
+        self.state
+            .compare_exchange(
+                StoreState::Active.as_u8(),
+                StoreState::Draining.as_u8(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map(|_| ())
+            .map_err(StoreState::from_u8)
+    }
+
     pub fn set_state(&self, s: StoreState) {
         self.state.store(s.as_u8(), Ordering::Release);
     }
@@ -228,7 +292,7 @@ impl Store {
     /// Bytes one copy of a `len`-byte stripe takes here.
     pub fn stored_size(&self, len: usize) -> u64 {
         match &self.backend {
-            Backend::Own(_) => len as u64,
+            Backend::Own(..) => len as u64,
             Backend::Victim(v) => (len + v.sealer.overhead() + 8) as u64,
         }
     }
@@ -260,12 +324,12 @@ impl Store {
     }
 
     /// Store `data` as `version` (room must have been reserved).
-    pub async fn put(&self, version: u64, data: &Arc<Vec<u8>>) -> Result<(), StoreError> {
+    pub async fn put(&self, version: u64, data: &Bytes) -> Result<(), StoreError> {
         let r = match &self.backend {
-            Backend::Own(p) => p
+            Backend::Own(_, p) => p
                 .run_async(
-                    (version, Shared(data.clone())),
-                    |s: &mut StripeStore, (k, v): (u64, Shared)| {
+                    (version, Blob(data.clone())),
+                    |s: &mut StripeStore, (k, v): (u64, Blob)| {
                         s.bytes += v.0.len() as u64;
                         if let Some(old) = s.stripes.insert(k, v) {
                             s.bytes -= old.0.len() as u64;
@@ -288,18 +352,18 @@ impl Store {
     }
 
     /// The stripe stored as `version`, `Ok(None)` when the store does not hold it.
-    pub async fn get(&self, version: u64) -> Result<Option<Vec<u8>>, StoreError> {
+    pub async fn get(&self, version: u64) -> Result<Option<Bytes>, StoreError> {
         let r = match &self.backend {
-            Backend::Own(p) => p
+            Backend::Own(_, p) => p
                 .run_ref_async(version, |s: &StripeStore, k: u64| {
                     s.stripes.get(&k).cloned()
                 })
                 .await
-                .map(|o| o.map(|v| Arc::try_unwrap(v.0).unwrap_or_else(|a| a.as_ref().clone())))
+                .map(|o| o.map(|v| v.0))
                 .map_err(call_error),
             Backend::Victim(v) => match v.get(&key_of(version)).await {
                 Ok(Some(sealed)) => match v.sealer.open(version, sealed) {
-                    Ok(data) => Ok(Some(data)),
+                    Ok(data) => Ok(Some(Bytes::from(data))),
                     Err(_) => {
                         self.tampered.fetch_add(1, Ordering::Relaxed);
                         Err(StoreError::Tampered)
@@ -322,8 +386,8 @@ impl Store {
         version: u64,
         offset: usize,
         len: usize,
-    ) -> Option<Result<Option<Vec<u8>>, StoreError>> {
-        let Backend::Own(p) = &self.backend else {
+    ) -> Option<Result<Option<Bytes>, StoreError>> {
+        let Backend::Own(_, p) = &self.backend else {
             return None;
         };
         let r = p
@@ -333,12 +397,12 @@ impl Store {
                     s.stripes.get(&k).map(|v| {
                         let end = (o + n).min(v.0.len() as u64) as usize;
                         let start = (o as usize).min(end);
-                        ByteBuf::from(v.0[start..end].to_vec())
+                        Blob(v.0.slice(start..end))
                     })
                 },
             )
             .await
-            .map(|o| o.map(ByteBuf::into_vec))
+            .map(|o| o.map(|b| b.0))
             .map_err(call_error);
         if r.is_err() {
             self.errors.fetch_add(1, Ordering::Relaxed);
@@ -358,7 +422,7 @@ impl Store {
             return Ok(());
         }
         match &self.backend {
-            Backend::Own(p) => p
+            Backend::Own(_, p) => p
                 .run_async(version, |s: &mut StripeStore, k: u64| {
                     if let Some(old) = s.stripes.remove(&k) {
                         s.bytes -= old.0.len() as u64;
@@ -372,7 +436,7 @@ impl Store {
 
     /// Free the store's resources when the mount ends (own proclets are destroyed).
     pub async fn close(&self) {
-        if let Backend::Own(p) = &self.backend {
+        if let Backend::Own(_, p) = &self.backend {
             let _ = p.destroy_async().await;
         }
     }
@@ -539,5 +603,49 @@ impl Stores {
         let s = Arc::new(s);
         self.by_id.lock().insert(s.id, s.clone());
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use granule_market::consumer::Protection;
+
+    fn victim() -> Store {
+        let sealer = Arc::new(Sealer::new(Protection::Encrypt, &[1; 32]));
+        Store::victim(
+            3,
+            "127.0.0.1:1",
+            "s",
+            1 << 20,
+            Some(9),
+            sealer,
+            Duration::from_secs(1),
+        )
+    }
+
+    #[test]
+    fn a_store_drains_once() {
+        let s = victim();
+        assert_eq!(s.begin_drain(), Ok(()));
+        // A second drain (a refused renewal after the revocation) finds it draining.
+        assert_eq!(s.begin_drain(), Err(StoreState::Draining));
+        s.set_state(StoreState::Gone);
+        assert_eq!(s.begin_drain(), Err(StoreState::Gone));
+    }
+
+    #[test]
+    fn an_image_brings_the_store_back() {
+        let s = victim();
+        s.set_state(StoreState::Draining);
+        let im = s.image();
+        assert_eq!(im.victim, Some(("127.0.0.1:1".into(), "s".into())));
+        let sealer = Arc::new(Sealer::new(Protection::Encrypt, &[1; 32]));
+        let back = Store::from_image(&im, sealer, Duration::from_secs(1));
+        assert_eq!(
+            (back.id, back.lease, back.state(), back.is_victim()),
+            (3, Some(9), StoreState::Draining, true)
+        );
+        assert_eq!(back.capacity.load(Ordering::Relaxed), 1 << 20);
     }
 }

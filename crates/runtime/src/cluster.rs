@@ -16,10 +16,14 @@ use crate::node::{Node, NodeInner, NodeOptions};
 use crate::shipping::binary_hash_hint;
 use granule_config::{CgroupsMode, Config, ConfigError, Origin};
 use granule_controller::{ControllerConfig, ControllerHandle};
-use granule_wire::{MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, Role};
+use granule_wire::{MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, Panel, ProcletId, Role};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What a [`Cluster::panel_publisher`] call returns.
+pub type PanelFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), CallError>> + Send>>;
 
 /// A running cluster, from the driver's side. The driver is itself a node: proclets can
 /// live here, and calls to them take the local fast path.
@@ -372,6 +376,37 @@ impl Cluster {
     /// `GRANULE_CONTROLLER` to add machines).
     pub fn controller_addr(&self) -> &str {
         &self.controller_addr
+    }
+
+    /// Show (or refresh) a panel on the controller's dashboard (`/`, `/api/panels`,
+    /// `/api/cluster`), sent over the driver's own connection to the controller (so it
+    /// works whether or not the dashboard is served here). The panel stays while it is
+    /// refreshed within its `ttl_ms` and this cluster runs; an oversize one is refused
+    /// with the bound it breaks (`CallError::Controller`).
+    pub fn publish_panel(&self, panel: Panel) -> Result<(), CallError> {
+        let inner = self.inner()?;
+        let n = inner.clone();
+        inner
+            .block(async move { n.controller.publish_panel(panel).await }, None)
+            .ok_or_else(|| CallError::Internal("interrupted".into()))?
+            .map_err(CallError::from)
+    }
+
+    /// [`Cluster::publish_panel`] for a task on any tokio runtime: a function to call
+    /// as often as the panel changes, which does not keep the cluster alive (once the
+    /// cluster stopped, its futures fail with `NoCluster`).
+    pub fn panel_publisher(&self) -> impl Fn(Panel) -> PanelFuture + Clone + Send + Sync + 'static {
+        let node = self.node.as_ref().map(|n| Arc::downgrade(&n.inner));
+        move |panel: Panel| -> PanelFuture {
+            let node = node.as_ref().and_then(std::sync::Weak::upgrade);
+            Box::pin(async move {
+                let n = node.ok_or(CallError::NoCluster)?;
+                n.controller
+                    .publish_panel(panel)
+                    .await
+                    .map_err(CallError::from)
+            })
+        }
     }
 
     /// Every node the controller knows, with spec, reported use and liveness.

@@ -195,6 +195,12 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, CallError>
     })
 }
 
+/// A return value, decoded so that its [`granule_wire::Blob`]s are views into the reply
+/// frame rather than copies.
+fn decode_reply<T: DeserializeOwned>(bytes: &bytes::Bytes) -> Result<T, CallError> {
+    granule_wire::blob::with_source(bytes, |b| decode(b, "return value"))
+}
+
 fn run_ctor<S, A, F>(ctor: &F, arg: A, id: ProcletId) -> Result<Box<ErasedState>, CallError>
 where
     S: ProcletState,
@@ -767,7 +773,7 @@ impl<S: ProcletState> Proclet<S> {
             let fut = node.call_remote(self.id, self.hint.as_ref(), code(), mode, chain, bytes);
             match node.block(fut, deadline) {
                 None => return Err(timeout_err()),
-                Some(Ok(Remote::Value(b))) => return decode(&b, "return value"),
+                Some(Ok(Remote::Value(b))) => return decode_reply(&b),
                 Some(Ok(Remote::Local)) => continue,
                 Some(Err(e)) => return Err(e),
             }
@@ -849,7 +855,7 @@ impl<S: ProcletState> Proclet<S> {
                     .call_remote(id, hint.as_ref(), code, mode, chain, bytes)
                     .await?
                 {
-                    Remote::Value(b) => return decode(&b, "return value"),
+                    Remote::Value(b) => return decode_reply(&b),
                     Remote::Local => continue,
                 }
             }

@@ -24,11 +24,13 @@
 //! `frame_decode` fuzz target under `fuzz/`.
 #![forbid(unsafe_code)]
 
+pub mod blob;
 mod frame;
 pub mod market;
 mod msg;
 mod types;
 
+pub use blob::Blob;
 pub use frame::{
     begin_frame, decode_frame, encode_frame, finish_frame, peek_frame_len, Frame, FrameKind,
     WireError, DEFAULT_MAX_FRAME, HEADER_LEN, PROTOCOL_VERSION,
@@ -36,6 +38,6 @@ pub use frame::{
 pub use msg::{Msg, RemoteError};
 pub use types::{
     BinaryHash, CallMode, CgroupPaths, ChainId, ClusterEvent, CodeRef, Epoch, EventKind,
-    GroupUsage, Kind, Location, MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId,
-    ProcletUsage, Resource, Role, Usage,
+    GroupUsage, Kind, Location, MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, Panel,
+    PanelTable, ProcletId, ProcletUsage, Resource, Role, Usage,
 };

@@ -4,7 +4,7 @@
 
 use crate::types::{
     BinaryHash, CallMode, CgroupPaths, ChainId, ClusterEvent, CodeRef, Epoch, Kind, Location,
-    MoveStats, NodeId, NodeInfo, NodeSpec, ProcletId, Resource, Role, Usage,
+    MoveStats, NodeId, NodeInfo, NodeSpec, Panel, ProcletId, Resource, Role, Usage,
 };
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -235,6 +235,11 @@ pub enum Msg {
 
     // ---- the memory market (broker, producers, consumers) -----------------------------
     Market(crate::market::MarketMsg),
+
+    // ---- dashboard panels (after the market: earlier variants keep their numbers) ------
+    /// Any peer → controller: show (or refresh) this panel on the dashboard. Answered
+    /// with `Done`, or `Refused` saying which bound an oversize panel breaks.
+    PublishPanel(Panel),
 }
 
 impl Msg {
@@ -281,6 +286,7 @@ impl Msg {
             Msg::Resolve { .. } => "Resolve",
             Msg::Resolved { .. } => "Resolved",
             Msg::Market(m) => m.name(),
+            Msg::PublishPanel(_) => "PublishPanel",
         }
     }
 }

@@ -359,3 +359,29 @@ impl NodeInfo {
         (u.mem_used.max(u.cgroup_mem_usage), limit)
     }
 }
+
+/// A named section of the controller's dashboard that a layer above the controller (the
+/// file system, a service) publishes and keeps fresh: a few key–value facts and small
+/// tables of text. The controller knows nothing of what it shows; it keeps the panel
+/// until `ttl_ms` passes without a new copy or the publishing connection closes, and
+/// refuses panels over its size bounds.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, Debug, Default)]
+pub struct Panel {
+    /// Its key among the panels of one publisher (a new copy replaces the old one).
+    pub name: String,
+    /// The heading the dashboard shows.
+    pub title: String,
+    /// Drop it this long after the last copy arrived (0: the controller's default).
+    pub ttl_ms: u64,
+    /// Key–value lines, in order.
+    pub facts: Vec<(String, String)>,
+    pub tables: Vec<PanelTable>,
+}
+
+/// One table of a [`Panel`]: every cell is text, rows have at most one cell per column.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, Debug, Default)]
+pub struct PanelTable {
+    pub title: String,
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}

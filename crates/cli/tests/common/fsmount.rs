@@ -137,6 +137,12 @@ fn end_group(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
     child.wait().ok()
 }
 
+/// End `child`, started as the leader of a process group of its own
+/// (`process_group(0)`): SIGTERM to the group, SIGKILL after `grace`, then reap it.
+pub fn end_process_group(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    end_group(child, grace)
+}
+
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")

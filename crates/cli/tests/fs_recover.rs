@@ -1,0 +1,429 @@
+//! The file system's metadata on two own nodes, as real processes: a standalone
+//! `granule controller`, `granule node`s started by hand (own nodes that outlive a mount),
+//! and `granule fs mount --controller`. The mount keeps its metadata's second copy on an
+//! own node other than its own; this test SIGKILLs the mount process and mounts the same
+//! directory again: every file, directory, symlink, hard link, mode and byte that was
+//! fsynced is back. With `--replicas 2`, the node holding the copy is SIGKILLed too: the
+//! copy moves to the other node, and after the mount is killed once more, the next mount
+//! still finds everything.
+//!
+//! Like the other fs tests, this needs root, /dev/fuse and fusermount3, or
+//! GRANULE_SKIP_FUSE_TESTS set to skip.
+
+#[path = "common/fsmount.rs"]
+mod fsmount;
+
+use fsmount::*;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Kills the process when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A standalone controller and its address.
+fn controller() -> (Proc, String) {
+    let mut c = Command::new(GRANULE)
+        .args(["controller", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start granule controller");
+    let mut lines = BufReader::new(c.stdout.take().expect("stdout")).lines();
+    let addr = loop {
+        let l = lines.next().expect("controller output").expect("a line");
+        if let Some(a) = l.strip_prefix("granule controller listening on ") {
+            break a.trim().to_string();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    (Proc(c), addr)
+}
+
+fn node(controller: &str) -> Proc {
+    Proc(
+        Command::new(GRANULE)
+            .args([
+                "node",
+                "--controller",
+                controller,
+                "--cpu",
+                "1",
+                "--mem",
+                "512MiB",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start granule node"),
+    )
+}
+
+/// `granule status`'s rows for alive nodes: (name, pid).
+fn alive_nodes(controller: &str) -> Vec<(String, u32)> {
+    let out = run_bounded(
+        Command::new(GRANULE).args(["status", "--controller", controller]),
+        Duration::from_secs(20),
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() > 4 && f[1] == "node" && f[2] == "alive" {
+                Some((f[0].to_string(), f[4].parse().ok()?))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+fn wait_nodes(controller: &str, n: usize) {
+    let t = Instant::now();
+    while alive_nodes(controller).len() != n {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the controller does not show {n} alive nodes: {:?}",
+            alive_nodes(controller)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A `granule fs mount DIR --controller ADDR ARGS` process. Dropping it kills it and
+/// unmounts the directory.
+struct MountProc {
+    dir: PathBuf,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl MountProc {
+    fn start(dir: &Path, controller: &str, args: &[&str], log: PathBuf) -> MountProc {
+        let err = File::create(&log).expect("mount log");
+        let mut child = Command::new(GRANULE)
+            .args(["fs", "mount"])
+            .arg(dir)
+            .args(["--controller", controller])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .expect("start granule fs mount");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        let mut m = MountProc {
+            dir: dir.to_path_buf(),
+            child: Some(child),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(l) if l.starts_with("granule fs: mounted") => break,
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let exited = m.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+                    assert!(
+                        exited.is_none() && Instant::now() < deadline,
+                        "granule fs mount did not mount ({exited:?}); its log:\n{}",
+                        m.log_text()
+                    );
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("granule fs mount exited; its log:\n{}", m.log_text())
+                }
+            }
+        }
+        std::thread::spawn(move || rx.iter().for_each(drop));
+        m
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, the way a crash ends it; then clear the dead mount point.
+    fn crash(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let out = run_bounded(
+            Command::new(GRANULE).args(["fs", "umount"]).arg(&self.dir),
+            Duration::from_secs(30),
+        );
+        assert!(
+            out.status.success(),
+            "granule fs umount after a crash: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// SIGTERM, and wait for it to unmount and exit.
+    fn stop(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let t = Instant::now();
+            while c.try_wait().ok().flatten().is_none() && t.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for MountProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// What the test writes and expects back.
+struct Tree {
+    files: Vec<(&'static str, Vec<u8>, u32)>,
+}
+
+fn tree() -> Tree {
+    Tree {
+        files: vec![
+            ("big", seeded_bytes(1, 5 * MIB + 123), 0o644),
+            ("d/e/small", seeded_bytes(2, 1000), 0o600),
+            ("d/exec", seeded_bytes(3, 2 * MIB), 0o755),
+            ("d/renamed", seeded_bytes(4, 70 * KIB), 0o640),
+        ],
+    }
+}
+
+fn fsync_dir(p: &Path) {
+    File::open(p).and_then(|f| f.sync_all()).expect("fsync dir");
+}
+
+fn write_tree(root: &Path, t: &Tree) {
+    fs::create_dir_all(root.join("d/e")).unwrap();
+    fs::create_dir(root.join("empty")).unwrap();
+    for (name, data, mode) in &t.files {
+        // `d/renamed` is written under another name and renamed over a file.
+        let at = if *name == "d/renamed" {
+            fs::write(root.join("d/old"), b"to be replaced").unwrap();
+            root.join("d/tmp")
+        } else {
+            root.join(name)
+        };
+        let mut f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&at)
+            .unwrap();
+        f.write_all(data).unwrap();
+        f.set_permissions(fs::Permissions::from_mode(*mode))
+            .unwrap();
+        f.sync_all().unwrap();
+        if *name == "d/renamed" {
+            fs::rename(&at, root.join("d/old")).unwrap();
+            fs::rename(root.join("d/old"), root.join(name)).unwrap();
+        }
+    }
+    std::os::unix::fs::symlink("e/small", root.join("d/link")).unwrap();
+    fs::hard_link(root.join("big"), root.join("d/big-again")).unwrap();
+    fs::write(root.join("gone"), b"unlinked").unwrap();
+    fs::remove_file(root.join("gone")).unwrap();
+    for d in ["", "d", "d/e", "empty"] {
+        fsync_dir(&root.join(d));
+    }
+}
+
+fn check_tree(root: &Path, t: &Tree, when: &str) {
+    for (name, data, mode) in &t.files {
+        let p = root.join(name);
+        let got = fs::read(&p).unwrap_or_else(|e| panic!("{when}: reading {name}: {e}"));
+        if let Some(d) = first_difference(&got, data) {
+            panic!("{when}: {name}: {d}");
+        }
+        let m = fs::metadata(&p).unwrap();
+        assert_eq!(m.mode() & 0o7777, *mode, "{when}: mode of {name}");
+    }
+    assert_eq!(
+        fs::read_link(root.join("d/link")).unwrap(),
+        Path::new("e/small"),
+        "{when}: symlink"
+    );
+    let big = fs::metadata(root.join("big")).unwrap();
+    let again = fs::metadata(root.join("d/big-again")).unwrap();
+    assert_eq!(big.ino(), again.ino(), "{when}: hard link");
+    assert_eq!(big.nlink(), 2, "{when}: link count");
+    assert!(root.join("empty").is_dir(), "{when}: empty directory");
+    assert!(
+        !root.join("gone").exists(),
+        "{when}: an unlinked file came back"
+    );
+    assert!(
+        !root.join("d/old").exists(),
+        "{when}: a renamed-away name came back"
+    );
+    let mut names: Vec<String> = fs::read_dir(root.join("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["big-again", "e", "exec", "link", "renamed"],
+        "{when}: entries of d"
+    );
+}
+
+fn copy_node(dir: &Path) -> String {
+    let s = fs_status_json(dir);
+    s["metadata_copy"].as_str().unwrap_or_default().to_string()
+}
+
+/// Wait until the mount says its copy is on a node; that node's name.
+fn wait_copy_on(dir: &Path, not: Option<&str>) -> String {
+    let t = Instant::now();
+    loop {
+        let c = copy_node(dir);
+        if let Some(n) = c.strip_prefix("on ") {
+            if Some(n) != not {
+                return n.to_string();
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the metadata copy is not on another node: `{c}`"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_killed_mount_comes_back_from_its_metadata_copy() {
+    if !fuse_usable("a_killed_mount_comes_back_from_its_metadata_copy") {
+        return;
+    }
+    let (_ctl, addr) = controller();
+    let _nodes: Vec<Proc> = (0..2).map(|_| node(&addr)).collect();
+    wait_nodes(&addr, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("mnt");
+    fs::create_dir(&dir).unwrap();
+    let t = tree();
+
+    let m = MountProc::start(&dir, &addr, &[], tmp.path().join("1.log"));
+    write_tree(&dir, &t);
+    check_tree(&dir, &t, "before the crash");
+    wait_copy_on(&dir, None);
+    m.crash();
+
+    let m = MountProc::start(&dir, &addr, &[], tmp.path().join("2.log"));
+    assert!(
+        m.log_text().contains("adopted the"),
+        "the second mount did not adopt the first one's files:\n{}",
+        m.log_text()
+    );
+    drop_cache_tree(&dir);
+    check_tree(&dir, &t, "after the crash");
+    // The adopted file system takes writes, and keeps them over another crash.
+    let more = seeded_bytes(9, 3 * MIB);
+    {
+        let mut f = File::create(dir.join("d/after")).unwrap();
+        f.write_all(&more).unwrap();
+        f.sync_all().unwrap();
+    }
+    fsync_dir(&dir.join("d"));
+    m.crash();
+
+    let m = MountProc::start(&dir, &addr, &[], tmp.path().join("3.log"));
+    drop_cache_tree(&dir);
+    assert_eq!(
+        fs::read(dir.join("d/after")).unwrap(),
+        more,
+        "after a second crash"
+    );
+    fs::remove_file(dir.join("d/after")).unwrap();
+    check_tree(&dir, &t, "after a second crash");
+    // A clean stop ends the file system: the next mount starts empty.
+    m.stop();
+    let m = MountProc::start(&dir, &addr, &[], tmp.path().join("4.log"));
+    assert!(
+        fs::read_dir(&dir).unwrap().next().is_none(),
+        "a mount after a clean unmount starts empty"
+    );
+    m.stop();
+}
+
+#[test]
+fn the_copy_moves_when_its_node_dies_and_still_brings_the_mount_back() {
+    if !fuse_usable("the_copy_moves_when_its_node_dies_and_still_brings_the_mount_back") {
+        return;
+    }
+    let (_ctl, addr) = controller();
+    let mut nodes: Vec<Proc> = (0..2).map(|_| node(&addr)).collect();
+    wait_nodes(&addr, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("mnt");
+    fs::create_dir(&dir).unwrap();
+    let t = tree();
+
+    let m = MountProc::start(&dir, &addr, &["--replicas", "2"], tmp.path().join("1.log"));
+    write_tree(&dir, &t);
+    let first = wait_copy_on(&dir, None);
+    let pid = alive_nodes(&addr)
+        .into_iter()
+        .find(|(n, _)| *n == first)
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| panic!("no alive node {first}"));
+    let i = nodes
+        .iter()
+        .position(|p| p.0.id() == pid)
+        .expect("the copy's node is one this test started");
+    drop(nodes.remove(i));
+    let second = wait_copy_on(&dir, Some(&first));
+    assert_ne!(second, first);
+    // Changes after the move reach the new copy.
+    fs::write(dir.join("late"), b"written after the copy moved").unwrap();
+    File::open(dir.join("late")).unwrap().sync_all().unwrap();
+    fsync_dir(&dir);
+    drop_cache_tree(&dir);
+    check_tree(&dir, &t, "after the copy's node died");
+    m.crash();
+
+    let m = MountProc::start(&dir, &addr, &["--replicas", "2"], tmp.path().join("2.log"));
+    drop_cache_tree(&dir);
+    check_tree(&dir, &t, "after the copy's node and the mount died");
+    assert_eq!(
+        fs::read(dir.join("late")).unwrap(),
+        b"written after the copy moved"
+    );
+    m.stop();
+}

@@ -1,0 +1,441 @@
+//! The metadata's second copy, on an own node other than the mount's.
+//!
+//! The mount process (the cluster's driver, an own node) holds the namespace and the
+//! stripe tables. When the cluster has another own node, a memory proclet there
+//! ([`MetaCopy`]) keeps a copy: the [`Replicator`] ships the inodes changed since its last
+//! batch every [`INTERVAL`] (and at once when an fsync waits for it), together with
+//! what is needed to reach the stores again (their images, the layouts, the victims'
+//! sealing key). An fsync returns only once the copy holds the metadata as it was when
+//! the fsync began, so what fsync promised survives the mount process.
+//!
+//! When the node holding the copy goes, a new copy is made on another own node and sent
+//! everything. When the mount process dies while its own nodes live on (`granule fs
+//! mount --controller`), the next mount of the same directory under the same controller
+//! finds the copy through the mount's record file and adopts it: [`fetch`].
+
+use crate::engine::Engine;
+use crate::meta::{Changes, Ino, Inode};
+use crate::placement::Layout;
+use crate::stores::{StoreImage, StoreState};
+use granule_runtime::{Kind, NodeId, Proclet};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+
+/// How often changed inodes go to the copy when nobody waits for them.
+pub const INTERVAL: Duration = Duration::from_millis(100);
+
+/// How often an idle replicator checks that its copy is still there.
+const PING: Duration = Duration::from_secs(1);
+
+/// The longest an fsync waits for the copy before it gives up on it (and says so).
+const WAIT: Duration = Duration::from_secs(10);
+
+/// What a mount needs besides the namespace to serve its files again.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MountImage {
+    pub stores: Vec<StoreImage>,
+    pub layouts: Vec<Layout>,
+    /// The key victim stripes are sealed under, and how ("aead" or "mac").
+    pub master: [u8; 32],
+    pub protection: String,
+    pub stripe: u64,
+    /// Every stripe version in use is below this.
+    pub versions_below: u64,
+}
+
+/// The copy: a memory proclet's state.
+#[derive(Default, Serialize, Deserialize)]
+pub struct MetaCopy {
+    inodes: HashMap<Ino, Inode>,
+    next: Ino,
+    /// The namespace's change count the copy has applied.
+    seq: u64,
+    mount: Option<MountImage>,
+}
+
+/// One shipment.
+#[derive(Serialize, Deserialize)]
+struct Batch {
+    /// Everything (a new copy), not only changes.
+    full: bool,
+    changes: Changes,
+    mount: MountImage,
+}
+
+impl MetaCopy {
+    fn apply(&mut self, b: Batch) -> u64 {
+        if b.full {
+            self.inodes.clear();
+        }
+        for i in b.changes.upserts {
+            self.inodes.insert(i.ino, i);
+        }
+        for ino in b.changes.removes {
+            self.inodes.remove(&ino);
+        }
+        self.next = b.changes.next;
+        self.seq = b.changes.seq;
+        self.mount = Some(b.mount);
+        self.seq
+    }
+}
+
+/// A copy as fetched for recovery.
+pub struct Recovered {
+    pub inodes: HashMap<Ino, Inode>,
+    pub next: Ino,
+    pub mount: MountImage,
+}
+
+/// Read a copy whole (recovery).
+pub async fn fetch(copy: &Proclet<MetaCopy>) -> Result<Recovered, String> {
+    let got = copy
+        .run_ref_async((), |c: &MetaCopy, ()| {
+            c.mount.clone().map(|m| (c.inodes.clone(), c.next, m))
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    match got {
+        Some((inodes, next, mount)) => Ok(Recovered {
+            inodes,
+            next,
+            mount,
+        }),
+        None => Err("the copy is empty (its mount never shipped to it)".into()),
+    }
+}
+
+/// What an fsync waits on: the change count the copy has applied.
+pub struct MetaSync {
+    /// Whether a replicator runs (no copy: nothing to wait for).
+    active: AtomicBool,
+    shipped: watch::Sender<u64>,
+    poke: Notify,
+    /// Where the copy is, for status.
+    place: Mutex<String>,
+}
+
+impl Default for MetaSync {
+    fn default() -> Self {
+        MetaSync {
+            active: AtomicBool::new(false),
+            shipped: watch::Sender::new(0),
+            poke: Notify::new(),
+            place: Mutex::new("none yet".into()),
+        }
+    }
+}
+
+impl MetaSync {
+    /// Where the copy is (`on n2`), or why there is none.
+    pub fn describe(&self) -> String {
+        self.place.lock().clone()
+    }
+
+    fn place(&self, what: String) {
+        *self.place.lock() = what;
+    }
+
+    /// Wait until the copy holds change `seq` (at most [`WAIT`]).
+    pub async fn wait(&self, seq: u64) {
+        if !self.active.load(Ordering::Acquire) {
+            return;
+        }
+        let mut rx = self.shipped.subscribe();
+        if *rx.borrow() >= seq {
+            return;
+        }
+        self.poke.notify_one();
+        if tokio::time::timeout(WAIT, rx.wait_for(|s| *s >= seq))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the metadata copy did not confirm within {WAIT:?}: this fsync's metadata is on the mount's node only"
+            );
+        }
+    }
+
+    fn shipped(&self, seq: u64) {
+        self.shipped.send_if_modified(|s| {
+            if seq > *s {
+                *s = seq;
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+/// Told each time the copy moves to a new proclet.
+pub type OnNewCopy = Box<dyn Fn(&Proclet<MetaCopy>) + Send + Sync>;
+
+/// Keeps the copy up to date; see the module doc.
+pub struct Replicator {
+    engine: Arc<Engine>,
+    copy: Mutex<Option<Proclet<MetaCopy>>>,
+    /// The parts of the mount image the engine does not know.
+    master: [u8; 32],
+    protection: String,
+    /// Told each time the copy moves (the mount writes it into its record file).
+    on_new_copy: OnNewCopy,
+    /// The mount's own node, which holds the first copy: never the second.
+    home: NodeId,
+    stop: AtomicBool,
+}
+
+impl Replicator {
+    /// A replicator for `engine`, starting with `copy` (an adopted one) or none (one is
+    /// made on the first turn).
+    pub fn new(
+        engine: Arc<Engine>,
+        copy: Option<Proclet<MetaCopy>>,
+        master: [u8; 32],
+        protection: String,
+        home: NodeId,
+        on_new_copy: OnNewCopy,
+    ) -> Arc<Replicator> {
+        Arc::new(Replicator {
+            engine,
+            copy: Mutex::new(copy),
+            master,
+            protection,
+            on_new_copy,
+            home,
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// The copy in use.
+    pub fn copy(&self) -> Option<Proclet<MetaCopy>> {
+        self.copy.lock().clone()
+    }
+
+    fn image(&self) -> MountImage {
+        let e = &self.engine;
+        MountImage {
+            stores: e.stores.all().iter().map(|s| s.image()).collect(),
+            layouts: e.layouts(),
+            master: self.master,
+            protection: self.protection.clone(),
+            stripe: e.settings.stripe,
+            versions_below: e.versions_below(),
+        }
+    }
+
+    /// The own nodes that may hold the copy: those of live own stores other than the
+    /// mount's, in id order.
+    fn candidates(&self) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = self
+            .engine
+            .stores
+            .all()
+            .iter()
+            .filter(|s| s.state() != StoreState::Gone)
+            .filter_map(|s| s.node())
+            .filter(|n| *n != self.home)
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    async fn make_copy(&self) -> Option<Proclet<MetaCopy>> {
+        for node in self.candidates() {
+            let made = Proclet::<MetaCopy>::builder(Kind::Memory)
+                .on(node)
+                .pinned()
+                .create_async((), |()| MetaCopy::default())
+                .await;
+            match made {
+                Ok(p) => {
+                    tracing::info!("the metadata copy is on {node}");
+                    self.engine.meta.place(format!("on {node}"));
+                    (self.on_new_copy)(&p);
+                    return Some(p);
+                }
+                Err(e) => tracing::warn!("cannot keep the metadata copy on {node}: {e}"),
+            }
+        }
+        None
+    }
+
+    /// Ship changes until [`Replicator::stop`]; returns then.
+    pub async fn run(self: Arc<Self>) {
+        let sync = &self.engine.meta;
+        sync.active.store(true, Ordering::Release);
+        // An adopted copy already holds what the namespace was restored from.
+        let mut full = self.copy.lock().is_none();
+        if !full {
+            sync.place("adopted from the mount that died".into());
+        }
+        let mut alone_said = false;
+        let mut last_heard = std::time::Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            let _ = tokio::time::timeout(INTERVAL, sync.poke.notified()).await;
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            let copy = match self.copy() {
+                Some(c) => c,
+                None => {
+                    match self.make_copy().await {
+                        Some(c) => {
+                            *self.copy.lock() = Some(c.clone());
+                            full = true;
+                            alone_said = false;
+                            c
+                        }
+                        None => {
+                            if !alone_said {
+                                sync.place("none: no other own node, the metadata is on the mount's node only".into());
+                                tracing::warn!(
+                                "no other own node can hold the metadata copy: the metadata is on the mount's node only"
+                            );
+                                alone_said = true;
+                            }
+                            // Nothing to wait for: fsync must not hang on a copy that
+                            // cannot exist.
+                            let seq = self.engine.ns.lock().seq();
+                            sync.shipped(seq);
+                            continue;
+                        }
+                    }
+                }
+            };
+            let changes = {
+                let mut ns = self.engine.ns.lock();
+                if full {
+                    Some(ns.snapshot())
+                } else {
+                    ns.take_changes()
+                }
+            };
+            let Some(changes) = changes else {
+                // Nothing to ship: check now and then that the copy is still there, so
+                // a dead node's copy is replaced before the next change needs it.
+                if last_heard.elapsed() >= PING {
+                    last_heard = std::time::Instant::now();
+                    if let Err(e) = copy.run_ref_async((), |c: &MetaCopy, ()| c.seq).await {
+                        tracing::warn!("the metadata copy is gone ({e}): making another");
+                        *self.copy.lock() = None;
+                        full = true;
+                    }
+                }
+                continue;
+            };
+            let batch = Batch {
+                full,
+                changes,
+                mount: self.image(),
+            };
+            match copy
+                .run_async(batch, |c: &mut MetaCopy, b: Batch| c.apply(b))
+                .await
+            {
+                Ok(seq) => {
+                    full = false;
+                    last_heard = std::time::Instant::now();
+                    sync.shipped(seq);
+                }
+                Err(e) => {
+                    // The changes taken are not on any copy now: the next copy gets
+                    // everything.
+                    tracing::warn!("the metadata copy is gone ({e}): making another");
+                    *self.copy.lock() = None;
+                    full = true;
+                }
+            }
+        }
+    }
+
+    /// End [`Replicator::run`] (after its current turn) and destroy the copy: the mount
+    /// ended cleanly, and its files with it.
+    pub async fn finish(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.engine.meta.poke.notify_one();
+        let copy = self.copy.lock().take();
+        if let Some(c) = copy {
+            let _ = c.destroy_async().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::Namespace;
+
+    fn image() -> MountImage {
+        MountImage {
+            stores: Vec::new(),
+            layouts: vec![Layout::default()],
+            master: [3; 32],
+            protection: "encrypt".into(),
+            stripe: 1 << 20,
+            versions_below: 10,
+        }
+    }
+
+    #[test]
+    fn batches_bring_a_copy_to_the_namespace() {
+        let mut ns = Namespace::new(0o755, 0, 0);
+        let mut copy = MetaCopy::default();
+        let ship = |ns: &mut Namespace, copy: &mut MetaCopy, full: bool| {
+            let changes = if full {
+                Some(ns.snapshot())
+            } else {
+                ns.take_changes()
+            };
+            if let Some(changes) = changes {
+                copy.apply(Batch {
+                    full,
+                    changes,
+                    mount: image(),
+                });
+            }
+        };
+        let a = ns
+            .create(crate::meta::ROOT, "a".as_ref(), 0o644, 0, 0, 0)
+            .unwrap();
+        let d = ns
+            .mkdir(crate::meta::ROOT, "d".as_ref(), 0o755, 0, 0)
+            .unwrap();
+        ship(&mut ns, &mut copy, true);
+        ns.rename(crate::meta::ROOT, "a".as_ref(), d, "b".as_ref(), false)
+            .unwrap();
+        ns.get_mut(a).unwrap().size = 77;
+        let c = ns
+            .create(crate::meta::ROOT, "c".as_ref(), 0o600, 0, 0, 0)
+            .unwrap();
+        ns.unlink(crate::meta::ROOT, "c".as_ref()).unwrap();
+        ship(&mut ns, &mut copy, false);
+        assert_eq!(copy.seq, ns.seq());
+        assert!(ns.take_changes().is_none(), "nothing left to ship");
+        let (restored, freed) = Namespace::restore(copy.inodes.clone(), copy.next);
+        assert!(freed.is_empty());
+        let mut want: Vec<_> = ns.inodes().cloned().collect();
+        let mut got: Vec<_> = restored.inodes().cloned().collect();
+        want.sort_by_key(|i| i.ino);
+        got.sort_by_key(|i| i.ino);
+        assert_eq!(got, want);
+        assert!(restored.get(c).is_err());
+        assert_eq!(restored.get(a).unwrap().size, 77);
+        assert_eq!(
+            restored.lookup(d, "b".as_ref()).unwrap(),
+            a,
+            "the rename reached the copy"
+        );
+
+        // A new copy gets everything at once.
+        let mut fresh = MetaCopy::default();
+        ship(&mut ns, &mut fresh, true);
+        assert_eq!(fresh.inodes, copy.inodes);
+    }
+}
