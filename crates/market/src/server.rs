@@ -19,7 +19,7 @@ use granule_controller::Extension;
 use granule_transport::{
     serve, Connection, Handler, Identity, Listener, Responder, TransportConfig,
 };
-use granule_wire::market::{LeaseGrant, MarketMsg, MarketView, ProducerId};
+use granule_wire::market::{LeaseGrant, LeaseId, MarketMsg, MarketView, ProducerId};
 use granule_wire::{Frame, Msg, RemoteError, Role};
 use parking_lot::Mutex;
 use rand::RngCore;
@@ -57,6 +57,10 @@ fn respond(reply: Responder, r: Result<Option<MarketMsg>, RemoteError>) {
     }
 }
 
+/// A revocation notice kept for a consumer with no connection: (lease, grace ends at
+/// (Unix ms), reason).
+type KeptNotice = (LeaseId, u64, String);
+
 /// The broker service. Cheap to share.
 pub struct BrokerService {
     broker: Mutex<Broker>,
@@ -66,6 +70,9 @@ pub struct BrokerService {
     producer_of: Mutex<HashMap<u64, ProducerId>>,
     /// Consumers' connections, by consumer name (their latest), for revocation notices.
     consumers: Mutex<HashMap<String, Weak<Connection>>>,
+    /// Revocation notices for consumers with no live connection (a consumer that lost
+    /// its connection reconnects on its next call): (lease, grace ends at, reason).
+    undelivered: Mutex<HashMap<String, Vec<KeptNotice>>>,
     report_interval: Duration,
 }
 
@@ -80,6 +87,7 @@ impl BrokerService {
             producers: Mutex::new(HashMap::new()),
             producer_of: Mutex::new(HashMap::new()),
             consumers: Mutex::new(HashMap::new()),
+            undelivered: Mutex::new(HashMap::new()),
             report_interval: market.report_interval,
         })
     }
@@ -160,18 +168,62 @@ impl BrokerService {
                     reason,
                 } => {
                     let conn = self.consumers.lock().get(&consumer).and_then(Weak::upgrade);
-                    if let Some(c) = conn {
-                        let _ = c.notify(
+                    let sent = conn.is_some_and(|c| {
+                        c.notify(
                             &Msg::Market(MarketMsg::Revoked {
                                 lease,
                                 grace_ms,
-                                reason,
+                                reason: reason.clone(),
                             }),
                             &[],
-                        );
+                        )
+                        .is_ok()
+                    });
+                    if !sent {
+                        // Kept until the consumer is heard from again (within the grace).
+                        tracing::info!(lease, %consumer, "revocation notice kept until the consumer reconnects");
+                        self.undelivered
+                            .lock()
+                            .entry(consumer.clone())
+                            .or_default()
+                            .push((lease, now_ms() + grace_ms, reason));
+                        // A consumer heard from since the look-up above took the kept
+                        // notices before this one was added: hand it over now.
+                        let now = self.consumers.lock().get(&consumer).and_then(Weak::upgrade);
+                        if let Some(c) = now.filter(|c| !c.is_closed()) {
+                            self.deliver_kept(&consumer, &c);
+                        }
                     }
                 }
             }
+        }
+    }
+
+    /// `conn` speaks for `consumer` now: revocation notices go to it, starting with any
+    /// that found no connection while the grace they give still runs.
+    fn consumer_heard(&self, consumer: &str, conn: &Arc<Connection>) {
+        self.consumers
+            .lock()
+            .insert(consumer.to_string(), Arc::downgrade(conn));
+        self.deliver_kept(consumer, conn);
+    }
+
+    /// Send `consumer`'s kept notices whose grace still runs to `conn`, each once.
+    fn deliver_kept(&self, consumer: &str, conn: &Arc<Connection>) {
+        let kept = self.undelivered.lock().remove(consumer).unwrap_or_default();
+        let now = now_ms();
+        for (lease, until, reason) in kept {
+            if until <= now {
+                continue;
+            }
+            let _ = conn.notify(
+                &Msg::Market(MarketMsg::Revoked {
+                    lease,
+                    grace_ms: until - now,
+                    reason,
+                }),
+                &[],
+            );
         }
     }
 
@@ -314,9 +366,7 @@ impl BrokerService {
                         "a lease request needs a consumer name and 1 <= min_slabs <= slabs (got slabs {slabs}, min_slabs {min_slabs})"
                     ))));
                 }
-                self.consumers
-                    .lock()
-                    .insert(consumer.clone(), Arc::downgrade(conn));
+                self.consumer_heard(&consumer, conn);
                 let outcome = self.broker.lock().request(
                     now,
                     Request {
@@ -361,13 +411,18 @@ impl BrokerService {
                     Ok((expires_unix_ms, price)) => {
                         // The store keeps the lease's expiry too (for its own views and
                         // clean-up): tell it.
-                        let producer = self
+                        let found = self
                             .view()
                             .leases
                             .iter()
                             .find(|l| l.lease == lease)
-                            .map(|l| l.producer);
-                        if let Some(producer) = producer {
+                            .map(|l| (l.producer, l.consumer.clone()));
+                        // A consumer that reconnected (after a dropped connection or a
+                        // broker restart) is heard from first by a renewal.
+                        if let Some((_, consumer)) = &found {
+                            self.consumer_heard(consumer, conn);
+                        }
+                        if let Some((producer, _)) = found {
                             self.carry_out(vec![Action::Extend {
                                 producer,
                                 lease,
