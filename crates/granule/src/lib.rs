@@ -49,10 +49,10 @@ pub use granule_router as router;
 pub use granule_runtime::faults;
 pub use granule_runtime::{
     binary_hash, block_on, cluster_nodes, config, cpu_bound, footprint, here, init_logging, run,
-    run_node, set_spin, should_yield, spawn, thread_context, CallError, Cluster, ClusterBuilder,
-    ClusterError, Config, Footprint, Kind, MoveStats, NodeArgs, NodeId, NodeInfo, NodeSpec,
-    NodeState, Proclet, ProcletBuilder, ProcletId, ProcletState, ProcletUsage, RangeJob, Resource,
-    ThreadContext, Usage, Wire,
+    run_node, set_spin, should_yield, spawn, thread_context, Blob, CallError, Cluster,
+    ClusterBuilder, ClusterError, Config, Footprint, Kind, MoveStats, NodeArgs, NodeId, NodeInfo,
+    NodeSpec, NodeState, Proclet, ProcletBuilder, ProcletId, ProcletState, ProcletUsage, RangeJob,
+    Resource, ThreadContext, Usage, Wire,
 };
 /// Services: [`service::StatelessService`] and [`service::StatefulService`], request
 /// handlers on compute proclets that split and merge with their load, behind an

@@ -74,8 +74,8 @@ pub use context::{
 pub use error::{CallError, ClusterError};
 pub use footprint::Footprint;
 pub use granule_wire::{
-    Kind, MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, ProcletUsage, Resource,
-    Usage,
+    Blob, Kind, MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, ProcletId, ProcletUsage,
+    Resource, Usage,
 };
 pub use proclet::{Proclet, ProcletBuilder, ProcletState, Wire};
 pub use range::{RangeJob, RangePiece};

@@ -191,11 +191,52 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, RemoteErro
     })
 }
 
+thread_local! {
+    /// Set while [`with_blobs_left_out`] runs: return values leave their large blobs out.
+    static LEAVE_BLOBS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The blobs they left out, with where each belongs in the frame.
+    static LEFT_OUT: std::cell::RefCell<Vec<(usize, bytes::Bytes)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Run `f` (which encodes a call's return value into a frame buffer through
+/// [`encode_into`]) so that the value's large [`granule_wire::Blob`]s stay out of the
+/// buffer; returns them with the offsets their bytes belong at, for a vectored send.
+pub(crate) fn with_blobs_left_out<R>(f: impl FnOnce() -> R) -> (R, Vec<(usize, bytes::Bytes)>) {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            LEAVE_BLOBS.with(|l| l.set(false));
+        }
+    }
+    LEFT_OUT.with(|l| l.borrow_mut().clear());
+    LEAVE_BLOBS.with(|l| l.set(true));
+    let reset = Reset;
+    let r = f();
+    drop(reset);
+    (r, LEFT_OUT.with(|l| std::mem::take(&mut *l.borrow_mut())))
+}
+
 pub(crate) fn encode_into<T: Serialize>(
     v: &T,
     out: &mut Vec<u8>,
     what: &str,
 ) -> Result<(), RemoteError> {
+    if LEAVE_BLOBS.with(|l| l.replace(false)) {
+        // Only the outermost encoding (the return value itself) leaves blobs out.
+        let r = granule_wire::blob::encode_leaving_blobs(v, out);
+        LEAVE_BLOBS.with(|l| l.set(true));
+        return match r {
+            Ok(holes) => {
+                LEFT_OUT.with(|l| l.borrow_mut().extend(holes));
+                Ok(())
+            }
+            Err(e) => Err(RemoteError::Decode(format!(
+                "cannot encode the {what} ({}): {e}",
+                std::any::type_name::<T>()
+            ))),
+        };
+    }
     let buf = std::mem::take(out);
     match postcard::to_extend(v, buf) {
         Ok(b) => {

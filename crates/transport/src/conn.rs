@@ -34,6 +34,8 @@ const DEFER_MAX_FRAMES: usize = 64;
 const DEFER_MAX_AGE: std::time::Duration = std::time::Duration::from_micros(500);
 /// Upper bound of one coalesced write.
 const COALESCE_LIMIT: usize = 256 << 10;
+/// Most buffers one vectored write hands the kernel (Linux takes 1024).
+const MAX_IOVECS: usize = 512;
 
 /// The other end of a connection, as established by the handshake.
 #[derive(Clone, Debug)]
@@ -541,6 +543,21 @@ impl Connection {
         self.send_unfiltered(frame, defer)
     }
 
+    /// Send one frame given in parts (their concatenation is the frame): the parts go
+    /// out back to back, never copied into one buffer. `defer` as for
+    /// [`Connection::send_frame_with`].
+    pub fn send_frame_parts(
+        self: &Arc<Self>,
+        parts: Vec<Bytes>,
+        defer: bool,
+    ) -> Result<(), TransportError> {
+        self.frames_sent.fetch_add(1, Ordering::Relaxed);
+        if self.faults_apply() {
+            return self.send_filtered(parts, None, Via::Direct { defer });
+        }
+        self.queue_parts(parts, Via::Direct { defer }, false)
+    }
+
     /// `send_frame_with` without the fault filter.
     fn send_unfiltered(
         self: &Arc<Self>,
@@ -595,27 +612,47 @@ impl Connection {
         mut ob: parking_lot::MutexGuard<'_, Outbox>,
     ) -> Result<(), TransportError> {
         ob.queued_since = None;
-        let data: Bytes = if ob.queue.len() == 1 {
-            ob.queue.pop_front().unwrap_or_default()
-        } else {
-            let mut all = Vec::with_capacity(ob.queue.iter().map(|b| b.len()).sum());
-            for b in ob.queue.drain(..) {
-                all.extend_from_slice(&b);
-            }
-            Bytes::from(all)
-        };
         self.writes.fetch_add(1, Ordering::Relaxed);
-        let rest = match self.stream.try_write(&data) {
-            Ok(n) if n == data.len() => return Ok(()),
-            Ok(n) => data.slice(n..),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => data,
+        // One vectored write of everything queued: frames (and the parts of a frame
+        // whose bulk bytes were left out of its buffer) leave without being copied
+        // together first.
+        let written = if ob.queue.len() == 1 {
+            self.stream.try_write(&ob.queue[0])
+        } else {
+            let slices: Vec<io::IoSlice<'_>> = ob
+                .queue
+                .iter()
+                .take(MAX_IOVECS)
+                .map(|b| io::IoSlice::new(b))
+                .collect();
+            self.stream.try_write_vectored(&slices)
+        };
+        match written {
+            Ok(mut n) => {
+                while n > 0 {
+                    let Some(front) = ob.queue.front_mut() else {
+                        break;
+                    };
+                    if n >= front.len() {
+                        n -= front.len();
+                        ob.queue.pop_front();
+                    } else {
+                        *front = front.slice(n..);
+                        n = 0;
+                    }
+                }
+                if ob.queue.is_empty() {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 drop(ob);
                 self.close(format!("write failed: {e}"));
                 return Err(self.closed_error());
             }
-        };
-        ob.queue.push_front(rest);
+        }
+        // What the socket did not take stays queued, in order, for the writer task.
         if !ob.scheduled {
             ob.scheduled = true;
             drop(ob);
@@ -1515,6 +1552,14 @@ impl Responder {
         self.done = true;
         let defer = self.conn.defer_answer();
         self.conn.send_frame_with(frame, defer)
+    }
+
+    /// Answer with a complete response frame given in parts (see
+    /// [`Connection::send_frame_parts`]).
+    pub fn send_raw_parts(mut self, parts: Vec<Bytes>) -> Result<(), TransportError> {
+        self.done = true;
+        let defer = self.conn.defer_answer();
+        self.conn.send_frame_parts(parts, defer)
     }
 
     /// Answer with a message and a raw tail.

@@ -127,6 +127,22 @@ pub fn finish_frame(buf: &mut [u8]) -> Result<(), WireError> {
     Ok(())
 }
 
+/// Write the length field of a frame started with [`begin_frame`] whose buffer leaves
+/// out `extra` bytes the sender writes separately (see
+/// [`crate::blob::encode_leaving_blobs`]).
+pub fn finish_frame_leaving_out(buf: &mut [u8], extra: usize) -> Result<(), WireError> {
+    if buf.len() < HEADER_LEN {
+        return Err(WireError::TooShort { got: buf.len() });
+    }
+    let total = buf.len() + extra;
+    let body = u32::try_from(total - 4).map_err(|_| WireError::TooLarge {
+        len: total,
+        max: u32::MAX as usize,
+    })?;
+    buf[..4].copy_from_slice(&body.to_le_bytes());
+    Ok(())
+}
+
 /// Decode exactly one frame (length field included). Never panics.
 pub fn decode_frame(buf: Bytes, max: usize) -> Result<Frame, WireError> {
     let total = match peek_frame_len(&buf, max)? {

@@ -32,8 +32,8 @@ mod types;
 
 pub use blob::Blob;
 pub use frame::{
-    begin_frame, decode_frame, encode_frame, finish_frame, peek_frame_len, Frame, FrameKind,
-    WireError, DEFAULT_MAX_FRAME, HEADER_LEN, PROTOCOL_VERSION,
+    begin_frame, decode_frame, encode_frame, finish_frame, finish_frame_leaving_out,
+    peek_frame_len, Frame, FrameKind, WireError, DEFAULT_MAX_FRAME, HEADER_LEN, PROTOCOL_VERSION,
 };
 pub use msg::{Msg, RemoteError};
 pub use types::{

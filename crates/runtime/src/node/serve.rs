@@ -10,8 +10,8 @@ use crate::slot::SlotStatus;
 use granule_controller::ControllerError;
 use granule_transport::{Connection, Handler, Responder};
 use granule_wire::{
-    begin_frame, finish_frame, CallMode, ChainId, Frame, FrameKind, Location, Msg, RemoteError,
-    Role,
+    begin_frame, finish_frame, finish_frame_leaving_out, CallMode, ChainId, Frame, FrameKind,
+    Location, Msg, RemoteError, Role,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -197,14 +197,16 @@ impl NodeInner {
             Ok(b) => b,
             Err(e) => return reply.error(RemoteError::Internal(e.to_string())),
         };
-        let result = {
+        let (result, left_out) = {
             let _scope = context::ChainScope::enter(chain);
             let _busy = self.hosting.busy.enter();
-            match desc.entry {
+            // Large blobs in the answer (a file system stripe) are written from their
+            // own memory, not copied into the frame first.
+            crate::shipping::with_blobs_left_out(|| match desc.entry {
                 Entry::CallMut(f) => guard.with_mut(|s| f(s, &frame.tail, &mut buf)),
                 Entry::CallRef(f) => guard.with_ref(|s| f(s, &frame.tail, &mut buf)),
                 _ => Err(RemoteError::CodeMismatch("not a call".into())),
-            }
+            })
         };
         drop(guard);
         self.hosting.calls_served.fetch_add(1, Ordering::Relaxed);
@@ -213,13 +215,36 @@ impl NodeInner {
             // the call looks like to the caller.
             return reply.error(RemoteError::Internal(f.to_string()));
         }
-        match result
-            .and_then(|()| finish_frame(&mut buf).map_err(|e| RemoteError::Decode(e.to_string())))
-        {
-            Ok(()) => {
-                let _ = reply.send_raw(buf);
+        if left_out.is_empty() {
+            match result.and_then(|()| {
+                finish_frame(&mut buf).map_err(|e| RemoteError::Decode(e.to_string()))
+            }) {
+                Ok(()) => {
+                    let _ = reply.send_raw(buf);
+                }
+                Err(e) => reply.error(e),
             }
-            Err(e) => reply.error(e),
+        } else {
+            let extra: usize = left_out.iter().map(|(_, b)| b.len()).sum();
+            match result.and_then(|()| {
+                finish_frame_leaving_out(&mut buf, extra)
+                    .map_err(|e| RemoteError::Decode(e.to_string()))
+            }) {
+                Ok(()) => {
+                    let head = bytes::Bytes::from(buf);
+                    let mut parts = Vec::with_capacity(2 * left_out.len() + 1);
+                    let mut at = 0;
+                    for (o, b) in left_out {
+                        parts.push(head.slice(at..o));
+                        parts.push(b);
+                        at = o;
+                    }
+                    parts.push(head.slice(at..));
+                    parts.retain(|p| !p.is_empty());
+                    let _ = reply.send_raw_parts(parts);
+                }
+                Err(e) => reply.error(e),
+            }
         }
         crate::telemetry::call_served(&self, received.elapsed());
     }
