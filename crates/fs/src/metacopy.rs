@@ -141,7 +141,7 @@ impl MetaSync {
         *self.place.lock() = what;
     }
 
-    /// Wait until the copy holds change `seq` (at most [`WAIT`]).
+    /// Wait until the copy holds change `seq` (at most 10 s, then it says so in the log).
     pub async fn wait(&self, seq: u64) {
         if !self.active.load(Ordering::Acquire) {
             return;
@@ -266,7 +266,7 @@ impl Replicator {
         None
     }
 
-    /// Ship changes until [`Replicator::stop`]; returns then.
+    /// Ship changes until [`Replicator::finish`]; returns then.
     pub async fn run(self: Arc<Self>) {
         let sync = &self.engine.meta;
         sync.active.store(true, Ordering::Release);
