@@ -173,6 +173,18 @@ impl MetaSync {
     }
 }
 
+/// Stop using a copy. One the record names stays (if it lives) until a new copy is
+/// recorded; one never recorded is destroyed at once: nobody will adopt it.
+fn retire(retired: &mut Option<Proclet<MetaCopy>>, copy: Proclet<MetaCopy>, unrecorded: bool) {
+    if unrecorded || retired.is_some() {
+        tokio::spawn(async move {
+            let _ = copy.destroy_async().await;
+        });
+    } else {
+        *retired = Some(copy);
+    }
+}
+
 /// Told each time the copy moves to a new proclet.
 pub type OnNewCopy = Box<dyn Fn(&Proclet<MetaCopy>) + Send + Sync>;
 
@@ -257,7 +269,6 @@ impl Replicator {
                 Ok(p) => {
                     tracing::info!("the metadata copy is on {node}");
                     self.engine.meta.place(format!("on {node}"));
-                    (self.on_new_copy)(&p);
                     return Some(p);
                 }
                 Err(e) => tracing::warn!("cannot keep the metadata copy on {node}: {e}"),
@@ -277,6 +288,12 @@ impl Replicator {
         }
         let mut alone_said = false;
         let mut last_heard = std::time::Instant::now();
+        // A new copy is recorded (for the next mount to adopt) once it holds everything,
+        // and before any fsync counts on it: until then the record names the copy before
+        // it, which holds everything an fsync returned for.
+        let mut unrecorded = false;
+        // The copy before it, kept (if it still exists) until then: the record names it.
+        let mut retired: Option<Proclet<MetaCopy>> = None;
         while !self.stop.load(Ordering::Acquire) {
             let _ = tokio::time::timeout(INTERVAL, sync.poke.notified()).await;
             if self.stop.load(Ordering::Acquire) {
@@ -289,6 +306,7 @@ impl Replicator {
                         Some(c) => {
                             *self.copy.lock() = Some(c.clone());
                             full = true;
+                            unrecorded = true;
                             alone_said = false;
                             c
                         }
@@ -325,6 +343,7 @@ impl Replicator {
                     if let Err(e) = copy.run_ref_async((), |c: &MetaCopy, ()| c.seq).await {
                         tracing::warn!("the metadata copy is gone ({e}): making another");
                         *self.copy.lock() = None;
+                        retire(&mut retired, copy, unrecorded);
                         full = true;
                     }
                 }
@@ -342,16 +361,32 @@ impl Replicator {
                 Ok(seq) => {
                     full = false;
                     last_heard = std::time::Instant::now();
+                    if unrecorded {
+                        (self.on_new_copy)(&copy);
+                        unrecorded = false;
+                        if let Some(old) = retired.take() {
+                            // It may live on (a call to it failed, not its node): it
+                            // must not hold memory nobody will read.
+                            tokio::spawn(async move {
+                                let _ = old.destroy_async().await;
+                            });
+                        }
+                    }
                     sync.shipped(seq);
                 }
                 Err(e) => {
                     // The changes taken are not on any copy now: the next copy gets
                     // everything.
-                    tracing::warn!("the metadata copy is gone ({e}): making another");
+                    tracing::warn!("the metadata copy failed ({e}): making another");
                     *self.copy.lock() = None;
+                    retire(&mut retired, copy, unrecorded);
                     full = true;
                 }
             }
+        }
+        // The mount ended cleanly: a copy kept for the record goes too.
+        if let Some(old) = retired {
+            let _ = old.destroy_async().await;
         }
     }
 
