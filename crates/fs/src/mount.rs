@@ -235,7 +235,7 @@ fn serve(
     }
 
     // What the dead mount left: its namespace and stores, served again.
-    let mut leased_before = Vec::new();
+    let mut to_drain = Vec::new();
     if let Some((rec, _, got)) = &adopted {
         if got.mount.stripe != fs_cfg.stripe {
             return Err(MountError::Recover(format!(
@@ -256,9 +256,13 @@ fn serve(
                     s.set_state(StoreState::Gone);
                 }
             }
-            if s.lease.is_some() && s.state() == StoreState::Active {
+            if s.state() == StoreState::Draining {
+                // A drain the dead mount had begun: this mount finishes it.
+                s.set_state(StoreState::Active);
+                to_drain.push(s.id);
+            } else if s.lease.is_some() && s.state() == StoreState::Active {
                 // The dead mount's lease: its stripes move to this mount's stores.
-                leased_before.push(s.id);
+                to_drain.push(s.id);
             }
             next_id.fetch_max(s.id + 1, Ordering::Relaxed);
             stores.push(s);
@@ -371,9 +375,9 @@ fn serve(
         None
     };
 
-    for id in leased_before {
+    for id in to_drain {
         if let Err(e) = engine.start_drain(id) {
-            tracing::warn!("draining the dead mount's leased store: {e}");
+            tracing::warn!("draining a store the dead mount left: {e}");
         }
     }
 
