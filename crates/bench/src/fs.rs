@@ -39,6 +39,7 @@
 //! ratios of medians. Needs root (mounts, dropping caches), `/dev/fuse`, `dd`, `fio`,
 //! `bindfs`, `fusermount3` and `sysctl`; says which is missing otherwise.
 
+use crate::interrupt::{catch_signals, check_interrupted, Active};
 use crate::BenchOpts;
 use anyhow::{bail, Context};
 use granule_report::{Cell, Meta, Plot, Report, Table};
@@ -47,8 +48,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, OnceLock};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The Granule mount's own nodes: two embedded node processes, each with room for the
@@ -65,51 +65,6 @@ const TARGET_SEQ_WRITE_VS_TMPFS: f64 = 0.25;
 const TARGET_SEQ_READ_COLD_VS_PASSTHROUGH: f64 = 1.0;
 const TARGET_SEQ_READ_COLD_VS_RAW_TCP: f64 = 0.5;
 const MIB: u64 = 1 << 20;
-
-/// Set by Ctrl-C or SIGTERM while the benchmark runs: the current step fails, and the
-/// mounts are undone the normal way before the process exits.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-/// Whether an fs benchmark is running (outside one, a signal ends the process).
-static ACTIVE: AtomicBool = AtomicBool::new(false);
-static HANDLER: OnceLock<bool> = OnceLock::new();
-
-/// Install the signal handler once per process; `false` when another benchmark of this
-/// process already holds the one handler `ctrlc` allows (a signal then ends the process,
-/// and the next run undoes the mounts it left).
-fn catch_signals() -> bool {
-    *HANDLER.get_or_init(|| {
-        ctrlc::set_handler(|| {
-            if ACTIVE.load(Ordering::SeqCst) && !INTERRUPTED.swap(true, Ordering::SeqCst) {
-                eprintln!("fs: interrupted; unmounting (again to quit at once)");
-            } else {
-                std::process::exit(130);
-            }
-        })
-        .is_ok()
-    })
-}
-
-fn check_interrupted() -> anyhow::Result<()> {
-    if INTERRUPTED.load(Ordering::SeqCst) {
-        bail!("interrupted");
-    }
-    Ok(())
-}
-
-/// Clears [`ACTIVE`] when the benchmark ends, however it ends.
-struct Active;
-impl Active {
-    fn begin() -> Active {
-        INTERRUPTED.store(false, Ordering::SeqCst);
-        ACTIVE.store(true, Ordering::SeqCst);
-        Active
-    }
-}
-impl Drop for Active {
-    fn drop(&mut self) {
-        ACTIVE.store(false, Ordering::SeqCst);
-    }
-}
 
 /// The run's size.
 #[derive(Clone, Debug)]
@@ -905,8 +860,8 @@ fn runs_text(v: &[f64], digits: usize) -> String {
 /// Run the benchmark and write its report.
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     check_machine()?;
-    let handler = catch_signals();
-    let _active = Active::begin();
+    let handler = catch_signals().is_ok();
+    let _active = Active::begin("fs: interrupted; unmounting (again to quit at once)");
     let p = Params::new(opts.quick, opts.reps);
     if p.reps == 0 {
         bail!("--reps must be at least 1");
@@ -1238,7 +1193,7 @@ fn report(opts: &BenchOpts, p: &Params, c: &Collected) -> anyhow::Result<PathBuf
     }
     if !handler {
         meta.note(
-            "Ctrl-C was not caught in this run (another benchmark of the process holds the handler): an \
+            "Ctrl-C was not caught in this run (the handler could not be installed): an \
              interrupted run leaves its mounts to the next run, which removes them first",
         );
     }

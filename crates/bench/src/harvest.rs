@@ -37,6 +37,7 @@
 //! limit, swap and zswap restored); after a SIGKILL the next run undoes what the last
 //! one left, from the records in `/var/tmp/granule-bench-harvest`.
 
+use crate::interrupt::{catch_signals, check_interrupted, interrupted, Active};
 use crate::kv_secure::Rng;
 use crate::zipf::Zipf;
 use crate::BenchOpts;
@@ -53,7 +54,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// One value: jemalloc's 4096-byte size class holds it (with Redis's string header), so
@@ -72,54 +72,6 @@ const RECOVERED_FOR: usize = 3;
 /// harvested pages in front of the swap file (Memtrade's Silo), not a second home for
 /// the whole harvest.
 const ZSWAP_POOL_PERCENT: u32 = 1;
-
-/// Set by Ctrl-C or SIGTERM while the benchmark runs: the current run stops at its next
-/// check and everything is undone the normal way (redis stopped, limit, swap and zswap
-/// restored) before the process exits.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-/// Whether a harvest benchmark is running (outside one, a signal ends the process).
-static ACTIVE: AtomicBool = AtomicBool::new(false);
-static HANDLER: OnceLock<Result<(), String>> = OnceLock::new();
-
-/// Install the signal handler once per process.
-fn catch_signals() -> anyhow::Result<()> {
-    let r = HANDLER.get_or_init(|| {
-        ctrlc::set_handler(|| {
-            if ACTIVE.load(Ordering::SeqCst) && !INTERRUPTED.swap(true, Ordering::SeqCst) {
-                eprintln!(
-                    "harvest: interrupted; undoing this run's changes (again to quit at once)"
-                );
-            } else {
-                std::process::exit(130);
-            }
-        })
-        .map_err(|e| e.to_string())
-    });
-    r.clone()
-        .map_err(|e| anyhow::anyhow!("cannot catch Ctrl-C: {e}"))
-}
-
-fn check_interrupted() -> anyhow::Result<()> {
-    if INTERRUPTED.load(Ordering::SeqCst) {
-        bail!("interrupted");
-    }
-    Ok(())
-}
-
-/// Clears [`ACTIVE`] when the benchmark ends, however it ends.
-struct Active;
-impl Active {
-    fn begin() -> Active {
-        INTERRUPTED.store(false, Ordering::SeqCst);
-        ACTIVE.store(true, Ordering::SeqCst);
-        Active
-    }
-}
-impl Drop for Active {
-    fn drop(&mut self) {
-        ACTIVE.store(false, Ordering::SeqCst);
-    }
-}
 
 /// The run's size.
 #[derive(Clone, Debug)]
@@ -632,7 +584,7 @@ fn watch(d: Duration, load: &Load, h: Option<&Harvester>, timeline: &mut Vec<Tic
     let end = Instant::now() + d;
     loop {
         let now = Instant::now();
-        if now >= end || INTERRUPTED.load(Ordering::SeqCst) {
+        if now >= end || interrupted() {
             break;
         }
         std::thread::sleep((end - now).min(Duration::from_millis(250)));
@@ -868,8 +820,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let cpus = granule_host::os::affinity(0).map(|c| c.len()).unwrap_or(1);
     let pin = cpus >= 2;
     let _saved = crate::affinity::SavedAffinity::save();
-    catch_signals()?;
-    let _active = Active::begin();
+    catch_signals().map_err(|e| anyhow::anyhow!("cannot catch Ctrl-C: {e}"))?;
+    let _active =
+        Active::begin("harvest: interrupted; undoing this run's changes (again to quit at once)");
     // One fixed directory (the swap file needs a disk-backed file system, not a tmpfs
     // /tmp): a benchmark killed with SIGKILL leaves its records there, and the next one
     // undoes what they name before starting.

@@ -13,6 +13,7 @@ pub mod consumer;
 pub mod controller;
 pub mod fs;
 pub mod harvest;
+pub mod interrupt;
 pub mod invoke;
 pub mod kv;
 pub mod kv_secure;

@@ -64,6 +64,7 @@
 //! (`fusermount3 -uz` after the mount process is gone, in every case), children stopped,
 //! cgroups and cpusets removed.
 
+use crate::interrupt::{catch_signals, check_interrupted, interrupted, Active};
 use crate::BenchOpts;
 use anyhow::{bail, Context};
 use granule_host::{ClusterGroups, Cpuset, CpusetGroup, Hierarchy, NodeGroup, Reader};
@@ -73,7 +74,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Set in the tenant child: `BYTES,PASSES`.
@@ -103,63 +104,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// outside, and after that before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 const UNMOUNT_TIMEOUT: Duration = Duration::from_secs(10);
-
-// ---- interruption ---------------------------------------------------------------------
-
-/// Set by Ctrl-C or SIGTERM while the benchmark runs: the run stops at its next check,
-/// and the guards undo everything on the way out.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-/// Whether a scavenge benchmark is running (outside one, a signal ends the process).
-static ACTIVE: AtomicBool = AtomicBool::new(false);
-static HANDLER: OnceLock<Result<(), String>> = OnceLock::new();
-
-/// Install the signal handler once per process. One process has one handler: when
-/// another benchmark of `granule bench all` installed its own first, this one runs
-/// without (the children see a terminal's Ctrl-C themselves, and the mounts unmount on
-/// it).
-fn catch_signals() {
-    let r = HANDLER.get_or_init(|| {
-        ctrlc::set_handler(|| {
-            if ACTIVE.load(Ordering::SeqCst) && !INTERRUPTED.swap(true, Ordering::SeqCst) {
-                eprintln!("scavenge: interrupted; unmounting and stopping the children (again to quit at once)");
-            } else {
-                std::process::exit(130);
-            }
-        })
-        .map_err(|e| e.to_string())
-    });
-    if let Err(e) = r {
-        eprintln!(
-            "scavenge: no Ctrl-C handler of its own ({e}); a signal ends the process at once"
-        );
-    }
-}
-
-fn interrupted() -> bool {
-    INTERRUPTED.load(Ordering::SeqCst)
-}
-
-fn check_interrupted() -> anyhow::Result<()> {
-    if interrupted() {
-        bail!("interrupted");
-    }
-    Ok(())
-}
-
-/// Clears [`ACTIVE`] when the benchmark ends, however it ends.
-struct Active;
-impl Active {
-    fn begin() -> Active {
-        INTERRUPTED.store(false, Ordering::SeqCst);
-        ACTIVE.store(true, Ordering::SeqCst);
-        Active
-    }
-}
-impl Drop for Active {
-    fn drop(&mut self) {
-        ACTIVE.store(false, Ordering::SeqCst);
-    }
-}
 
 // ---- sizes ------------------------------------------------------------------------------
 
@@ -1345,8 +1289,14 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         };
         std::process::exit(code);
     }
-    catch_signals();
-    let _active = Active::begin();
+    if let Err(e) = catch_signals() {
+        eprintln!(
+            "scavenge: no Ctrl-C handler of its own ({e}); a signal ends the process at once"
+        );
+    }
+    let _active = Active::begin(
+        "scavenge: interrupted; unmounting and stopping the children (again to quit at once)",
+    );
     let s = Sizes::new(opts.quick, opts.reps);
     let exe = std::env::current_exe().context("the path of this executable")?;
     // Provenance before the pinning (it records the CPUs this process may use).
