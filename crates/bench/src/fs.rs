@@ -710,7 +710,7 @@ fn small_files(dir: &Path, n: usize) -> anyhow::Result<(f64, f64, f64, f64)> {
 
 /// One loopback TCP stream carrying `bytes` (writer and reader threads, 1 MiB buffers),
 /// timed on the reader from the writer's start to the last byte: GB/s.
-fn raw_tcp(bytes: u64) -> anyhow::Result<f64> {
+pub(crate) fn raw_tcp(bytes: u64) -> anyhow::Result<f64> {
     let listener = TcpListener::bind("127.0.0.1:0").context("binding a loopback port")?;
     let addr = listener.local_addr()?;
     let (go_tx, go_rx) = mpsc::channel::<()>();

@@ -20,6 +20,7 @@ pub mod kv_secure;
 pub mod market;
 pub mod migrate;
 pub mod pressure;
+pub mod pushdown;
 pub mod remote_iter;
 pub mod scavenge;
 pub mod service;
@@ -60,6 +61,7 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("consumer", "a YCSB-like application whose misses go to disk or a 1 ms service, with and without leased memory"),
     ("fs", "the scavenging file system's mount vs tmpfs and bindfs over tmpfs: sequential write, cold read (also vs raw TCP), fio random 4 KiB, small files"),
     ("scavenge", "a bag of dd writers and a small-file DAG on the scavenging mount (own nodes + CPU-capped victim stores) beside a tenant: its slowdown, victim CPU, node-seconds vs a reservation"),
+    ("pushdown", "TPC-H-style Q6, Q1, Q14, Q12 and a word count over tables on two memory-rich nodes whose pushed-work CPU is capped at 100/50/20 %: pull vs push vs the cost rule, vs raw TCP and DuckDB"),
     ("pressure", "KV shards under open-loop load while a memory antagonist fills one node: p99 timeline, moves, vs throttled migration"),
 ];
 
@@ -81,6 +83,7 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         "consumer" => consumer::run(opts),
         "fs" => fs::run(opts),
         "scavenge" => scavenge::run(opts),
+        "pushdown" => pushdown::run(opts),
         other => anyhow::bail!(
             "unknown benchmark '{other}'; known: {}",
             BENCHMARKS

@@ -9,6 +9,7 @@ mod antagonist;
 mod demo;
 mod fs;
 mod market;
+mod pushdown;
 mod status;
 mod top;
 
@@ -138,6 +139,9 @@ enum Cmd {
     /// A victim store started by hand: the market's producer store in no-eviction mode,
     /// for `granule fs mount --victims`.
     Store(fs::StoreArgs),
+    /// Run a pushdown query (Q6, Q1, Q14, Q12, word count) on generated tables in the
+    /// embedded cluster, pulled, pushed or by the cost rule, and explain the choice.
+    Pushdown(pushdown::PushdownArgs),
 }
 
 fn main() {
@@ -309,6 +313,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Antagonist(args) => antagonist::run(args),
         Cmd::Fs(cmd) => fs::fs(cmd),
         Cmd::Store(args) => fs::store(args),
+        Cmd::Pushdown(args) => pushdown::run(args),
         Cmd::Broker(args) => market::broker(args),
         Cmd::Producer(cmd) => market::producer(cmd),
         Cmd::Kv(args) => market::kv(args),

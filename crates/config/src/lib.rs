@@ -4,7 +4,9 @@
 //! they tune: [`Cluster`] (nodes, the controller, membership timing, cgroups, the
 //! dashboard, logging), [`Node`] (its threads, its file descriptors), [`Transport`]
 //! (connections, waiting for replies), [`Http`] (the bounds of every HTTP listener), [`Migration`] (moving and streaming state), [`Pressure`] (the monitor and
-//! the shedding policy) and [`Faults`] (fault injection, for tests). The table
+//! the shedding policy), [`Faults`] (fault injection, for tests), [`Market`] (the memory
+//! market), [`Fs`] (the scavenging file system) and [`Pushdown`] (the pool that runs
+//! pushed calls next to their data). The table
 //! [`SETTINGS`] names each one once: its key (`migration.throttle`), its environment
 //! variable (`GRANULE_MIGRATION_THROTTLE`), what it accepts and what it does. Loading,
 //! the TOML file, the environment, `Config::set`, error messages, `granule config` and
@@ -53,6 +55,7 @@ pub struct Config {
     pub faults: Faults,
     pub market: Market,
     pub fs: Fs,
+    pub pushdown: Pushdown,
 }
 
 /// The cluster: its nodes, its controller, membership timing, cgroups, the dashboard,
@@ -543,6 +546,66 @@ impl Default for Fs {
     }
 }
 
+/// The pushdown pool of each node: the threads that run *pushed calls*
+/// (`Proclet::push`), read-only closures shipped next to a proclet's data and run there
+/// apart from the node's transport and ordinary calls, bounded in threads, queue, memory
+/// and CPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pushdown {
+    /// Threads of the pool; `None`: as many as the node's cores in its spec (rounded
+    /// up), at least 1. Calls beyond them wait in the queue, in arrival order.
+    pub threads: Option<u32>,
+    /// Calls that may wait for a thread (or for memory) at once; one more is refused.
+    pub queue: u64,
+    /// The memory all running pushed calls of a node may reserve together (the sum of
+    /// their budgets); `None`: a quarter of the node's memory in its spec. A call whose
+    /// budget is larger can never run and is refused at once; one that does not fit now
+    /// waits.
+    pub memory: Option<u64>,
+    /// The budget of a call that does not ask for one (`PushOpts::memory`): what its
+    /// closure may reserve (`pushdown::reserve`). Never more than the pool's `memory`.
+    pub call_memory: u64,
+    /// A CPU cap on the pool, in cores (0.5: half of one core), enforced by a cpu cgroup
+    /// of the pool's threads with a CFS quota; `None`: uncapped. The node's transport
+    /// and ordinary calls are never capped by it.
+    pub cpu_cap: Option<f64>,
+}
+
+impl Default for Pushdown {
+    fn default() -> Self {
+        Pushdown {
+            threads: None,
+            queue: 256,
+            memory: None,
+            call_memory: 64 << 20,
+            cpu_cap: None,
+        }
+    }
+}
+
+impl Pushdown {
+    /// The pool's threads on a node with `cores` cores in its spec.
+    pub fn threads_for(&self, cores: f64) -> usize {
+        match self.threads {
+            Some(n) => (n as usize).max(1),
+            None if cores.is_finite() && cores > 0.0 => (cores.ceil() as usize).max(1),
+            None => 1,
+        }
+    }
+
+    /// The pool's memory on a node with `mem_bytes` of memory in its spec.
+    pub fn memory_for(&self, mem_bytes: u64) -> u64 {
+        self.memory.unwrap_or(mem_bytes / 4)
+    }
+
+    /// The budget of a call that asks for none, on a node with `mem_bytes` of memory:
+    /// `call_memory`, but no more than the pool's memory (so that, by default, every call
+    /// can run).
+    pub fn default_call_memory_for(&self, mem_bytes: u64) -> u64 {
+        self.call_memory.min(self.memory_for(mem_bytes))
+    }
+}
+
 /// Why a configuration was refused.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ConfigError {
@@ -956,8 +1019,49 @@ mod tests {
     }
 
     #[test]
+    fn pushdown_defaults_follow_the_node_spec() {
+        let p = Pushdown::default();
+        assert_eq!(p.threads_for(1.0), 1);
+        assert_eq!(p.threads_for(2.5), 3);
+        assert_eq!(p.threads_for(0.2), 1);
+        assert_eq!(p.memory_for(1 << 30), 256 << 20);
+        assert_eq!(p.default_call_memory_for(1 << 30), 64 << 20);
+        // A small node: the default budget shrinks to the pool so calls can still run.
+        assert_eq!(p.default_call_memory_for(128 << 20), 32 << 20);
+        let mut c = Config::default();
+        c.set("pushdown.threads", "3").unwrap();
+        c.set("pushdown.memory", "1GiB").unwrap();
+        c.set("pushdown.cpu_cap", "0.5").unwrap();
+        assert_eq!(c.pushdown.threads_for(1.0), 3);
+        assert_eq!(c.pushdown.memory_for(1 << 30), 1 << 30);
+        assert_eq!(c.pushdown.cpu_cap, Some(0.5));
+        for off in ["off", "0", "none"] {
+            c.set("pushdown.cpu_cap", off).unwrap();
+            assert_eq!(c.pushdown.cpu_cap, None, "{off}");
+        }
+        c.set("pushdown.threads", "auto").unwrap();
+        assert_eq!(c.pushdown.threads, None);
+        for (key, bad) in [
+            ("pushdown.cpu_cap", "-1"),
+            ("pushdown.cpu_cap", "lots"),
+            ("pushdown.threads", "0"),
+            ("pushdown.queue", "0"),
+            ("pushdown.memory", "0"),
+        ] {
+            let e = c.set(key, bad).unwrap_err();
+            assert!(e.to_string().contains(key), "{key}={bad}: {e}");
+        }
+        let e = Config::load_from(env(&[("GRANULE_PUSHDOWN_CPU_CAP", "half")])).unwrap_err();
+        assert!(
+            e.to_string().contains("GRANULE_PUSHDOWN_CPU_CAP=half"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn the_whole_config_survives_a_boot_payload() {
         let mut c = Config::default();
+        c.set("pushdown.cpu_cap", "0.5").unwrap();
         c.set("migration.throttle", "32MB/s").unwrap();
         c.set("pressure.mem_free_min", "64MiB").unwrap();
         c.set("node.worker_slice", "off").unwrap();

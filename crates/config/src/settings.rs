@@ -110,6 +110,10 @@ fn is_off(v: &str) -> bool {
     matches!(v.trim().to_ascii_lowercase().as_str(), "off" | "none")
 }
 
+fn is_auto(v: &str) -> bool {
+    v.trim().eq_ignore_ascii_case("auto")
+}
+
 fn switch_text(b: bool) -> String {
     if b { "on" } else { "off" }.into()
 }
@@ -1033,5 +1037,61 @@ pub static SETTINGS: &[Setting] = &[
         fs.state_dir,
         non_empty,
         |s: &String| s.clone(),
+    ),
+    // ---- pushdown ------------------------------------------------------------------------
+    setting!(
+        "pushdown.threads",
+        "GRANULE_PUSHDOWN_THREADS",
+        "a whole number in 1..=1024, or auto (the node's cores in its spec)",
+        "threads of each node's pushdown pool, which runs pushed calls (Proclet::push) apart from the transport and ordinary calls",
+        pushdown.threads,
+        |v: &str| if is_auto(v) { Ok(None) } else { int_in(v, 1, 1024).map(|n| Some(n as u32)) },
+        |v: &Option<u32>| v.map_or_else(|| "auto".into(), |n| n.to_string()),
+    ),
+    setting!(
+        "pushdown.queue",
+        "GRANULE_PUSHDOWN_QUEUE",
+        "a whole number in 1..=1000000",
+        "pushed calls that may wait for a pool thread or for memory at once, in arrival order; one more is refused",
+        pushdown.queue,
+        |v: &str| int_in(v, 1, 1_000_000).map(|n| n as u64),
+        |n: &u64| n.to_string(),
+    ),
+    setting!(
+        "pushdown.memory",
+        "GRANULE_PUSHDOWN_MEMORY",
+        "a size such as 512MiB (at least 1MiB), or auto (a quarter of the node's memory in its spec)",
+        "the memory a node's running pushed calls may reserve together (the sum of their budgets); a call whose budget is larger is refused, one that does not fit now waits",
+        pushdown.memory,
+        |v: &str| if is_auto(v) { Ok(None) } else { size_in(v, 1 << 20, 1 << 50).map(Some) },
+        |v: &Option<u64>| v.map_or_else(|| "auto".into(), format_size),
+    ),
+    setting!(
+        "pushdown.call_memory",
+        "GRANULE_PUSHDOWN_CALL_MEMORY",
+        "a size in 0B..=1TiB",
+        "the memory budget of a pushed call that asks for none (at most pushdown.memory): what its closure may reserve through pushdown::reserve",
+        pushdown.call_memory,
+        |v: &str| size_in(v, 0, 1 << 40),
+        |b: &u64| format_size(*b),
+    ),
+    setting!(
+        "pushdown.cpu_cap",
+        "GRANULE_PUSHDOWN_CPU_CAP",
+        "a number of cores in (0, 1024] such as 0.2 or 0.5, or off (0 is off too)",
+        "cap each node's pushdown pool at this much CPU (a cpu cgroup of its threads with a CFS quota); the transport and ordinary calls are not capped",
+        pushdown.cpu_cap,
+        |v: &str| {
+            if is_off(v) {
+                return Ok(None);
+            }
+            let x = number_at_least(v, 0.0)?;
+            if x > 1024.0 {
+                Err(format!("{x} is above 1024"))
+            } else {
+                Ok((x > 0.0).then_some(x))
+            }
+        },
+        |v: &Option<f64>| v.map_or_else(|| "off".into(), |x| x.to_string()),
     ),
 ];

@@ -85,6 +85,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "left shard of a sharded structure's merge: the right shard's data taken, before the map records the merge (error: the map keeps naming the merged-away shard)",
     ),
     (
+        "sharded.split.before_begin",
+        "client splitting a sharded structure's shard that a write grew past its upper bound: before the split's first step (error: this split fails, the shard stays as it is)",
+    ),
+    (
         "sharded.split.before_thaw",
         "client finishing a sharded structure's split: the parent dropped its copy of the split-off part, before the new shard thaws (error: the new shard stays frozen)",
     ),

@@ -39,6 +39,9 @@ pub use granule_batch as batch;
 pub use granule_fs as fs;
 /// The memory market: harvester, producer stores, broker, and [`market::consumer::KvCache`].
 pub use granule_market as market;
+/// Compute pushdown: columnar tables over sharded vectors, queries run pulled, pushed or by
+/// the cost rule ([`pushdown::dist::Executor`]).
+pub use granule_pushdown as pushdown;
 /// The key-range router sharded structures and services share: [`router::Router`] over
 /// a versioned [`router::RangeTable`] kept as a compacted [`router::ChangeLog`], and the
 /// split/merge [`router::Trigger`]s ([`router::Bounds`]: bytes held; [`router::CpuLoad`]:
@@ -51,8 +54,8 @@ pub use granule_runtime::{
     binary_hash, block_on, cluster_nodes, config, cpu_bound, footprint, here, init_logging, run,
     run_node, set_spin, should_yield, spawn, thread_context, Blob, CallError, Cluster,
     ClusterBuilder, ClusterError, Config, Footprint, Kind, MoveStats, NodeArgs, NodeId, NodeInfo,
-    NodeSpec, NodeState, Proclet, ProcletBuilder, ProcletId, ProcletState, ProcletUsage, RangeJob,
-    Resource, ThreadContext, Usage, Wire,
+    NodeSpec, NodeState, Proclet, ProcletBuilder, ProcletId, ProcletState, ProcletUsage, PushOpts,
+    RangeJob, Resource, ThreadContext, Usage, Wire,
 };
 /// Services: [`service::StatelessService`] and [`service::StatefulService`], request
 /// handlers on compute proclets that split and merge with their load, behind an
@@ -105,4 +108,6 @@ pub mod guide {
     pub mod troubleshooting {}
     #[doc = include_str!("../../../docs/guide/market.md")]
     pub mod market {}
+    #[doc = include_str!("../../../docs/guide/pushdown.md")]
+    pub mod pushdown {}
 }

@@ -7,7 +7,9 @@
 //! the node's CPU quota: next to the node's own cpu group when the node has one, so the
 //! two compete as a node and a co-tenant on one machine would. A CPU antagonist joins the
 //! node's cpu group and [`spin`]s. An antagonist that is a thread of a benchmark driver
-//! rather than a process gets a [`ThreadCpuGroup`] beside the node's.
+//! rather than a process gets a [`ThreadCpuGroup`] beside the node's. The same type, with
+//! a quota ([`ThreadCpuGroup::capped`]), holds a node's pushdown pool: threads of the
+//! node whose CPU is capped apart from the rest of the node.
 
 use crate::group::{join_pid, remove_tree, sweep};
 use crate::hierarchy::{Controller, Hierarchy};
@@ -161,19 +163,67 @@ impl Drop for OwnCpuGroup {
     }
 }
 
-/// Names of [`ThreadCpuGroup`]s made by this process (`a<pid>-<start>-<n>`).
+/// Names of [`ThreadCpuGroup`]s made by this process (`a<pid>-<start>-<n>`,
+/// `p<pid>-<start>-<n>`).
 static THREAD_GROUP_SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-/// A cpu group, beside a node's own cpu group, for threads of this process: another
-/// tenant on the node's CPU, with the same weight and no quota, for an antagonist that is
-/// a thread of a benchmark driver. Named `a<pid>-<start>-<n>` in the node group's parent,
-/// so a dead process's group is swept like an [`OwnCpuGroup`]. Removed on drop, once the
-/// threads that joined it have exited (a thread cannot be moved out of a v1 group it
-/// joined except by another write, so the group is made for threads that end before it).
+/// A cpu group for some threads of this process (not the whole process), in two forms:
+///
+/// - [`ThreadCpuGroup::beside`]: beside a node's own cpu group, another tenant on the
+///   node's CPU with the same weight and no quota, for an antagonist that is a thread of
+///   a benchmark driver. Named `a<pid>-<start>-<n>` in the node group's parent, so a dead
+///   process's group is swept like an [`OwnCpuGroup`].
+/// - [`ThreadCpuGroup::capped`]: a group with a CFS quota for a node's pushdown pool,
+///   inside the node's own cpu group (so the pool's CPU also counts against the node's
+///   quota), or under `granule-pushdown/` for a process that runs in no group Granule
+///   made for a node. Named `p<pid>-<start>-<n>`; groups of processes that are gone are
+///   swept when the next one is made there, by [`crate::cleanup_stale`], and with the
+///   cluster's groups.
+///
+/// Threads enter with [`ThreadCpuGroup::join_current_thread`]. Removing the group (or
+/// dropping it) first moves threads still inside back to the cpu group the process ran
+/// in when the group was made (a thread cannot leave a v1 group except by being written
+/// into another), then deletes the directory.
 #[derive(Debug)]
 pub struct ThreadCpuGroup {
     dir: PathBuf,
+    /// Where threads still inside go back before removal: the process's cpu group when
+    /// this group was made.
+    home: Option<PathBuf>,
     removed: bool,
+}
+
+/// `(pid, start time)` of this process, for group names.
+fn own_name_parts() -> Result<(u32, u64), CgroupError> {
+    let pid = std::process::id();
+    let start = process_start_time(pid).ok_or_else(|| CgroupError::Parse {
+        path: PathBuf::from("/proc/self/stat"),
+        text: "no start time".into(),
+    })?;
+    Ok((pid, start))
+}
+
+/// The CPU cap of the cpu group in `dir` (quota ÷ period), `None` without a quota.
+fn read_cap(dir: &std::path::Path) -> Result<Option<f64>, CgroupError> {
+    let read = |name: &str| -> Result<i64, CgroupError> {
+        let path = dir.join(name);
+        let text = std::fs::read_to_string(&path).map_err(|e| CgroupError::io("read", &path, e))?;
+        text.trim()
+            .parse()
+            .map_err(|_| CgroupError::Parse { path, text })
+    };
+    let quota = read("cpu.cfs_quota_us")?;
+    let period = read("cpu.cfs_period_us")?;
+    Ok((quota > 0 && period > 0).then(|| quota as f64 / period as f64))
+}
+
+/// The directory of this process's own cpu group (the controller's root when it runs
+/// in none).
+fn own_cpu_dir(h: &Hierarchy) -> Option<PathBuf> {
+    let rel = current_paths()
+        .and_then(|p| p.cpu)
+        .unwrap_or_else(|| "/".into());
+    h.group_dir(Controller::Cpu, &rel).ok()
 }
 
 impl ThreadCpuGroup {
@@ -186,11 +236,7 @@ impl ThreadCpuGroup {
                 path: node_cpu.to_string(),
                 why: "not a node's own cpu group (under granule/, with a quota)",
             })?;
-        let pid = std::process::id();
-        let start = process_start_time(pid).ok_or_else(|| CgroupError::Parse {
-            path: PathBuf::from("/proc/self/stat"),
-            text: "no start time".into(),
-        })?;
+        let (pid, start) = own_name_parts()?;
         let n = THREAD_GROUP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = h
             .group_dir(Controller::Cpu, &parent)?
@@ -198,8 +244,64 @@ impl ThreadCpuGroup {
         std::fs::create_dir_all(&dir).map_err(|e| CgroupError::io("create", &dir, e))?;
         Ok(ThreadCpuGroup {
             dir,
+            home: own_cpu_dir(h),
             removed: false,
         })
+    }
+
+    /// Create a group capped at `cores` of CPU (a CFS period of `period_us`, clamped to
+    /// the kernel's 1 ms..=1 s, and a quota of `cores` periods, at least
+    /// [`crate::MIN_CFS_QUOTA_US`]) for threads of this process: inside `node_cpu` when
+    /// that is the cpu group Granule made for this node (under `granule/`, with a
+    /// quota; a cap above the node's own is lowered to it), else under
+    /// `granule-pushdown/` (made if missing). Groups left there by processes that are
+    /// gone are removed first. [`ThreadCpuGroup::cap_cores`] gives the cap in force.
+    pub fn capped(
+        h: &Hierarchy,
+        node_cpu: Option<&str>,
+        cores: f64,
+        period_us: u64,
+    ) -> Result<ThreadCpuGroup, CgroupError> {
+        if !(cores.is_finite() && cores > 0.0) {
+            return Err(CgroupError::BadPath {
+                path: format!("{cores}"),
+                why: "a CPU cap must be a positive number of cores",
+            });
+        }
+        let (parent_rel, cores) = match node_cpu {
+            Some(node) if OwnCpuGroup::cluster_group_of(h, node).is_some() => {
+                // Cgroup v1 refuses a child quota above its parent's (EINVAL), and the
+                // node's quota bounds the pool anyway: a larger cap is the node's.
+                let node_cores = read_cap(&h.group_dir(Controller::Cpu, node)?)?;
+                (node.to_string(), node_cores.map_or(cores, |n| cores.min(n)))
+            }
+            _ => (format!("/{}", crate::PUSHDOWN_DIR), cores),
+        };
+        let parent = h.group_dir(Controller::Cpu, &parent_rel)?;
+        std::fs::create_dir_all(&parent).map_err(|e| CgroupError::io("create", &parent, e))?;
+        let mut removed = Vec::new();
+        sweep(&parent, 'p', &mut removed);
+        for d in removed {
+            tracing::info!("removed the pushdown cgroup of a process that is gone: {d}");
+        }
+        let (pid, start) = own_name_parts()?;
+        let n = THREAD_GROUP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = parent.join(format!("p{pid}-{start}-{n}"));
+        std::fs::create_dir_all(&dir).map_err(|e| CgroupError::io("create", &dir, e))?;
+        let g = ThreadCpuGroup {
+            dir,
+            home: own_cpu_dir(h),
+            removed: false,
+        };
+        let period_us = period_us.clamp(1_000, 1_000_000);
+        // The period first: the quota is validated against it. On an error the group is
+        // dropped, which removes it.
+        crate::group::write_value(&g.dir.join("cpu.cfs_period_us"), period_us)?;
+        crate::group::write_value(
+            &g.dir.join("cpu.cfs_quota_us"),
+            crate::group::quota_us(cores, period_us),
+        )?;
+        Ok(g)
     }
 
     /// The group's directory.
@@ -207,21 +309,49 @@ impl ThreadCpuGroup {
         &self.dir
     }
 
+    /// The group's CPU cap as the kernel has it (quota ÷ period), `None` without a quota.
+    pub fn cap_cores(&self) -> Result<Option<f64>, CgroupError> {
+        read_cap(&self.dir)
+    }
+
     /// Move the calling thread (only it) into the group.
     pub fn join_current_thread(&self) -> Result<(), CgroupError> {
         crate::group::write_value(&self.dir.join("tasks"), crate::proc::current_tid())
     }
 
-    /// Delete the group (its threads must have exited).
+    /// Delete the group, moving threads still inside back to the process's group first.
     pub fn remove(mut self) -> Result<(), CgroupError> {
         self.removed = true;
+        self.send_home();
         remove_tree(&self.dir)
+    }
+
+    /// Move every thread still in the group back where the process ran (threads that
+    /// exit meanwhile are gone from the list anyway).
+    fn send_home(&self) {
+        let Some(home) = &self.home else { return };
+        let Ok(tasks) = std::fs::read_to_string(self.dir.join("tasks")) else {
+            return;
+        };
+        for tid in tasks.split_whitespace() {
+            if let Err(e) = std::fs::write(home.join("tasks"), tid) {
+                // ESRCH: it exited between the read and the write.
+                if e.raw_os_error() != Some(nix::errno::Errno::ESRCH as i32) {
+                    tracing::warn!(
+                        "cannot move thread {tid} out of {} to {}: {e}",
+                        self.dir.display(),
+                        home.display()
+                    );
+                }
+            }
+        }
     }
 }
 
 impl Drop for ThreadCpuGroup {
     fn drop(&mut self) {
         if !self.removed {
+            self.send_home();
             if let Err(e) = remove_tree(&self.dir) {
                 tracing::warn!("cannot remove {}: {e}", self.dir.display());
             }
@@ -339,8 +469,13 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(50));
     }
 
+    /// Held by the tests that move this process, or one of its threads, between cpu
+    /// groups: they must not see each other's moves (writing the pid moves every thread).
+    static MOVES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn own_cpu_group_is_entered_and_left() {
+        let _moves = MOVES.lock().unwrap_or_else(|p| p.into_inner());
         let h = match Hierarchy::detect() {
             Ok(h) => h,
             Err(e) => {
@@ -413,6 +548,103 @@ mod tests {
             );
             g.remove().unwrap();
         }
+        crate::group::remove_tree(&cluster_dir).unwrap();
+        assert_eq!(paths_of(me).and_then(|p| p.cpu), before);
+    }
+
+    #[test]
+    fn capped_thread_groups_sit_in_the_node_group_and_send_threads_home() {
+        let _moves = MOVES.lock().unwrap_or_else(|p| p.into_inner());
+        let h = match Hierarchy::detect() {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("skipping a real-cgroup test: {e}");
+                return;
+            }
+        };
+        let me = std::process::id();
+        let before = paths_of(me).and_then(|p| p.cpu);
+        let cluster = format!("/{}/t{me}-capped-test", crate::GRANULE_DIR);
+        let cluster_dir = h.group_dir(Controller::Cpu, &cluster).unwrap();
+        // Removes the test's groups even when an assertion fails.
+        struct Cleanup(PathBuf);
+        impl Drop for Cleanup {
+            fn drop(&mut self) {
+                let _ = crate::group::remove_tree(&self.0);
+            }
+        }
+        let _cleanup = Cleanup(cluster_dir.clone());
+        let node_dir = cluster_dir.join("node0");
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let node = format!("{cluster}/node0");
+        // Half a core (at the kernel's default period).
+        std::fs::write(node_dir.join("cpu.cfs_period_us"), "100000").unwrap();
+        std::fs::write(node_dir.join("cpu.cfs_quota_us"), "50000").unwrap();
+        // A stale group of a process that is gone (a reaped child's pid) is swept.
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let dead = gone.id();
+        gone.wait().unwrap();
+        let stale = node_dir.join(format!("p{dead}-1-0"));
+        std::fs::create_dir_all(&stale).unwrap();
+
+        // Inside a node's own group, with the quota asked for.
+        let g = ThreadCpuGroup::capped(&h, Some(&node), 0.25, 20_000).unwrap();
+        assert_eq!(g.dir().parent(), Some(node_dir.as_path()));
+        assert!(!stale.exists(), "the stale group was not swept");
+        assert_eq!(g.cap_cores().unwrap(), Some(0.25));
+        // A cap above the node's own is the node's.
+        let big = ThreadCpuGroup::capped(&h, Some(&node), 2.0, 20_000).unwrap();
+        assert_eq!(big.cap_cores().unwrap(), Some(0.5));
+        big.remove().unwrap();
+        // A thread joins and stays (a pool thread that outlives nothing): removal moves it
+        // back to the process's group first.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (joined_tx, joined_rx) = std::sync::mpsc::channel();
+        let dir = g.dir().to_path_buf();
+        let t = std::thread::spawn({
+            let dir = dir.clone();
+            move || {
+                crate::group::write_value(&dir.join("tasks"), crate::proc::current_tid()).unwrap();
+                joined_tx.send(crate::proc::current_tid()).unwrap();
+                rx.recv().ok();
+            }
+        });
+        let tid = joined_rx.recv().unwrap();
+        assert_eq!(
+            crate::procfs::current_thread_paths().and_then(|p| p.cpu),
+            before,
+            "only the thread that joined moved"
+        );
+        let tasks = std::fs::read_to_string(dir.join("tasks")).unwrap();
+        assert_eq!(tasks.trim(), tid.to_string());
+        g.remove().unwrap();
+        assert!(!dir.exists());
+        let home = h
+            .group_dir(Controller::Cpu, before.as_deref().unwrap_or("/"))
+            .unwrap();
+        let home_tasks = std::fs::read_to_string(home.join("tasks")).unwrap();
+        assert!(
+            home_tasks.split_whitespace().any(|t| t == tid.to_string()),
+            "thread {tid} went home"
+        );
+        tx.send(()).unwrap();
+        t.join().unwrap();
+
+        // A process in no node group of its own: under granule-pushdown/.
+        let g = ThreadCpuGroup::capped(&h, None, 1.0, 20_000).unwrap();
+        assert_eq!(
+            g.dir().parent(),
+            Some(
+                h.controller_dir(Controller::Cpu)
+                    .join(crate::PUSHDOWN_DIR)
+                    .as_path()
+            )
+        );
+        assert_eq!(g.cap_cores().unwrap(), Some(1.0));
+        let dir = g.dir().to_path_buf();
+        drop(g);
+        assert!(!dir.exists(), "dropping removes it");
+        assert!(ThreadCpuGroup::capped(&h, None, 0.0, 20_000).is_err());
         crate::group::remove_tree(&cluster_dir).unwrap();
         assert_eq!(paths_of(me).and_then(|p| p.cpu), before);
     }

@@ -217,8 +217,8 @@ pub fn join_self(paths: &CgroupPaths) -> Result<(), CgroupError> {
     join_pid(&Hierarchy::default(), std::process::id(), paths)
 }
 
-/// Remove the groups of clusters whose driver is gone (and of antagonists that died
-/// without removing theirs, e.g. OOM-killed ones): for every `granule/c<pid>-<start>...`
+/// Remove the groups of clusters whose driver is gone (and of antagonists and pushdown
+/// pools of processes that died without removing theirs, e.g. OOM-killed ones): for every `granule/c<pid>-<start>...`
 /// whose pid is not a process started at `<start>`, kill what still runs inside and
 /// remove it. Cpusets of a process that is gone (`cpuset/granule/s<pid>-<start>-<n>`) are
 /// removed too, their tasks moved out rather than killed. Returns the directories
@@ -231,6 +231,11 @@ pub fn cleanup_stale(h: &Hierarchy) -> Vec<String> {
     sweep(
         &h.controller_dir(Controller::Cpu).join(ANTAGONIST_DIR),
         'a',
+        &mut removed,
+    );
+    sweep(
+        &h.controller_dir(Controller::Cpu).join(crate::PUSHDOWN_DIR),
+        'p',
         &mut removed,
     );
     crate::cpuset::sweep_stale(h, &mut removed);

@@ -27,6 +27,8 @@
 //!   into groups ([`join_pid`], [`join_self`]) and naming the groups a process runs in
 //!   ([`current_paths`]); cpusets that pin processes to CPUs ([`CpusetGroup`]);
 //!   antagonists that put memory or CPU load into a node's groups ([`antagonist`]);
+//!   capped cpu groups for some threads of a process, such as a node's pushdown pool
+//!   ([`antagonist::ThreadCpuGroup::capped`]);
 //! - cgroup readings, v1 and v2: cheap repeated readings of a group's usage, limit, OOM
 //!   kills and throttling ([`Reader`]), `memory.stat` ([`MemoryStat`]), per-CPU usage
 //!   ([`cpuacct_usage_percpu`]), the unified hierarchy where one is mounted
@@ -42,7 +44,8 @@
 //!   at page granularity (`clear_refs`, `smaps_rollup`) ([`workload`]).
 //!
 //! It must not touch cgroups it did not create through the API for its own groups: only
-//! directories below `granule/` and `granule-antagonists/` whose names it can parse are
+//! directories below `granule/`, `granule-antagonists/` and `granule-pushdown/` whose
+//! names it can parse are
 //! ever removed, and only tasks inside them are ever killed; a foreign group's memory
 //! limit is the only thing written outside them (and the `cgroup.procs` a pinned process
 //! goes back to). It knows nothing of proclets, the controller or the transport; the
@@ -77,8 +80,8 @@ pub use granule_wire::CgroupPaths;
 pub use group::{cleanup_stale, join_pid, join_self, ClusterGroups, NodeGroup};
 pub use hierarchy::{Controller, Hierarchy, Unavailable, DEFAULT_ROOT};
 pub use procfs::{
-    current_paths, parse_proc_cgroup, paths_of, proc_cgroup_text, process_start_time, unified_path,
-    v1_path,
+    current_paths, current_thread_paths, parse_proc_cgroup, paths_of, proc_cgroup_text,
+    process_start_time, unified_path, v1_path,
 };
 pub use reader::{CpuStat, Reader};
 pub use stat::{
@@ -93,6 +96,9 @@ use std::path::PathBuf;
 pub const GRANULE_DIR: &str = "granule";
 /// The directory (in the cpu hierarchy) that holds one directory per antagonist process.
 pub const ANTAGONIST_DIR: &str = "granule-antagonists";
+/// The directory (in the cpu hierarchy) that holds the capped pushdown-pool groups of
+/// processes that run in no node group of their own ([`antagonist::ThreadCpuGroup::capped`]).
+pub const PUSHDOWN_DIR: &str = "granule-pushdown";
 /// The default CFS period of node groups, microseconds (the runtime passes the
 /// configured one, `cluster.cfs_period`). A fifth of the kernel's default: a group that
 /// used its quota early in a period is frozen until the period ends, so the period bounds

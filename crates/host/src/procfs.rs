@@ -37,6 +37,13 @@ pub fn current_paths() -> Option<CgroupPaths> {
     parse_proc_cgroup(&std::fs::read_to_string("/proc/self/cgroup").ok()?)
 }
 
+/// The calling thread's memory and cpu cgroups, which differ from its process's when the
+/// thread alone was moved (a pushdown pool thread in its capped group; see
+/// [`crate::antagonist::ThreadCpuGroup`]).
+pub fn current_thread_paths() -> Option<CgroupPaths> {
+    parse_proc_cgroup(&std::fs::read_to_string("/proc/thread-self/cgroup").ok()?)
+}
+
 /// Another process's memory and cpu cgroups (`None` also when it does not exist).
 pub fn paths_of(pid: u32) -> Option<CgroupPaths> {
     parse_proc_cgroup(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?)

@@ -21,7 +21,8 @@ pub enum CallError {
     /// The proclet's node died or cannot be reached; its state is lost.
     #[error("node {node} is unreachable: {reason}")]
     NodeUnreachable { node: NodeId, reason: String },
-    /// No answer within the call's timeout.
+    /// No answer within the call's timeout (a handle's, or a pushed call's
+    /// `PushOpts::timeout`). A pushed call that had not started when it passed never runs.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
     /// The peer runs a different executable, so code cannot be shipped to it.
@@ -31,7 +32,7 @@ pub enum CallError {
     #[error("decode failure: {0}")]
     Decode(String),
     /// The closure panicked. The proclet stays alive with its state as the closure left
-    /// it at the panic, and the node keeps serving.
+    /// it at the panic, and the node keeps serving (a pushed call's pool thread too).
     #[error("closure on proclet {proclet} panicked: {message}")]
     RemotePanic { proclet: ProcletId, message: String },
     /// The call would re-enter a proclet that its own call chain already holds in a way
@@ -50,11 +51,12 @@ pub enum CallError {
     #[error("no Granule cluster in this process: start one with granule::Cluster::start() first")]
     NoCluster,
     /// No node has room for the new proclet (every node is out of memory budget or under
-    /// memory pressure). Nothing was created.
+    /// memory pressure), or a node's pushdown queue is full (`pushdown.queue`). Nothing
+    /// was created, nothing ran.
     #[error("no capacity: {0}")]
     NoCapacity(String),
     /// The request was refused (bad node named, no node to place on, a pinned proclet
-    /// asked to move, ...).
+    /// asked to move, a pushed call whose memory budget exceeds `pushdown.memory`, ...).
     #[error("refused: {0}")]
     Refused(String),
     /// Something that should not happen; the message says what.
@@ -90,6 +92,9 @@ impl CallError {
                 CallError::Internal("proclet location kept changing; gave up".into())
             }
             RemoteError::Protocol(m) | RemoteError::Internal(m) => CallError::Internal(m),
+            RemoteError::TimedOut { after_ms } => {
+                CallError::Timeout(Duration::from_millis(after_ms))
+            }
         }
     }
 }

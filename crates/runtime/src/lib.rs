@@ -12,7 +12,8 @@
 //!
 //! | module | its job |
 //! |---|---|
-//! | `proclet` | the proclet API: handles, creation, calls (local fast path or remote), destroy |
+//! | `proclet` | the proclet API: handles, creation, calls (local fast path or remote), pushed calls, destroy |
+//! | [`pushdown`] | pushed calls: the node's pool that runs them next to the data (queue, memory admission, CPU cap, timeouts and cancellation), [`PushOpts`], and `reserve`/`here` for the closures it runs |
 //! | `range` | [`RangeJob`]: index ranges computed on compute proclets that yield when moved |
 //! | `cluster` | the driver's side: the embedded cluster (controller, node processes, their cgroups), [`ClusterBuilder`] |
 //! | `fleet` | the embedded cluster's node processes: starting them, reaping them, fencing and replacing dead ones (`cluster.replace_dead`) |
@@ -53,6 +54,7 @@ mod fleet;
 pub mod footprint;
 mod node;
 mod proclet;
+pub mod pushdown;
 mod range;
 mod shipping;
 mod slot;
@@ -78,5 +80,6 @@ pub use granule_wire::{
     Resource, Usage,
 };
 pub use proclet::{Proclet, ProcletBuilder, ProcletState, Wire};
+pub use pushdown::PushOpts;
 pub use range::{RangeJob, RangePiece};
 pub use shipping::binary_hash;

@@ -36,11 +36,16 @@
 //!   `&S` and run concurrently with each other (see the crate docs for re-entry);
 //! - a panic in a closure is returned as [`CallError::RemotePanic`]; the proclet keeps
 //!   the state the closure left behind and its node keeps serving.
+//!
+//! [`Proclet::push`] runs a read-only closure like `run_ref`, but on the pushdown pool
+//! of the proclet's node rather than on the thread that received it: for operators that
+//! scan a proclet's data for a long time (see [`crate::pushdown`]).
 
 use crate::context;
 use crate::error::CallError;
 use crate::footprint::Footprint;
 use crate::node::{NewProclet, NodeInner, Remote};
+use crate::pushdown::{self, CancelCell, CancelOnDrop, PushCall, PushOpts, Why};
 use crate::shipping::{self, panic_message, ErasedState};
 use crate::slot::{Guard, LockError, TryLock};
 use granule_wire::{CallMode, ChainId, Kind, Location, NodeId, ProcletId};
@@ -619,6 +624,114 @@ impl<S: ProcletState> Proclet<S> {
         self.call_async(CallMode::Shared, arg, code, move |g: &Guard, a: A| {
             local_ref(g, &f, a)
         })
+    }
+
+    /// Run `f(&state, arg)` as a *pushed call*: like [`Proclet::run_ref`] (shared access:
+    /// concurrent with other read-only calls, never with a `run`; the proclet does not
+    /// move while it runs), but on the pushdown pool of the node that holds the proclet —
+    /// its own threads, bounded in number, memory and CPU (`pushdown.*` settings) — so a
+    /// long scan never holds the node's transport or ordinary calls. A proclet hosted in
+    /// the calling process goes through this process's pool too.
+    ///
+    /// `opts.timeout` (else the handle's timeout) bounds the whole call: when it passes
+    /// the call fails with [`CallError::Timeout`] at once; a call still waiting (for a
+    /// thread, memory, or the proclet's lock) never runs, a running one finishes on its
+    /// thread and its answer is dropped. `opts.memory` is the call's budget: the node
+    /// admits it when the budgets of its running pushed calls leave room, refuses it with
+    /// [`CallError::Refused`] if they never could, and its closure takes from the budget
+    /// with [`pushdown::reserve`]. A full queue is [`CallError::NoCapacity`]; a panic in
+    /// the closure is [`CallError::RemotePanic`] (the pool and the node carry on). A
+    /// pushed closure must not push to its own node (refused: it could wait for itself).
+    ///
+    /// ```no_run
+    /// use granule_runtime::pushdown::{self, OverBudget};
+    /// use granule_runtime::{Kind, Proclet, PushOpts};
+    /// use std::time::Duration;
+    ///
+    /// let p = Proclet::new(Kind::Memory, (0..1_000_000u64).collect::<Vec<u64>>())?;
+    /// let opts = PushOpts::default().with_timeout(Duration::from_secs(2));
+    /// let evens = p.push(opts, 2u64, |v: &Vec<u64>, m: u64| -> Result<u64, OverBudget> {
+    ///     let _room = pushdown::reserve(1 << 20)?; // a scratch table, say
+    ///     Ok(v.iter().filter(|x| *x % m == 0).count() as u64)
+    /// })??;
+    /// assert_eq!(evens, 500_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn push<A, R, F>(&self, opts: PushOpts, arg: A, f: F) -> Result<R, CallError>
+    where
+        A: Wire,
+        R: Wire,
+        F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
+    {
+        let node = node_or_current(&self.node)?;
+        let call = self.push_async(opts, arg, f);
+        node.block(call, None)
+            .unwrap_or_else(|| Err(CallError::Internal("interrupted".into())))
+    }
+
+    /// [`Proclet::push`] as a future. Dropping the future before it is ready cancels the
+    /// call: if it has not started on its node it never runs; if it has, it finishes
+    /// there and counts as a late finish. Its timeout runs from when the future is made.
+    pub fn push_async<A, R, F>(
+        &self,
+        opts: PushOpts,
+        arg: A,
+        f: F,
+    ) -> impl Future<Output = Result<R, CallError>> + Send + 'static
+    where
+        A: Wire,
+        R: Wire,
+        F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
+    {
+        assert_captures_nothing::<F>();
+        let _ = f;
+        let desc = shipping::call_ref_desc::<F, S, A, R>();
+        let node = node_or_current(&self.node);
+        let timeout = opts.timeout.or(self.timeout);
+        // Made now, inside the node's runtime, so the future can be polled by any
+        // executor.
+        let sleep = match (&node, timeout) {
+            (Ok(n), Some(t)) => {
+                let _enter = n.handle.enter();
+                Some(tokio::time::sleep(t))
+            }
+            _ => None,
+        };
+        let call = PushCall {
+            id: self.id,
+            hint: self.hint.clone(),
+            desc,
+            memory: opts.memory,
+            timeout,
+            chain: context::chain_for_call(),
+            ticket: pushdown::new_ticket(),
+        };
+        async move {
+            let node = node?;
+            let bytes = encode(&arg, "argument")?;
+            let cell = Arc::new(CancelCell::default());
+            // Dropped unfinished (the caller dropped this future): the node is told.
+            let _cancel = CancelOnDrop(cell.clone());
+            let work = pushdown::push_flow(node, call, bytes, cell.clone());
+            let out = match sleep {
+                None => work.await,
+                Some(sleep) => {
+                    let work = std::pin::pin!(work);
+                    let sleep = std::pin::pin!(sleep);
+                    match futures::future::select(work, sleep).await {
+                        futures::future::Either::Left((r, _)) => r,
+                        futures::future::Either::Right(((), _work)) => {
+                            // Before the unfinished call is dropped: the node counts a
+                            // timeout, not a cancel.
+                            cell.cancel(Why::Timeout);
+                            Err(CallError::Timeout(timeout.unwrap_or_default()))
+                        }
+                    }
+                }
+            };
+            cell.disarm();
+            decode_reply(&out?)
+        }
     }
 
     /// Run `via(&mut state, arg, &f)`: a library's wrapper around its user's closure `f`

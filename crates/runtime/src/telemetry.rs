@@ -6,7 +6,10 @@
 //! where they happen, through the `metrics` macros into the process's recorder
 //! (`granule-telemetry`). What the node already counts for itself (calls served,
 //! proclets hosted, memory) is copied into gauges and counters when `/metrics` is
-//! scraped, so the call path pays nothing for metrics. The recorder is per process: with
+//! scraped, so the call path pays nothing for metrics; so are the pushdown pool's counts
+//! (`granule_pushdown_*`: calls by outcome, refusals, late finishes, queue, running, and
+//! `granule_pushdown_cpu_cap_failed`, 1 when a CPU cap was asked for but could not be
+//! put in force). The recorder is per process: with
 //! several nodes in one process (unusual), every node's `/metrics` shows all of them,
 //! told apart by the `node` label.
 
@@ -160,7 +163,40 @@ fn scrape(node: &NodeInner) -> String {
     metrics::counter!("granule_bytes_received_by_migration_total", "node" => n.clone())
         .absolute(node.migration.received_bytes.load(Ordering::Relaxed));
     metrics::counter!("granule_events_dropped_total").absolute(DROPPED.load(Ordering::Relaxed));
+    scrape_pushdown(node, &n);
     granule_telemetry::render()
+}
+
+/// The pushdown pool's figures: calls by outcome, refusals by reason, late finishes, the
+/// queue, and whether the CPU cap asked for is in force.
+fn scrape_pushdown(node: &NodeInner, n: &str) {
+    let p = node.pushdown.snapshot();
+    let c = p.counts;
+    for (outcome, count) in [
+        ("served", c.served),
+        ("timed_out", c.timed_out),
+        ("cancelled", c.cancelled),
+        ("panicked", c.panicked),
+    ] {
+        metrics::counter!("granule_pushdown_calls_total", "node" => n.to_string(), "outcome" => outcome)
+            .absolute(count);
+    }
+    for (reason, count) in [
+        ("over_budget", c.refused_over_budget),
+        ("queue_full", c.refused_queue_full),
+    ] {
+        metrics::counter!("granule_pushdown_refused_total", "node" => n.to_string(), "reason" => reason)
+            .absolute(count);
+    }
+    metrics::counter!("granule_pushdown_late_finishes_total", "node" => n.to_string())
+        .absolute(c.late_finishes);
+    metrics::gauge!("granule_pushdown_queued", "node" => n.to_string()).set(p.queued as f64);
+    metrics::gauge!("granule_pushdown_running", "node" => n.to_string()).set(p.running as f64);
+    metrics::gauge!("granule_pushdown_threads", "node" => n.to_string()).set(p.threads as f64);
+    metrics::gauge!("granule_pushdown_cpu_cap_cores", "node" => n.to_string())
+        .set(p.cap.unwrap_or(0.0));
+    metrics::gauge!("granule_pushdown_cpu_cap_failed", "node" => n.to_string())
+        .set(if p.cap_failed { 1.0 } else { 0.0 });
 }
 
 /// Bind the node's metrics address now (so an error shows at start-up).

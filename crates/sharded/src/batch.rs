@@ -281,8 +281,19 @@ type Grown<S> = (
     u64,
 );
 
+/// How long the resizing thread keeps trying to split a shard whose split failed (a
+/// call refused under load, no node with room for the new shard for a moment) before
+/// the flush waiting on it goes on with the shard over its bound: the items are applied
+/// by then, only the shard's size is wrong. The shard stays owed a split: later writes
+/// through the structure's handle try it again, and so does this thread after the next
+/// batch that grows a shard.
+const SETTLE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The resizing thread: split every shard reported grown (once per shard however many
-/// reports are waiting).
+/// reports are waiting), and try again every split that failed before the reports count
+/// as done: a split that failed on the last batch's shard would otherwise never be
+/// tried again (no later batch lands there), and the flush would return with the shard
+/// over its bound.
 fn resize_grown<S: Shard>(
     sharder: &AutoSharder<S>,
     rx: std::sync::mpsc::Receiver<Grown<S>>,
@@ -297,6 +308,9 @@ fn resize_grown<S: Shard>(
             if seen.insert(shard.id()) {
                 sharder.resize_after(&key, Hint::Grow, &shard, fp);
             }
+        }
+        if let Err(e) = sharder.settle(SETTLE_PATIENCE) {
+            tracing::warn!("a pusher's batches left shards over their bound: {e}");
         }
         shared.state.lock().resizes_done += n;
         shared.changed.notify_waiters();

@@ -93,6 +93,7 @@
 mod batch;
 mod map;
 mod partitions;
+mod parts;
 mod queue;
 mod sharder;
 mod vec;
@@ -100,9 +101,10 @@ mod vec;
 pub use batch::Pusher;
 pub use map::{MapInserter, MapKey, MapShard, MapValue, ShardedMap, StagedPair};
 pub use partitions::{Partition, PartitionShard, PartitionsPusher, ShardedPartitions};
+pub use parts::SealedShard;
 pub use queue::{QueuePusher, QueueShard, ShardedQueue};
 pub use sharder::{AutoSharder, Bounds, Cell, Hint, MapLog, Shard};
-pub use vec::{Element, ShardedVec, VecIter, VecPusher, VecShard};
+pub use vec::{Element, ShardedVec, VecIter, VecPart, VecPusher, VecShard};
 
 use granule_runtime::CallError;
 /// The trait every element, key and value must implement, and its derive (see the crate

@@ -50,12 +50,14 @@
 use crate::ShardError;
 pub use granule_router::Bounds;
 use granule_router::{
-    Answer, Change, ChangeLog, MapState, Outcome, Retry, RetryPolicy, Router, Step, Trigger,
+    pause, Answer, Change, ChangeLog, MapState, Outcome, Retry, RetryPolicy, Router, Step, Trigger,
 };
 use granule_runtime::{CallError, Footprint, Kind, Proclet, ProcletState, Wire};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a shard of a sharded structure must do.
@@ -233,14 +235,55 @@ const ROUTE_MANY: RetryPolicy = RetryPolicy {
     ..RetryPolicy::DEFAULT
 };
 
-/// Key ranges → shards. Cheap to clone (clones share the cached map); serializable, so
-/// proclets on other nodes can use the same structure (they start with an empty cache).
+/// The first wait before a shard this client failed to resize is tried again; it
+/// doubles on every further failure, up to [`OWED_MAX_WAIT`]. Short: most failures are
+/// a moment's (a call refused under load, a split the shard was busy with).
+const OWED_MIN_WAIT: Duration = Duration::from_millis(1);
+
+/// The longest wait between two tries of a shard this client keeps failing to resize:
+/// a cause that lasts (no node with room for a new shard) costs writes one failed try a
+/// second, not one each.
+const OWED_MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// A shard this client failed to split or merge after a write, to try again: a key it
+/// held, when to try next, and why the last try failed.
+struct Owed<S: Shard> {
+    key: S::Key,
+    shard: Proclet<Cell<S>>,
+    next: Instant,
+    wait: Duration,
+    why: String,
+}
+
+/// What the first step of a split found on the shard (see [`AutoSharder::split`]).
+#[derive(Serialize, Deserialize)]
+enum Begin<K> {
+    /// Within its bounds, or it cannot split (sealed, merged away, too few keys).
+    No,
+    /// The split began at this key: the part from it on is pending.
+    Began(K),
+    /// Another client's split is under way on it: its part from this key on is pending,
+    /// or (`None`) the shard is that split's new part, still frozen.
+    Busy(Option<K>),
+}
+
+/// Key ranges → shards. Cheap to clone (clones share the cached map and the shards owed
+/// a resize); serializable, so proclets on other nodes can use the same structure (they
+/// start with an empty cache).
 #[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
 pub struct AutoSharder<S: Shard> {
     /// The map's client: the mapping proclet and the cached map.
     router: ShardRouter<S>,
     bounds: Bounds,
+    /// Shards whose split or merge after a write failed (so they may stay out of their
+    /// bounds): tried again by this client's later writes and by
+    /// [`AutoSharder::settle`]. Not a mark in the shard: a shard a write grew past the
+    /// bound is split again by any client's next write to it anyway (every write sees
+    /// its footprint); what only the failing client knows of is a shard nobody writes
+    /// to any more (a vector's old tail, the upper half of a split that went on).
+    #[serde(skip)]
+    owed: Arc<Mutex<Vec<Owed<S>>>>,
 }
 
 impl<S: Shard> Clone for AutoSharder<S> {
@@ -248,6 +291,7 @@ impl<S: Shard> Clone for AutoSharder<S> {
         AutoSharder {
             router: self.router.clone(),
             bounds: self.bounds,
+            owed: self.owed.clone(),
         }
     }
 }
@@ -289,6 +333,7 @@ impl<S: Shard> AutoSharder<S> {
         Ok(AutoSharder {
             router: Router::new(map),
             bounds,
+            owed: Arc::default(),
         })
     }
 
@@ -725,7 +770,8 @@ impl<S: Shard> AutoSharder<S> {
     }
 
     /// After a write that may have changed a shard's size (`fp`, its footprint): split
-    /// or merge it as the hint allows (what [`AutoSharder::route`] does by itself).
+    /// or merge it as the hint allows (what [`AutoSharder::route`] does by itself). A
+    /// resize that fails is remembered and tried again (see [`AutoSharder::settle`]).
     pub fn resize_after(&self, key: &S::Key, hint: Hint, shard: &Proclet<Cell<S>>, fp: u64) {
         self.after(key, hint, shard, fp)
     }
@@ -831,47 +877,209 @@ impl<S: Shard> AutoSharder<S> {
     }
 
     /// After a routed write: split or merge if the bytes-held trigger says the shard left
-    /// its bounds. Best effort: a failure is logged, the write itself succeeded.
+    /// its bounds. A shard over its upper bound splits whatever the write did (a write
+    /// that shrank it may find it still over: an earlier split of it may have failed).
+    /// A failure does not fail the write, which succeeded: the shard is remembered and
+    /// tried again by this client's later writes and by [`AutoSharder::settle`]. Shards
+    /// remembered so whose next try is due are tried here too.
     fn after(&self, key: &S::Key, hint: Hint, shard: &Proclet<Cell<S>>, fp: u64) {
         let b = &self.bounds;
         let r = match hint {
-            Hint::Grow | Hint::Any if b.should_split(fp) => self.split(shard),
+            Hint::Grow | Hint::Shrink | Hint::Any if b.should_split(fp) => self.split(shard),
             Hint::Shrink | Hint::Any if b.should_merge(fp) => self.merge_around(key, shard, fp),
             _ => Ok(()),
         };
-        if let Err(e) = r {
-            tracing::debug!(shard = %shard.id(), "resizing a shard failed (it stays as it is): {e}");
+        match r {
+            Ok(()) => {}
+            // Merged away and freed meanwhile: its keys are in a neighbour, which the
+            // merge sized.
+            Err(ShardError::Call(CallError::ProcletGone(_))) => {}
+            Err(e) => self.owe(key, shard, &e),
+        }
+        self.retry_owed();
+    }
+
+    /// Remember that resizing `shard` (holding `key`) failed with `e`.
+    fn owe(&self, key: &S::Key, shard: &Proclet<Cell<S>>, e: &ShardError) {
+        tracing::debug!(shard = %shard.id(), "resizing a shard failed (tried again later): {e}");
+        let mut owed = self.owed.lock();
+        match owed.iter_mut().find(|o| o.shard == *shard) {
+            Some(o) => o.why = e.to_string(),
+            None => owed.push(Owed {
+                key: key.clone(),
+                shard: shard.clone(),
+                next: Instant::now() + OWED_MIN_WAIT,
+                wait: OWED_MIN_WAIT,
+                why: e.to_string(),
+            }),
+        }
+    }
+
+    /// Try once more to resize each shard owed a resize whose next try is due; returns
+    /// how many stay owed. Entries being tried are out of the list meanwhile, so two
+    /// threads sharing this client never try the same shard at once.
+    fn retry_owed(&self) -> usize {
+        let now = Instant::now();
+        let due: Vec<Owed<S>> = {
+            let mut owed = self.owed.lock();
+            if owed.is_empty() {
+                return 0;
+            }
+            let (due, later) = std::mem::take(&mut *owed)
+                .into_iter()
+                .partition(|o| o.next <= now);
+            *owed = later;
+            due
+        };
+        for mut o in due {
+            if let Err(e) = self.resize_now(&o.key, &o.shard) {
+                tracing::debug!(shard = %o.shard.id(), "resizing a shard failed again: {e}");
+                o.wait = (o.wait * 2).min(OWED_MAX_WAIT);
+                o.next = Instant::now() + o.wait;
+                o.why = e.to_string();
+                let mut owed = self.owed.lock();
+                // A write that failed on it meanwhile remembered it already.
+                if !owed.iter().any(|x| x.shard == o.shard) {
+                    owed.push(o);
+                }
+            }
+        }
+        self.owed.lock().len()
+    }
+
+    /// Resize `shard` (holding `key`, as far as this client knew) as its size now calls
+    /// for: split it if it is over its upper bound or in the middle of a split (which
+    /// may be a failed one of this client's), merge it if it is under its lower one.
+    fn resize_now(&self, key: &S::Key, shard: &Proclet<Cell<S>>) -> Result<(), ShardError> {
+        let seen = shard.run_ref((), |c: &Cell<S>, ()| {
+            (
+                c.pending.is_some() || c.frozen_by.is_some(),
+                c.merged_into.is_some() || c.sealed,
+                c.data.footprint(),
+            )
+        });
+        let (splitting, settled, fp) = match seen {
+            Ok(s) => s,
+            // Merged away and freed: its keys are in a neighbour, which its merge sized.
+            Err(CallError::ProcletGone(_)) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if settled {
+            // Merged away (its merger sizes the result) or sealed (shards stay put).
+            Ok(())
+        } else if splitting || self.bounds.should_split(fp) {
+            self.split(shard)
+        } else if self.bounds.should_merge(fp) {
+            self.merge_around(key, shard, fp)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Resize the shards this client failed to split or merge after its writes (a call
+    /// that failed, a new shard that found no node with room, ...), trying each again,
+    /// with a wait doubling from 1 ms to 1 s between tries, for up to `patience`. A
+    /// later write through this client (or a clone of it) tries again only the ones
+    /// whose next try is due; a batching [`crate::Pusher`]'s flush calls this,
+    /// so the shards its batches grew are within their bounds when it returns. Fails
+    /// if some shard still could not be resized (it stays remembered).
+    pub fn settle(&self, patience: Duration) -> Result<(), ShardError> {
+        let deadline = Instant::now() + patience;
+        loop {
+            if self.retry_owed() == 0 {
+                return Ok(());
+            }
+            let (next, n, why) = {
+                let owed = self.owed.lock();
+                let next = owed.iter().map(|o| o.next).min();
+                let why = owed.last().map(|o| o.why.clone()).unwrap_or_default();
+                (next, owed.len(), why)
+            };
+            match next {
+                // Tried by another thread meanwhile, and resized.
+                None => return Ok(()),
+                Some(t) if t <= deadline => pause(t.saturating_duration_since(Instant::now())),
+                Some(_) => {
+                    return Err(ShardError::Step(format!(
+                        "{n} shard(s) stay out of their bounds after {patience:?} of tries; the last failure: {why}"
+                    )))
+                }
+            }
         }
     }
 
     /// Split `shard` in halves until every part is within the upper bound (a batch may
-    /// have grown it far past it).
+    /// have grown it far past it). A split of it that another client has under way is
+    /// waited for, and the shard checked again after it.
     pub fn split(&self, shard: &Proclet<Cell<S>>) -> Result<(), ShardError> {
         let mut work = vec![shard.clone()];
         while let Some(s) = work.pop() {
-            if let Some(child) = self.split_once(&s)? {
-                work.push(s);
-                work.push(child);
-            }
+            work.extend(self.split_once(&s)?);
         }
         Ok(())
     }
 
-    /// Split `shard` once if it is over the upper bound and nobody else is splitting it;
-    /// returns the new shard.
-    fn split_once(&self, shard: &Proclet<Cell<S>>) -> Result<Option<Proclet<Cell<S>>>, ShardError> {
-        if self.begin_split(shard)? {
-            let child = self.finish_split_of(shard)?;
-            if let Some(c) = &child {
+    /// Split `shard` once if it is over the upper bound. Returns the shards to check
+    /// again: none if it is within its bounds (or cannot split), else the shard and the
+    /// new one. Another client's split of it (or of its parent, `shard` being that
+    /// split's new part) is waited for, and finished after the busy patience (its client
+    /// may be gone); then the shard is checked again — it may still be over, that
+    /// split's size check having come before the last writes — and so is that split's
+    /// new part, whose client may not be there to check it.
+    fn split_once(&self, shard: &Proclet<Cell<S>>) -> Result<Vec<Proclet<Cell<S>>>, ShardError> {
+        granule_failpoints::hit_blocking("sharded.split.before_begin")
+            .map_err(|f| ShardError::Step(format!("beginning a split: {f}")))?;
+        let mut retry = Retry::new(ROUTE, Instant::now());
+        loop {
+            let begun = match self.try_begin_split(shard) {
+                // Merged away and freed meanwhile (a part of an earlier round, say):
+                // nothing of it left to split.
+                Err(ShardError::Call(CallError::ProcletGone(_))) => return Ok(Vec::new()),
+                r => r?,
+            };
+            let (key, child) = match begun {
+                Begin::No => return Ok(Vec::new()),
+                Begin::Began(k) => (Some(k), self.finish_split_of(shard)?),
+                Begin::Busy(k) => match retry.step(Outcome::Busy, Instant::now()) {
+                    Step::Again { wait, .. } => {
+                        pause(wait);
+                        continue;
+                    }
+                    Step::Finish { .. } => (k, self.finish_split_of(shard)?),
+                    Step::Return | Step::GiveUp => {
+                        return Err(ShardError::Step(format!(
+                            "shard {} stayed in the middle of another split for {:?}",
+                            shard.id(),
+                            ROUTE.patience
+                        )))
+                    }
+                },
+            };
+            let child = match (child, key) {
+                (Some(c), _) => Some(c),
+                // Another client finished the split meanwhile: its new part is the shard
+                // the map names at the split key.
+                (None, Some(k)) => self.shard_at(&k)?,
+                (None, None) => None,
+            };
+            let mut again = vec![shard.clone()];
+            if let Some(c) = child.filter(|c| c != shard) {
                 granule_runtime::telemetry::record_split(
                     "sharded",
                     self.label(),
                     format!("{} split off {}", shard.id(), c.id()),
                 );
+                again.push(c);
             }
-            return Ok(child);
+            return Ok(again);
         }
-        Ok(None)
+    }
+
+    /// The shard the map names at range start `lo`, as of a fresh copy of the map.
+    fn shard_at(&self, lo: &S::Key) -> Result<Option<Proclet<Cell<S>>>, ShardError> {
+        self.refresh()?;
+        let lo = Some(lo.clone());
+        Ok(self.router.cached(|c| c.table().get(&lo).cloned()))
     }
 
     /// How operators see this structure: its shard type and its mapping proclet, e.g.
@@ -885,25 +1093,32 @@ impl<S: Shard> AutoSharder<S> {
     /// whether a split began.
     #[doc(hidden)]
     pub fn begin_split(&self, shard: &Proclet<Cell<S>>) -> Result<bool, ShardError> {
+        Ok(matches!(self.try_begin_split(shard)?, Begin::Began(_)))
+    }
+
+    /// The first step of a split, if `shard` is over its upper bound and in the middle
+    /// of no other split.
+    fn try_begin_split(&self, shard: &Proclet<Cell<S>>) -> Result<Begin<S::Key>, ShardError> {
         Ok(shard.run(self.bounds, |c: &mut Cell<S>, bounds: Bounds| {
-            if c.pending.is_some()
-                || c.frozen_by.is_some()
-                || c.merged_into.is_some()
-                || c.sealed
-                || !bounds.should_split(c.data.footprint())
-            {
-                return false;
+            if let Some(p) = &c.pending {
+                return Begin::Busy(Some(p.lo.clone()));
+            }
+            if c.frozen_by.is_some() {
+                return Begin::Busy(None);
+            }
+            if c.merged_into.is_some() || c.sealed || !bounds.should_split(c.data.footprint()) {
+                return Begin::No;
             }
             let Some((k, right)) = c.data.split() else {
-                return false;
+                return Begin::No;
             };
             let hi = c.hi.replace(k.clone());
             c.pending = Some(Pending {
-                lo: k,
+                lo: k.clone(),
                 hi,
                 data: right,
             });
-            true
+            Begin::Began(k)
         })?)
     }
 
@@ -1457,4 +1672,29 @@ fn merge_right_into<S: Shard>(
     .map_err(|e| format!("recording a merge: {e}"))?;
     let _ = right.destroy();
     Ok(true)
+}
+
+// ---- calls to one shard of a sealed structure (see `parts`) ----------------------------
+
+impl<S: Shard> Cell<S> {
+    /// The shard's data (for `parts`' wrappers, which run caller code on it).
+    pub(crate) fn data(&self) -> &S {
+        &self.data
+    }
+}
+
+impl<S: Shard> AutoSharder<S> {
+    /// Handles to every shard of a sealed structure, in key order, for calls to one shard
+    /// at a time ([`crate::SealedShard`]). Fails with [`ShardError::NotSealed`] otherwise:
+    /// shards could split or merge under the handles.
+    pub fn sealed_shards(&self) -> Result<Vec<crate::SealedShard<S>>, ShardError> {
+        if !self.is_sealed()? {
+            return Err(ShardError::NotSealed);
+        }
+        Ok(self
+            .shards()?
+            .into_iter()
+            .map(|(_, p)| crate::SealedShard::new(p))
+            .collect())
+    }
 }

@@ -403,3 +403,93 @@ impl<T: Element> ShardedVec<T> {
         )
     }
 }
+
+/// One shard of a sealed [`ShardedVec`]: elements `start..start + len` (see
+/// [`ShardedVec::parts`]).
+pub struct VecPart<T: Element> {
+    /// Index of its first element.
+    pub start: u64,
+    /// Elements it holds.
+    pub len: u64,
+    shard: crate::parts::SealedShard<VecShard<T>>,
+}
+
+impl<T: Element> VecPart<T> {
+    /// The node holding it now.
+    pub fn location(&self) -> Result<granule_runtime::NodeId, ShardError> {
+        self.shard.location()
+    }
+
+    /// Run `f(&arg, first_index, elements)` on it as an ordinary shared call.
+    pub fn read_async<A, R, F>(
+        &self,
+        arg: A,
+        f: F,
+    ) -> impl std::future::Future<Output = Result<R, ShardError>> + Send + 'static
+    where
+        A: Wire,
+        R: Wire,
+        F: Fn(&A, u64, &[T]) -> R + Copy + Send + Sync + 'static,
+    {
+        self.shard
+            .read_async(arg, move |s: &VecShard<T>, a: A| f(&a, s.start, &s.items))
+    }
+
+    /// Run `f(&arg, first_index, elements)` next to it as a pushed call (on its node's
+    /// pushdown pool).
+    pub fn push_async<A, R, F>(
+        &self,
+        opts: granule_runtime::PushOpts,
+        arg: A,
+        f: F,
+    ) -> impl std::future::Future<Output = Result<R, ShardError>> + Send + 'static
+    where
+        A: Wire,
+        R: Wire,
+        F: Fn(&A, u64, &[T]) -> R + Copy + Send + Sync + 'static,
+    {
+        self.shard
+            .push_async(opts, arg, move |s: &VecShard<T>, a: A| {
+                f(&a, s.start, &s.items)
+            })
+    }
+}
+
+impl<T: Element> ShardedVec<T> {
+    /// The shards of a sealed vector, in index order, for calls to one at a time (an
+    /// executor deciding per shard where to compute). Fails with
+    /// [`ShardError::NotSealed`] otherwise.
+    pub fn parts(&self) -> Result<Vec<VecPart<T>>, ShardError> {
+        let mut out = Vec::new();
+        for shard in self.sharder.sealed_shards()? {
+            let (start, len) =
+                shard.read((), |s: &VecShard<T>, ()| (s.start, s.items.len() as u64))?;
+            out.push(VecPart { start, len, shard });
+        }
+        Ok(out)
+    }
+
+    /// [`ShardedVec::offload`] as pushed calls: `f` runs on each shard node's pushdown
+    /// pool (bounded, CPU-capped, with `opts`' memory budget and timeout) instead of the
+    /// thread that receives the call. The vector must be sealed.
+    pub fn offload_pushed<A, R, F>(
+        &self,
+        opts: granule_runtime::PushOpts,
+        arg: A,
+        f: F,
+    ) -> Result<Vec<R>, ShardError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: Fn(&A, u64, &[T]) -> R + Copy + Send + Sync + 'static,
+    {
+        let calls: Vec<_> = self
+            .parts()?
+            .iter()
+            .map(|p| p.push_async(opts, arg.clone(), f))
+            .collect();
+        granule_runtime::block_on(futures::future::join_all(calls))
+            .into_iter()
+            .collect()
+    }
+}

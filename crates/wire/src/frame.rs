@@ -267,6 +267,22 @@ mod tests {
                 micros: 6,
                 drain_micros: 1,
             }),
+            Msg::Push {
+                proclet: ProcletId(12),
+                code: CodeRef {
+                    offset: 4096,
+                    fingerprint: 0xfeed,
+                },
+                chain: 5,
+                ticket: u64::MAX - 3,
+                memory: Some(64 << 20),
+                timeout_ms: None,
+            },
+            Msg::CancelPush {
+                ticket: 77,
+                timed_out: true,
+            },
+            Msg::Error(RemoteError::TimedOut { after_ms: 250 }),
             Msg::PublishPanel(Panel {
                 name: "fs".into(),
                 title: "granule fs at /mnt/g".into(),
@@ -296,6 +312,40 @@ mod tests {
             assert_eq!(f.msg, msg);
             assert_eq!(&f.tail[..], &tail[..]);
         }
+    }
+
+    /// New variants go last: the variant numbers peers already speak stay as they are.
+    #[test]
+    fn pushed_call_messages_come_after_every_earlier_variant() {
+        let first = |m: &Msg| postcard::to_allocvec(m).unwrap()[0];
+        let panel = first(&Msg::PublishPanel(Panel {
+            name: String::new(),
+            title: String::new(),
+            ttl_ms: 0,
+            facts: vec![],
+            tables: vec![],
+        }));
+        let push = first(&Msg::Push {
+            proclet: ProcletId(1),
+            code: CodeRef {
+                offset: 0,
+                fingerprint: 0,
+            },
+            chain: 1,
+            ticket: 1,
+            memory: None,
+            timeout_ms: None,
+        });
+        let cancel = first(&Msg::CancelPush {
+            ticket: 1,
+            timed_out: false,
+        });
+        assert_eq!((push, cancel), (panel + 1, panel + 2));
+        let err = |e: RemoteError| postcard::to_allocvec(&e).unwrap()[0];
+        assert_eq!(
+            err(RemoteError::TimedOut { after_ms: 5 }),
+            err(RemoteError::Internal(String::new())) + 1
+        );
     }
 
     #[test]

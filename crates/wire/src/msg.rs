@@ -240,6 +240,36 @@ pub enum Msg {
     /// Any peer → controller: show (or refresh) this panel on the dashboard. Answered
     /// with `Done`, or `Refused` saying which bound an oversize panel breaks.
     PublishPanel(Panel),
+
+    // ---- pushed calls (after the panels: earlier variants keep their numbers) ----------
+    /// Run shipped read-only code on a proclet on its node's *pushdown pool* (threads of
+    /// their own, bounded, with memory admission and an optional CPU cap) instead of the
+    /// thread that read the request. *tail*: the encoded argument. Answered like `Call`:
+    /// `Value` with the encoded result, or `Error` (`TimedOut` when `timeout_ms` passed
+    /// first; `Refused` when its budget can never fit the pool; `NoCapacity` when the
+    /// pool's queue is full).
+    Push {
+        proclet: ProcletId,
+        code: CodeRef,
+        chain: ChainId,
+        /// The caller's id for this call (random, unique per call); a `CancelPush` names
+        /// it.
+        ticket: u64,
+        /// Memory budget asked for, bytes (`None`: the node's default per call).
+        memory: Option<u64>,
+        /// The node drops the call if it has not started this long after arrival (and
+        /// answers `TimedOut` at once if it has, counting its late finish); `None`: no
+        /// limit of its own.
+        timeout_ms: Option<u64>,
+    },
+    /// Caller → node (one-way, on the connection that carried the `Push`): the caller
+    /// gave up on pushed call `ticket` — because its timeout passed (`timed_out`) or it
+    /// dropped the call. A call still queued is removed and never runs; a running one
+    /// finishes and its answer is dropped.
+    CancelPush {
+        ticket: u64,
+        timed_out: bool,
+    },
 }
 
 impl Msg {
@@ -287,6 +317,8 @@ impl Msg {
             Msg::Resolved { .. } => "Resolved",
             Msg::Market(m) => m.name(),
             Msg::PublishPanel(_) => "PublishPanel",
+            Msg::Push { .. } => "Push",
+            Msg::CancelPush { .. } => "CancelPush",
         }
     }
 }
@@ -321,6 +353,10 @@ pub enum RemoteError {
     Protocol(String),
     /// Anything else that went wrong on the remote side.
     Internal(String),
+    /// (After `Internal`: earlier variants keep their numbers.) No answer within the
+    /// time the caller allowed (a pushed call's `timeout_ms`); a call that had not
+    /// started never runs, one that had finishes and its answer is dropped.
+    TimedOut { after_ms: u64 },
 }
 
 impl fmt::Display for RemoteError {
@@ -348,6 +384,7 @@ impl fmt::Display for RemoteError {
             RemoteError::NoCapacity(m) => write!(f, "no capacity: {m}"),
             RemoteError::Protocol(m) => write!(f, "protocol error: {m}"),
             RemoteError::Internal(m) => write!(f, "internal error: {m}"),
+            RemoteError::TimedOut { after_ms } => write!(f, "no answer within {after_ms} ms"),
         }
     }
 }

@@ -13,6 +13,7 @@
 //! | [`Migration`] | moves in both directions, over state streams | `migrate.rs`, `stream.rs` |
 //! | [`Monitor`] | resource readings, the move cost model, shedding under pressure | `monitor.rs`, `policy.rs` |
 //! | [`NodeFaults`] | fault injection: the transport's filter, failpoint orders | `faults.rs` |
+//! | `pushdown` | the pool of threads that runs pushed calls (its queue, admission, CPU cap) | `crate::pushdown` |
 //! | [`NodeMetrics`](crate::telemetry::NodeMetrics) | figures kept for `/metrics` | `telemetry.rs` |
 //!
 //! Each path through them reads top to bottom in one file: a remote call in `calls.rs`
@@ -29,7 +30,10 @@
 //!   saturated by long closures still heartbeats, notices pressure and asks closures to
 //!   yield;
 //! - *blocking* threads (tokio's pool, on demand): encoding and decoding large states of
-//!   moving proclets, freeing moved-out states.
+//!   moving proclets, freeing moved-out states;
+//! - *pushdown* threads (`pushdown.threads`, named `granule-push-N`): pushed calls,
+//!   queued behind the proclet's shared lock and run apart from the workers, possibly in
+//!   a capped cpu cgroup of their own (see `crate::pushdown`).
 
 use crate::busy::BusyBoard;
 use crate::context::{self, NodeCell};
@@ -161,6 +165,8 @@ pub(crate) struct NodeInner {
     pub monitor: Monitor,
     pub faults: NodeFaults,
     pub metrics: crate::telemetry::NodeMetrics,
+    /// The pool that runs pushed calls.
+    pub pushdown: crate::pushdown::PushPool,
 }
 
 /// Owns a node's runtimes; stopping it stops the node.
@@ -329,6 +335,7 @@ impl Node {
             binary: Some(binary),
             program,
         });
+        let pushdown = crate::pushdown::PushPool::start(&config, opts.spec, cell.clone());
         let inner = Arc::new(NodeInner {
             id: reg.node,
             role: opts.role,
@@ -353,6 +360,7 @@ impl Node {
             ),
             faults,
             metrics: Default::default(),
+            pushdown,
             config,
         });
         let _ = cell.set(Arc::downgrade(&inner));
@@ -394,6 +402,7 @@ impl Node {
             self.leave();
         }
         lc.stopped.store(true, Ordering::Release);
+        self.inner.pushdown.stop();
         self.inner.peers.close_all();
         self.inner.trigger_shutdown("stopped".into());
         if let Some(rt) = self.workers.take() {

@@ -1,6 +1,7 @@
 //! The serving side of a node, top to bottom: the handler every connection of the node
 //! uses (who may ask for what), then serving a call (find the proclet, check the code,
-//! take the lock, run, answer), a creation, a destroy.
+//! take the lock, run, answer), a pushed call (the same, but run on the node's pushdown
+//! pool: see `crate::pushdown`), a creation, a destroy.
 
 use super::hosting::NewSlot;
 use super::NodeInner;
@@ -40,6 +41,7 @@ impl Handler for NodeHandler {
         let from_controller = peer.is_some_and(|p| p.role == Role::Controller);
         match &frame.msg {
             Msg::Call { .. }
+            | Msg::Push { .. }
             | Msg::Create { .. }
             | Msg::Transfer { .. }
             | Msg::Destroy { .. }
@@ -77,6 +79,14 @@ impl Handler for NodeHandler {
                 let committed = node.resolve_departure(proclet, epoch);
                 let _ = reply.send(&Msg::Resolved { committed }, &[]);
             }
+            // The arrival is recorded here, on the reader, before the call waits for
+            // anything: a `CancelPush` behind it on this connection then always finds it.
+            Msg::Push { ticket, memory, .. } => match node.pushdown.arrive(ticket, memory) {
+                Ok(arrival) => {
+                    tokio::spawn(node.serve_push(frame, reply, arrival));
+                }
+                Err(refusal) => reply.error(refusal.to_remote(node.id)),
+            },
             Msg::Faults { .. } => match node.faults.apply(&frame.msg) {
                 Ok(report) => {
                     let _ = reply.send(&Msg::Done, report.unwrap_or_default().as_bytes());
@@ -104,6 +114,14 @@ impl Handler for NodeHandler {
                 node.trigger_shutdown(reason)
             }
             Msg::TransferAbort { proclet } => node.on_transfer_abort(conn, proclet),
+            Msg::CancelPush { ticket, timed_out } if conn.peer().is_some_and(|p| p.verified) => {
+                let why = if timed_out {
+                    crate::pushdown::Why::Timeout
+                } else {
+                    crate::pushdown::Why::Dropped
+                };
+                node.pushdown.cancel(ticket, why);
+            }
             Msg::TransferCommit { proclet, epoch } => node.on_transfer_commit(conn, proclet, epoch),
             other => tracing::debug!("ignored notification {}", other.name()),
         }
@@ -215,38 +233,101 @@ impl NodeInner {
             // the call looks like to the caller.
             return reply.error(RemoteError::Internal(f.to_string()));
         }
-        if left_out.is_empty() {
-            match result.and_then(|()| {
-                finish_frame(&mut buf).map_err(|e| RemoteError::Decode(e.to_string()))
-            }) {
-                Ok(()) => {
-                    let _ = reply.send_raw(buf);
-                }
-                Err(e) => reply.error(e),
-            }
-        } else {
-            let extra: usize = left_out.iter().map(|(_, b)| b.len()).sum();
-            match result.and_then(|()| {
-                finish_frame_leaving_out(&mut buf, extra)
-                    .map_err(|e| RemoteError::Decode(e.to_string()))
-            }) {
-                Ok(()) => {
-                    let head = bytes::Bytes::from(buf);
-                    let mut parts = Vec::with_capacity(2 * left_out.len() + 1);
-                    let mut at = 0;
-                    for (o, b) in left_out {
-                        parts.push(head.slice(at..o));
-                        parts.push(b);
-                        at = o;
-                    }
-                    parts.push(head.slice(at..));
-                    parts.retain(|p| !p.is_empty());
-                    let _ = reply.send_raw_parts(parts);
-                }
-                Err(e) => reply.error(e),
-            }
-        }
+        answer_value(reply, buf, result, left_out);
         crate::telemetry::call_served(&self, received.elapsed());
+    }
+
+    /// Serve a pushed call (its arrival already recorded): find the proclet, check the
+    /// code, take its lock shared, hand lock, argument and trampoline to the pushdown
+    /// pool, answer when the pool has run it — or `TimedOut` as soon as the call's
+    /// timeout passes, whether it was waiting (then it never runs) or running (then it
+    /// finishes on its pool thread, its answer dropped).
+    async fn serve_push(
+        self: Arc<Self>,
+        frame: Frame,
+        reply: Responder,
+        arrival: crate::pushdown::Arrival,
+    ) {
+        let Msg::Push {
+            proclet,
+            code,
+            chain,
+            ticket,
+            timeout_ms,
+            ..
+        } = frame.msg
+        else {
+            return;
+        };
+        let deadline =
+            timeout_ms.map(|ms| tokio::time::Instant::now() + std::time::Duration::from_millis(ms));
+        let timed_out = |node: &NodeInner| {
+            node.pushdown.cancel(ticket, crate::pushdown::Why::Timeout);
+            RemoteError::TimedOut {
+                after_ms: timeout_ms.unwrap_or_default(),
+            }
+        };
+        let Some(slot) = self.hosting.get(proclet) else {
+            return reply.error(self.not_here(proclet));
+        };
+        let desc = match shipping::resolve(code, Expect::CallRef) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        if desc.state_type() != slot.state_type {
+            return reply.error(RemoteError::CodeMismatch(format!(
+                "the closure expects another state type than proclet {proclet} holds"
+            )));
+        }
+        let Entry::CallRef(entry) = desc.entry else {
+            return reply.error(RemoteError::CodeMismatch("not a read-only call".into()));
+        };
+        let locking = self.lock_slot(&slot, chain, CallMode::Shared);
+        let locked = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, locking).await {
+                Ok(r) => r,
+                Err(_) => return reply.error(timed_out(&self)),
+            },
+            None => locking.await,
+        };
+        let guard = match locked {
+            Ok(g) => g,
+            Err(e) => return reply.error(e),
+        };
+        let buf = match begin_frame(FrameKind::Response, reply.id(), &Msg::Value, 64) {
+            Ok(b) => b,
+            Err(e) => return reply.error(RemoteError::Internal(e.to_string())),
+        };
+        let mut rx = match self
+            .pushdown
+            .submit(arrival, guard, entry, frame.tail, chain, Some(buf))
+        {
+            Ok(rx) => rx,
+            Err(refusal) => return reply.error(refusal.to_remote(self.id)),
+        };
+        let done = match deadline {
+            Some(d) => {
+                tokio::select! {
+                    done = &mut rx => done,
+                    _ = tokio::time::sleep_until(d) => {
+                        let e = timed_out(&self);
+                        // Answered in the very instant it timed out: the answer wins.
+                        match rx.try_recv() {
+                            Ok(done) => Ok(done),
+                            Err(_) => return reply.error(e),
+                        }
+                    }
+                }
+            }
+            None => (&mut rx).await,
+        };
+        match done {
+            Ok(done) => answer_value(reply, done.out, done.result, done.left_out),
+            // Cancelled by its caller while queued, or the node stopping.
+            Err(_) => reply.error(RemoteError::Internal(
+                "the pushed call was dropped before it ran (cancelled, or the node stops)".into(),
+            )),
+        }
     }
 
     /// Build a proclet from a shipped constructor and its argument, and host it.
@@ -339,5 +420,47 @@ impl NodeInner {
             tracing::warn!(proclet = %slot.id, "destroyed, but the controller was not told: {e}");
         }
         Ok(())
+    }
+}
+
+/// Answer a call with its encoded return value: `buf` holds the response frame's head
+/// and the value, except for the large blobs `left_out` (sent from their own memory,
+/// each at its offset).
+fn answer_value(
+    reply: Responder,
+    mut buf: Vec<u8>,
+    result: Result<(), RemoteError>,
+    left_out: Vec<(usize, bytes::Bytes)>,
+) {
+    if left_out.is_empty() {
+        match result
+            .and_then(|()| finish_frame(&mut buf).map_err(|e| RemoteError::Decode(e.to_string())))
+        {
+            Ok(()) => {
+                let _ = reply.send_raw(buf);
+            }
+            Err(e) => reply.error(e),
+        }
+    } else {
+        let extra: usize = left_out.iter().map(|(_, b)| b.len()).sum();
+        match result.and_then(|()| {
+            finish_frame_leaving_out(&mut buf, extra)
+                .map_err(|e| RemoteError::Decode(e.to_string()))
+        }) {
+            Ok(()) => {
+                let head = bytes::Bytes::from(buf);
+                let mut parts = Vec::with_capacity(2 * left_out.len() + 1);
+                let mut at = 0;
+                for (o, b) in left_out {
+                    parts.push(head.slice(at..o));
+                    parts.push(b);
+                    at = o;
+                }
+                parts.push(head.slice(at..));
+                parts.retain(|p| !p.is_empty());
+                let _ = reply.send_raw_parts(parts);
+            }
+            Err(e) => reply.error(e),
+        }
     }
 }

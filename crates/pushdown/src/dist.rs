@@ -1,0 +1,764 @@
+//! Tables spread over memory proclets, and queries on them run pulled, pushed, or as the
+//! cost rule says: the I/O half of pushdown (the rule itself is [`crate::rule`], pure).
+//!
+//! A [`DistTable`] is a [`ShardedVec`] of [`RowGroup`]s: each shard a hybrid memory
+//! proclet holding a run of row groups, sealed once loaded (so shards neither split nor
+//! merge under a query, though they may migrate). The driver keeps a small catalog of the
+//! row groups' sizes, so the rule knows each shard's bytes without asking.
+//!
+//! [`Executor::run`] runs a [`Query`]: its build side (if it joins), then its scan stage.
+//! For each stage and each shard it runs either
+//! - **pull**: one shared call per row group returns the stage's columns as [`Blob`]s
+//!   (sent from the shard's memory, received as views of the reply; no copies in user
+//!   space), `window` calls in flight, and the caller runs [`Stage::run`] on each as it
+//!   arrives; or
+//! - **push**: one pushed call per shard runs [`Stage::run`] over the shard's row groups
+//!   on the data node's pushdown pool (bounded, CPU-capped, with a memory budget that a
+//!   join table's build is charged to) and returns the merged partial with what it
+//!   measured: bytes read, CPU time, the pool's figures.
+//!
+//! Both kinds run at once (pushed calls and pulled fetches overlap), partials merge, and
+//! what was measured updates the operator's [`Figures`] for the next decision. With no
+//! figures yet for an operator, the executor first *calibrates*: it pushes one row group
+//! and pulls another, and plans the rest with what that showed. [`Explain`] records, per
+//! operator, the choice, the figures and the estimates behind it.
+
+use crate::explain::{Explain, OpExplain};
+use crate::rule::{self, Caller, Choice, Figures, Mode, NodeView, ShardWork};
+use crate::{
+    build_join, finalize, Columns, OpError, Partial, Query, QueryResult, RowGroup, Schema,
+};
+use crate::{Stage, TableName};
+use futures::StreamExt;
+use granule_runtime::{Blob, CallError, PushOpts};
+use granule_sharded::{Bounds, ShardError, ShardedVec, VecPart};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Why a distributed query failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    /// A shard or the structure underneath failed.
+    #[error(transparent)]
+    Shard(#[from] ShardError),
+    /// A call failed (timeout, panic in pushed code, over budget, node gone...).
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The operator itself failed (a bad stage, a join table over its budget...).
+    #[error("operator: {0}")]
+    Op(#[from] OpError),
+    /// The operator failed where it was pushed.
+    #[error("pushed operator on shard at row group {at}: {why}")]
+    Remote {
+        /// The shard's first row group.
+        at: u64,
+        /// What the data node said.
+        why: String,
+    },
+    /// The query names a table that was not given.
+    #[error("no table {0} was loaded")]
+    NoTable(String),
+}
+
+/// Sizes of one stored row group, kept at the driver.
+#[derive(Clone, Debug)]
+struct GroupInfo {
+    col_bytes: Vec<u64>,
+}
+
+/// A table whose row groups live in memory proclets across the cluster.
+pub struct DistTable {
+    /// Which table.
+    pub name: TableName,
+    /// Its schema.
+    pub schema: Schema,
+    groups: ShardedVec<RowGroup>,
+    catalog: Vec<GroupInfo>,
+    rows: u64,
+}
+
+/// Shard bounds for tables: shards of 16–64 MiB (a few row groups each).
+pub const TABLE_BOUNDS: (u64, u64) = (16 << 20, 64 << 20);
+
+impl DistTable {
+    /// Store `groups` (checked against `schema`) in a new sharded vector with `bounds`,
+    /// then seal it and make its shards hybrid (memory proclets that also run pushed code).
+    pub fn load(
+        name: TableName,
+        schema: Schema,
+        groups: impl IntoIterator<Item = RowGroup>,
+        bounds: Bounds,
+    ) -> Result<DistTable, DistError> {
+        let v: ShardedVec<RowGroup> = ShardedVec::with_bounds(bounds)?;
+        let mut catalog = Vec::new();
+        let mut rows = 0;
+        let loaded = (|| {
+            for rg in groups {
+                rg.check(&schema)?;
+                rows += rg.rows as u64;
+                catalog.push(GroupInfo {
+                    col_bytes: rg.cols.iter().map(|b| b.len() as u64).collect(),
+                });
+                v.push(rg)?;
+            }
+            v.seal()?;
+            v.hybridize()?;
+            Ok::<(), DistError>(())
+        })();
+        if let Err(e) = loaded {
+            let _ = v.destroy();
+            return Err(e);
+        }
+        Ok(DistTable {
+            name,
+            schema,
+            groups: v,
+            catalog,
+            rows,
+        })
+    }
+
+    /// Rows stored.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Row groups stored.
+    pub fn row_groups(&self) -> u64 {
+        self.catalog.len() as u64
+    }
+
+    /// Bytes of columns `cols` over row groups `range`.
+    pub fn bytes_of(&self, cols: &[usize], range: std::ops::Range<u64>) -> u64 {
+        let r = range.start as usize..(range.end as usize).min(self.catalog.len());
+        self.catalog[r]
+            .iter()
+            .map(|g| cols.iter().filter_map(|&c| g.col_bytes.get(c)).sum::<u64>())
+            .sum()
+    }
+
+    /// The underlying sharded vector.
+    pub fn vec(&self) -> &ShardedVec<RowGroup> {
+        &self.groups
+    }
+
+    /// Fetch columns `cols` of every row group to the caller and drop them, `window`
+    /// fetches in flight: how fast pulling moves bytes with no compute at the caller.
+    /// Returns the bytes moved and the time taken.
+    pub fn stream(&self, cols: &[usize], window: usize) -> Result<(u64, Duration), DistError> {
+        self.stream_some(cols, window, u64::MAX)
+    }
+
+    /// [`DistTable::stream`] over at most `groups` row groups (taken from every node in
+    /// turn).
+    pub fn stream_some(
+        &self,
+        cols: &[usize],
+        window: usize,
+        groups: u64,
+    ) -> Result<(u64, Duration), DistError> {
+        let parts = self.groups.parts()?;
+        let mut by_node = Vec::new();
+        for p in &parts {
+            let node = u64::from(p.location()?.0);
+            by_node.extend((0..p.len).map(|i| (node, (p, i))));
+        }
+        let mut by_node = interleave(by_node.into_iter().map(|(n, x)| (n, (n, x))).collect());
+        by_node.truncate(usize::try_from(groups).unwrap_or(usize::MAX));
+        let start = Instant::now();
+        let fetches = by_node
+            .into_iter()
+            .map(|(_, (p, i))| fetch(p, i, cols.to_vec()));
+        let bytes = granule_runtime::block_on(async {
+            let mut s = futures::stream::iter(fetches).buffer_unordered(window.max(1));
+            let mut bytes = 0u64;
+            while let Some(r) = s.next().await {
+                let (_, blobs) = r?;
+                bytes += blobs.iter().map(|b| b.len() as u64).sum::<u64>();
+            }
+            Ok::<u64, DistError>(bytes)
+        })?;
+        Ok((bytes, start.elapsed()))
+    }
+
+    /// Free its shards.
+    pub fn destroy(self) -> Result<(), DistError> {
+        Ok(self.groups.destroy()?)
+    }
+}
+
+/// `items` tagged with their node, reordered to take one from each node in turn (keeping
+/// each node's order), so pulls keep every data node sending at once.
+fn interleave<T>(items: Vec<(u64, T)>) -> Vec<T> {
+    let mut queues: BTreeMap<u64, std::collections::VecDeque<T>> = BTreeMap::new();
+    for (node, t) in items {
+        queues.entry(node).or_default().push_back(t);
+    }
+    let mut out = Vec::new();
+    while !queues.is_empty() {
+        queues.retain(|_, q| match q.pop_front() {
+            Some(t) => {
+                out.push(t);
+                true
+            }
+            None => false,
+        });
+    }
+    out
+}
+
+/// Fetch the columns `cols` of row group `i` of `part`.
+fn fetch(
+    part: &VecPart<RowGroup>,
+    i: u64,
+    cols: Vec<usize>,
+) -> impl std::future::Future<Output = Result<(u32, Vec<Blob>), DistError>> + Send + 'static {
+    let f = part.read_async(
+        (i, cols),
+        |a: &(u64, Vec<usize>),
+         _start: u64,
+         items: &[RowGroup]|
+         -> Result<(u32, Vec<Blob>), String> {
+            let rg = items
+                .get(a.0 as usize)
+                .ok_or_else(|| format!("no row group {} in this shard", a.0))?;
+            Ok((rg.rows, rg.project(&a.1).map_err(|e| e.to_string())?))
+        },
+    );
+    let at = part.start + i;
+    async move { f.await?.map_err(|why| DistError::Remote { at, why }) }
+}
+
+/// What a pushed call takes: the stage, the join's build rows, which row groups.
+#[derive(Clone, Serialize, Deserialize)]
+struct PushArg {
+    stage: Stage,
+    join: Option<Partial>,
+    from: u64,
+    to: u64,
+}
+
+/// What a pushed call returns: the merged partial and what it measured.
+#[derive(Serialize, Deserialize)]
+struct PushOut {
+    partial: Partial,
+    bytes_in: u64,
+    cpu: Duration,
+    /// Its run time (from its start on the pool thread; not its wait in the queue).
+    wall: Duration,
+    /// The pool's figures where it ran (`None`: not a pushdown pool thread).
+    node: Option<NodeView>,
+}
+
+/// The body of a pushed call (runs on the data node's pool).
+fn pushed(a: &PushArg, items: &[RowGroup]) -> Result<PushOut, String> {
+    let cpu0 = granule_host::proc::thread_cpu_time();
+    let wall0 = Instant::now();
+    // The join table's memory is charged to this call's budget: a build past it stops
+    // with an error instead of growing the node.
+    let mut held = Vec::new();
+    let join = match &a.join {
+        Some(rows) => Some(
+            build_join(rows, &mut |bytes| {
+                granule_runtime::pushdown::reserve(bytes).map(|r| held.push(r))
+            })
+            .map_err(|e| e.to_string())?,
+        ),
+        None => None,
+    };
+    let (from, to) = (a.from as usize, (a.to as usize).min(items.len()));
+    let mut acc = a.stage.empty();
+    let mut bytes_in = 0;
+    for rg in items.get(from..to).unwrap_or_default() {
+        bytes_in += a.stage.bytes_in(rg);
+        let p = a
+            .stage
+            .run(&Columns::of_group(rg), join.as_ref())
+            .map_err(|e| e.to_string())?;
+        acc.merge(p).map_err(|e| e.to_string())?;
+    }
+    let cpu = granule_host::proc::thread_cpu_time().saturating_sub(cpu0);
+    // The node's idle CPU as its monitor saw it counts this pool's own work as busy: give
+    // back what this call used (its CPU time over its run time) to get what pushed work
+    // could have.
+    let wall = wall0.elapsed();
+    let own = cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9);
+    let node = granule_runtime::pushdown::here().map(|f| NodeView {
+        cap: f.cpu_cap,
+        free: f.free_cores + own.min(1.0),
+        threads: f.threads,
+        period: f.cpu_period.as_secs_f64(),
+    });
+    Ok(PushOut {
+        partial: acc,
+        bytes_in,
+        cpu,
+        wall,
+        node,
+    })
+}
+
+/// One unit of work: row groups `from..to` of a shard.
+#[derive(Clone)]
+struct Unit {
+    part: usize,
+    from: u64,
+    to: u64,
+    node: u64,
+    bytes_in: u64,
+}
+
+/// Runs queries over [`DistTable`]s, remembering per operator what it measured.
+pub struct Executor {
+    figures: Mutex<BTreeMap<String, Figures>>,
+    nodes: Mutex<BTreeMap<u64, NodeView>>,
+    /// The network's bandwidth to the caller, bytes/s: one figure for every operator.
+    network: Mutex<Option<f64>>,
+    /// Pulled fetches in flight.
+    pub window: usize,
+    /// Options of pushed calls (timeout, memory budget).
+    pub push: PushOpts,
+    /// The caller's cores for pulled compute (one: the query's thread).
+    pub caller_cores: f64,
+    /// A round trip's fixed cost, seconds.
+    pub call_cost: f64,
+    /// When the caller and the data nodes share one machine (an embedded cluster), its
+    /// cores (see [`Caller::shared_cores`]).
+    pub shared_cores: Option<f64>,
+}
+
+impl Default for Executor {
+    fn default() -> Self {
+        Executor::new()
+    }
+}
+
+/// The tables a query may read.
+pub type Tables = BTreeMap<TableName, DistTable>;
+
+impl Executor {
+    /// An executor with nothing measured yet.
+    pub fn new() -> Executor {
+        Executor {
+            figures: Mutex::new(BTreeMap::new()),
+            nodes: Mutex::new(BTreeMap::new()),
+            network: Mutex::new(None),
+            window: 4,
+            push: PushOpts::default(),
+            caller_cores: 1.0,
+            call_cost: 100e-6,
+            shared_cores: None,
+        }
+    }
+
+    /// The network's measured bandwidth to the caller, bytes/s (`None` before the first
+    /// query).
+    pub fn network(&self) -> Option<f64> {
+        *lock(&self.network)
+    }
+
+    /// What has been measured about the operator `key` (e.g. `q6 scan`).
+    pub fn figures(&self, key: &str) -> Option<Figures> {
+        lock(&self.figures).get(key).cloned()
+    }
+
+    /// Run `q` over `tables`, each operator as `choice` says; the result and what was
+    /// chosen, why, and how long it took.
+    pub fn run(
+        &self,
+        q: &Query,
+        tables: &Tables,
+        choice: Choice,
+    ) -> Result<(QueryResult, Explain), DistError> {
+        let table = |t: TableName| {
+            tables
+                .get(&t)
+                .ok_or_else(|| DistError::NoTable(t.name().to_string()))
+        };
+        let start = Instant::now();
+        let mut explain = Explain {
+            query: q.name.clone(),
+            choice,
+            ops: Vec::new(),
+            total: Duration::ZERO,
+        };
+        let join_rows = match &q.build {
+            Some(b) => {
+                let key = format!("{} build ({})", q.name, b.table.name());
+                let (rows, op) = self.scan(&key, &b.stage, table(b.table)?, None, choice)?;
+                explain.ops.push(op);
+                Some(rows)
+            }
+            None => None,
+        };
+        let key = format!("{} scan ({})", q.name, q.table.name());
+        let (partial, op) = self.scan(&key, &q.stage, table(q.table)?, join_rows, choice)?;
+        explain.ops.push(op);
+        let result = finalize(q, partial)?;
+        explain.total = start.elapsed();
+        Ok((result, explain))
+    }
+
+    /// Run one stage over one table.
+    fn scan(
+        &self,
+        key: &str,
+        stage: &Stage,
+        table: &DistTable,
+        join_rows: Option<Partial>,
+        choice: Choice,
+    ) -> Result<(Partial, OpExplain), DistError> {
+        stage.check()?;
+        let started = Instant::now();
+        let cols = stage.columns();
+        let parts = table.groups.parts()?;
+        let join = match &join_rows {
+            Some(rows) => Some(build_join(rows, &mut |_| Ok::<(), OpError>(()))?),
+            None => None,
+        };
+        let arg_bytes = join_rows.as_ref().map_or(0, Partial::bytes);
+        let mut units = Vec::new();
+        for (i, p) in parts.iter().enumerate() {
+            let node = u64::from(p.location()?.0);
+            units.push(Unit {
+                part: i,
+                from: 0,
+                to: p.len,
+                node,
+                bytes_in: table.bytes_of(&cols, p.start..p.start + p.len),
+            });
+        }
+        let mut acc = stage.empty();
+        let mut measured = Measured::default();
+        let mut calibrated = false;
+        let have = self.figures(key).unwrap_or_default();
+        if choice == Choice::Auto && (have.push_rate.is_none() || have.pull_rate.is_none()) {
+            // Nothing known: push one row group and pull another, and plan the rest with
+            // what they showed.
+            if let Some(u) = units.iter_mut().find(|u| u.to - u.from >= 2) {
+                let part = &parts[u.part];
+                let pushed_unit = Unit {
+                    to: u.from + 1,
+                    ..u.clone()
+                };
+                let pulled_unit = Unit {
+                    from: u.from + 1,
+                    to: u.from + 2,
+                    ..u.clone()
+                };
+                u.from += 2;
+                u.bytes_in = table.bytes_of(&cols, part.start + u.from..part.start + u.to);
+                let one = self.execute(
+                    &parts,
+                    stage,
+                    &cols,
+                    &join_rows,
+                    join.as_ref(),
+                    vec![(pushed_unit, Mode::Push)],
+                )?;
+                let two = self.execute(
+                    &parts,
+                    stage,
+                    &cols,
+                    &join_rows,
+                    join.as_ref(),
+                    vec![(pulled_unit, Mode::Pull)],
+                )?;
+                for (p, m) in [one, two] {
+                    acc.merge(p)?;
+                    measured.add(&m);
+                }
+                self.learn(key, &measured);
+                calibrated = true;
+            }
+        }
+        units.retain(|u| u.to > u.from);
+        if lock(&self.network).is_none() {
+            self.probe_network(table, &cols)?;
+        }
+        let mut figures = self.figures(key).unwrap_or_default();
+        figures.bandwidth = *lock(&self.network);
+        let nodes = lock(&self.nodes).clone();
+        let work: Vec<ShardWork> = units
+            .iter()
+            .map(|u| ShardWork {
+                node: u.node,
+                bytes_in: u.bytes_in,
+                groups: u.to - u.from,
+            })
+            .collect();
+        let caller = Caller {
+            cores: self.caller_cores,
+            call_cost: self.call_cost,
+            push_arg_bytes: arg_bytes,
+            shared_cores: self.shared_cores,
+        };
+        let plan = rule::plan(&work, &nodes, &caller, &figures, choice);
+        let run_started = Instant::now();
+        let (p, m) = self.execute(
+            &parts,
+            stage,
+            &cols,
+            &join_rows,
+            join.as_ref(),
+            units.into_iter().zip(plan.modes.iter().copied()).collect(),
+        )?;
+        let run_time = run_started.elapsed();
+        acc.merge(p)?;
+        measured.add(&m);
+        self.learn(key, &m);
+        self.learn_fixes(key, &work, &plan.modes, &nodes, &caller, &figures, &m);
+        let (pushed, pulled) = plan.counts();
+        Ok((
+            acc,
+            OpExplain {
+                operator: key.to_string(),
+                shards_pushed: pushed,
+                shards_pulled: pulled,
+                calibrated,
+                bytes_in: measured.pushed_bytes + measured.pulled_bytes,
+                plan,
+                nodes: nodes.into_iter().collect(),
+                planned_part: run_time,
+                took: started.elapsed(),
+            },
+        ))
+    }
+
+    /// Run `units` as their modes say, pushed and pulled at once.
+    #[allow(clippy::too_many_arguments)]
+    fn execute(
+        &self,
+        parts: &[VecPart<RowGroup>],
+        stage: &Stage,
+        cols: &[usize],
+        join_rows: &Option<Partial>,
+        join: Option<&crate::JoinTable>,
+        units: Vec<(Unit, Mode)>,
+    ) -> Result<(Partial, Measured), DistError> {
+        let mut push_futs = Vec::new();
+        let mut pulls = Vec::new();
+        for (u, m) in units {
+            let part = &parts[u.part];
+            match m {
+                Mode::Push => {
+                    let arg = PushArg {
+                        stage: stage.clone(),
+                        join: join_rows.clone(),
+                        from: u.from,
+                        to: u.to,
+                    };
+                    let at = part.start + u.from;
+                    let f = part.push_async(
+                        self.push,
+                        arg,
+                        |a: &PushArg, _start: u64, items: &[RowGroup]| pushed(a, items),
+                    );
+                    let node = u.node;
+                    push_futs.push(async move {
+                        let out = f.await?.map_err(|why| DistError::Remote { at, why })?;
+                        Ok::<_, DistError>((node, out))
+                    });
+                }
+                Mode::Pull => {
+                    for i in u.from..u.to {
+                        pulls.push((u.node, (part, i)));
+                    }
+                }
+            }
+        }
+        let window = self.window.max(1);
+        let pulls = interleave(pulls);
+        granule_runtime::block_on(async {
+            let any_pushed = !push_futs.is_empty();
+            let pushed = async {
+                let t0 = Instant::now();
+                let r = futures::future::join_all(push_futs).await;
+                (r, t0.elapsed())
+            };
+            let pulled = async {
+                let mut acc = stage.empty();
+                let mut m = Measured::default();
+                let t0 = Instant::now();
+                let mut s =
+                    futures::stream::iter(pulls.iter().map(|(p, i)| fetch(p, *i, cols.to_vec())))
+                        .buffer_unordered(window);
+                while let Some(r) = s.next().await {
+                    let (rows, blobs) = r?;
+                    let c0 = Instant::now();
+                    let view = Columns::of_pulled(rows, cols, &blobs)?;
+                    acc.merge(stage.run(&view, join)?)?;
+                    m.pull_compute += c0.elapsed();
+                    m.pulled_bytes += blobs.iter().map(|b| b.len() as u64).sum::<u64>();
+                }
+                if !pulls.is_empty() {
+                    m.pull_wall = t0.elapsed();
+                }
+                Ok::<_, DistError>((acc, m))
+            };
+            let ((pushed, push_phase), pulled) = futures::join!(pushed, pulled);
+            let (mut acc, mut m) = pulled?;
+            if any_pushed {
+                m.push_phase = push_phase;
+            }
+            for r in pushed {
+                let (node, out) = r?;
+                m.pushed_bytes += out.bytes_in;
+                m.push_cpu += out.cpu;
+                m.push_wall += out.wall;
+                m.push_out += out.partial.bytes();
+                if let Some(v) = out.node {
+                    m.nodes.insert(node, v);
+                }
+                acc.merge(out.partial)?;
+            }
+            Ok((acc, m))
+        })
+    }
+
+    /// Measure the network: stream the columns `cols` of a few row groups of `table`, in
+    /// the pulls' own way, and time it (what [`Executor::run`] does before its first
+    /// decision; call it again after the network changed).
+    pub fn probe_network(&self, table: &DistTable, cols: &[usize]) -> Result<f64, DistError> {
+        let per_group = table.bytes_of(cols, 0..1).max(1);
+        let groups = (NETWORK_SAMPLE * 4).div_ceil(per_group).max(2);
+        let (bytes, took) = table.stream_some(cols, self.window, groups)?;
+        let bw = bytes as f64 / took.as_secs_f64().max(1e-9);
+        *lock(&self.network) = Some(bw);
+        Ok(bw)
+    }
+
+    /// Compare the planned part's measured times with what the model (without its
+    /// corrections) estimated for its pushed and its pulled shards, and fold the ratios
+    /// into the operator's corrections.
+    #[allow(clippy::too_many_arguments)]
+    fn learn_fixes(
+        &self,
+        key: &str,
+        work: &[ShardWork],
+        modes: &[Mode],
+        nodes: &BTreeMap<u64, NodeView>,
+        caller: &Caller,
+        figures: &Figures,
+        m: &Measured,
+    ) {
+        let raw = Figures {
+            push_fix: None,
+            pull_fix: None,
+            ..figures.clone()
+        };
+        let part = |mode: Mode| -> Vec<ShardWork> {
+            work.iter()
+                .zip(modes)
+                .filter(|(_, m)| **m == mode)
+                .map(|(w, _)| w.clone())
+                .collect()
+        };
+        let mut all = lock(&self.figures);
+        let f = all.entry(key.to_string()).or_default();
+        let pushed = part(Mode::Push);
+        if !pushed.is_empty() && !m.push_phase.is_zero() {
+            let e = rule::estimate(
+                &pushed,
+                &vec![Mode::Push; pushed.len()],
+                nodes,
+                caller,
+                &raw,
+            );
+            if e.busiest_node > FIX_MIN_ESTIMATE {
+                Figures::observe(&mut f.push_fix, m.push_phase.as_secs_f64() / e.busiest_node);
+            }
+        }
+        let pulled = part(Mode::Pull);
+        if !pulled.is_empty() && !m.pull_wall.is_zero() {
+            let e = rule::estimate(
+                &pulled,
+                &vec![Mode::Pull; pulled.len()],
+                nodes,
+                caller,
+                &raw,
+            );
+            let t = e.caller_compute.max(e.network);
+            if t > FIX_MIN_ESTIMATE {
+                Figures::observe(&mut f.pull_fix, m.pull_wall.as_secs_f64() / t);
+            }
+        }
+    }
+
+    /// Fold what a run measured into the operator's figures and the nodes' views.
+    fn learn(&self, key: &str, m: &Measured) {
+        let mut all = lock(&self.figures);
+        let f = all.entry(key.to_string()).or_default();
+        if m.pushed_bytes > 0 && !m.push_cpu.is_zero() {
+            Figures::observe(
+                &mut f.push_rate,
+                m.pushed_bytes as f64 / m.push_cpu.as_secs_f64(),
+            );
+            Figures::observe(
+                &mut f.selectivity,
+                m.push_out as f64 / m.pushed_bytes as f64,
+            );
+            Figures::observe(
+                &mut f.push_stretch,
+                m.push_wall.as_secs_f64() / m.push_cpu.as_secs_f64(),
+            );
+        }
+        if m.pulled_bytes > 0 && !m.pull_compute.is_zero() {
+            Figures::observe(
+                &mut f.pull_rate,
+                m.pulled_bytes as f64 / m.pull_compute.as_secs_f64(),
+            );
+        }
+        drop(all);
+        // The network's figure moves only with pulls large enough to time, that waited
+        // for the network more than for the caller's compute.
+        if m.pulled_bytes >= NETWORK_SAMPLE && m.pull_compute < m.pull_wall / 2 {
+            Figures::observe(
+                &mut lock(&self.network),
+                m.pulled_bytes as f64 / m.pull_wall.as_secs_f64(),
+            );
+        }
+        lock(&self.nodes).extend(m.nodes.iter().map(|(k, v)| (*k, v.clone())));
+    }
+}
+
+/// Estimates shorter than this (seconds) are too noisy to correct the model with.
+const FIX_MIN_ESTIMATE: f64 = 1e-3;
+
+/// Bytes a pull must move for its time to say something about the network.
+const NETWORK_SAMPLE: u64 = 8 << 20;
+
+/// What one execution measured.
+#[derive(Default)]
+struct Measured {
+    pushed_bytes: u64,
+    push_cpu: Duration,
+    push_wall: Duration,
+    /// From the first pushed call's start at the caller to the last one's answer.
+    push_phase: Duration,
+    push_out: u64,
+    pulled_bytes: u64,
+    pull_compute: Duration,
+    pull_wall: Duration,
+    nodes: BTreeMap<u64, NodeView>,
+}
+
+impl Measured {
+    fn add(&mut self, o: &Measured) {
+        self.pushed_bytes += o.pushed_bytes;
+        self.push_cpu += o.push_cpu;
+        self.push_wall += o.push_wall;
+        self.push_out += o.push_out;
+        self.pulled_bytes += o.pulled_bytes;
+        self.pull_compute += o.pull_compute;
+        self.pull_wall += o.pull_wall;
+        self.nodes
+            .extend(o.nodes.iter().map(|(k, v)| (*k, v.clone())));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,156 @@
+//! What the executor chose for each operator of a query, the figures behind the choice,
+//! and what the other choices were estimated to cost: the record [`crate::dist::Executor::run`]
+//! returns and `granule pushdown explain` prints.
+
+use crate::rule::{Choice, Mode, NodeView, Plan};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::Duration;
+
+/// One operator (a stage over one table).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OpExplain {
+    /// Its name, e.g. `q14 scan (lineitem)`.
+    pub operator: String,
+    /// Shards (or parts of shards) pushed and pulled by the plan.
+    pub shards_pushed: usize,
+    /// See `shards_pushed`.
+    pub shards_pulled: usize,
+    /// Whether a row group was first pushed and another pulled to measure.
+    pub calibrated: bool,
+    /// Bytes of columns the operator read.
+    pub bytes_in: u64,
+    /// The rule's plan: modes, estimates, the figures it used.
+    pub plan: Plan,
+    /// The data nodes as the rule saw them.
+    pub nodes: Vec<(u64, NodeView)>,
+    /// How long the planned part took.
+    pub planned_part: Duration,
+    /// How long the operator took, calibration included.
+    pub took: Duration,
+}
+
+/// A query's record.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Explain {
+    /// The query's name.
+    pub query: String,
+    /// How it was asked to choose.
+    pub choice: Choice,
+    /// Its operators, in the order they ran.
+    pub ops: Vec<OpExplain>,
+    /// Its run time.
+    pub total: Duration,
+}
+
+impl Explain {
+    /// Whether every shard of every operator ran `mode`.
+    pub fn all(&self, mode: Mode) -> bool {
+        self.ops
+            .iter()
+            .all(|o| o.plan.modes.iter().all(|m| *m == mode))
+    }
+
+    /// The plan's choice in one word per operator: `push`, `pull` or `mixed`.
+    pub fn summary(&self) -> String {
+        self.ops
+            .iter()
+            .map(|o| match (o.shards_pushed, o.shards_pulled) {
+                (_, 0) => "push",
+                (0, _) => "pull",
+                _ => "mixed",
+            })
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+}
+
+fn gbps(bytes_per_s: Option<f64>) -> String {
+    bytes_per_s.map_or("-".into(), |b| format!("{:.2} GB/s", b / 1e9))
+}
+
+fn ms(s: f64) -> String {
+    format!("{:.1} ms", s * 1e3)
+}
+
+impl fmt::Display for Explain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let choice = match self.choice {
+            Choice::Auto => "the cost rule".to_string(),
+            Choice::Force(m) => format!("forced {m}"),
+        };
+        writeln!(
+            f,
+            "query {}: {} ({:.1} ms)",
+            self.query,
+            choice,
+            self.total.as_secs_f64() * 1e3
+        )?;
+        for o in &self.ops {
+            let p = &o.plan;
+            let u = &p.used;
+            writeln!(
+                f,
+                "  {}: {} shard(s) pushed, {} pulled{}; read {:.1} MiB in {}",
+                o.operator,
+                o.shards_pushed,
+                o.shards_pulled,
+                if o.calibrated {
+                    " (after calibrating on one pushed and one pulled row group)"
+                } else {
+                    ""
+                },
+                o.bytes_in as f64 / (1 << 20) as f64,
+                ms(o.took.as_secs_f64()),
+            )?;
+            writeln!(
+                f,
+                "    figures: intensity at the data {} per core, at the caller {} per core; \
+                 selectivity {:.2e}; network {}; pushed calls ran {}",
+                gbps(u.push_rate),
+                gbps(u.pull_rate),
+                u.selectivity.unwrap_or(0.0),
+                gbps(u.bandwidth),
+                u.push_stretch
+                    .map_or("(not measured yet)".to_string(), |s| {
+                        format!("{s:.2}x their CPU time")
+                    }),
+            )?;
+            let fix = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("x{x:.2}"));
+            writeln!(
+                f,
+                "    measured / modelled time of past runs: pushed part {}, pulled part {}",
+                fix(u.push_fix),
+                fix(u.pull_fix),
+            )?;
+            for (node, v) in &o.nodes {
+                writeln!(
+                    f,
+                    "    node n{node}: cap {}, free {:.2} cores, {} pool thread(s): {:.2} cores for pushed work",
+                    v.cap.map_or("none".into(), |c| {
+                        format!("{c:.2} cores (a {:.0} ms quota per {:.0} ms)", c * v.period * 1e3, v.period * 1e3)
+                    }),
+                    v.free,
+                    v.threads,
+                    v.cores()
+                )?;
+            }
+            for (name, e) in [
+                ("chosen", &p.chosen),
+                ("all pull", &p.all_pull),
+                ("all push", &p.all_push),
+            ] {
+                writeln!(
+                    f,
+                    "    {name:>8}: est. {} (caller compute {}, network {}, busiest node {}, shared cores {})",
+                    ms(e.total()),
+                    ms(e.caller_compute),
+                    ms(e.network),
+                    ms(e.busiest_node),
+                    ms(e.shared),
+                )?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,214 @@
+//! Queries over tables spread on real node processes (127.0.0.1), run pulled, pushed and
+//! by the cost rule: every mode gives the reference executor's result (which the DuckDB
+//! test checks against DuckDB), and pushed code that panics, times out or exceeds its
+//! memory budget leaves the data nodes serving and the tables intact.
+
+use granule_pushdown::dist::{DistError, DistTable, Executor, Tables};
+use granule_pushdown::rule::{Choice, Mode};
+use granule_pushdown::{queries, row_groups, run_local, RowGroup, Table, TableName};
+use granule_runtime::{CallError, Cluster, PushOpts};
+use granule_sharded::{Bounds, ShardError};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Run `f` on its own thread and fail instead of hanging past `limit`.
+fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => {
+            let _ = h.join();
+            v
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match h.join() {
+            Err(p) => std::panic::resume_unwind(p),
+            Ok(()) => panic!("test body ended without a result"),
+        },
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("test exceeded {limit:?}: probable hang or deadlock")
+        }
+    }
+}
+
+fn local_tables(seed: u64) -> BTreeMap<TableName, Table> {
+    TableName::ALL
+        .into_iter()
+        .map(|t| {
+            let g = row_groups(t, 0.005, seed, 2048).expect("generator");
+            let schema = g.schema().clone();
+            (
+                t,
+                Table {
+                    schema,
+                    groups: g.collect(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Load every table into the cluster, in shards small enough that each table has
+/// several, spread over both data nodes.
+fn load(cluster: &Cluster, local: &BTreeMap<TableName, Table>) -> Tables {
+    let nodes = cluster.worker_nodes().expect("nodes");
+    let bounds = Bounds::new(64 << 10, 256 << 10).expect("bounds");
+    let mut tables = Tables::new();
+    for (t, table) in local {
+        let d = DistTable::load(
+            *t,
+            table.schema.clone(),
+            table.groups.iter().cloned(),
+            bounds,
+        )
+        .expect("load");
+        for (i, (_, s)) in d
+            .vec()
+            .sharder()
+            .shards()
+            .expect("shards")
+            .into_iter()
+            .enumerate()
+        {
+            let want = nodes[i % nodes.len()];
+            if s.location().expect("location") != want {
+                cluster.move_proclet(s.id(), want).expect("move");
+            }
+        }
+        tables.insert(*t, d);
+    }
+    tables
+}
+
+fn cluster() -> Cluster {
+    Cluster::builder()
+        .nodes("cpu=1,mem=1GiB;cpu=1,mem=1GiB")
+        .expect("specs")
+        .shed(false)
+        .start()
+        .expect("cluster")
+}
+
+#[test]
+fn every_query_gives_the_reference_result_pulled_pushed_and_by_the_rule() {
+    bounded(Duration::from_secs(600), || {
+        let c = cluster();
+        let local = local_tables(7);
+        let tables = load(&c, &local);
+        let exec = Executor::new();
+        for q in queries::all().expect("queries") {
+            let want = run_local(&q, &local).expect("reference");
+            // The rule twice: first it calibrates, then it plans from what it measured.
+            for choice in [
+                Choice::Force(Mode::Pull),
+                Choice::Force(Mode::Push),
+                Choice::Auto,
+                Choice::Auto,
+            ] {
+                let (got, explain) = exec.run(&q, &tables, choice).expect("run");
+                assert_eq!(got, want, "{} ({choice:?}) differs", q.name);
+                match choice {
+                    Choice::Force(m) => assert!(explain.all(m), "{explain}"),
+                    Choice::Auto => {
+                        let text = explain.to_string();
+                        assert!(
+                            text.contains("all pull") && text.contains("all push"),
+                            "{text}"
+                        );
+                    }
+                }
+            }
+            let f = exec
+                .figures(&format!("{} scan ({})", q.name, q.table.name()))
+                .expect("figures");
+            assert!(f.push_rate.is_some() && f.pull_rate.is_some(), "{f:?}");
+            assert!(exec.network().is_some_and(|b| b > 0.0));
+        }
+        for (_, t) in tables {
+            t.destroy().expect("destroy");
+        }
+        c.shutdown();
+    });
+}
+
+#[test]
+fn pushed_code_that_panics_times_out_or_overspends_leaves_the_table_serving() {
+    bounded(Duration::from_secs(600), || {
+        let c = cluster();
+        let local = local_tables(11);
+        let tables = load(&c, &local);
+        let exec = Executor::new();
+        let q6 = queries::q6().expect("q6");
+        let q14 = queries::q14().expect("q14");
+        let want6 = run_local(&q6, &local).expect("reference");
+        let want14 = run_local(&q14, &local).expect("reference");
+        let li = &tables[&TableName::Lineitem];
+        let rows = li.vec().len().expect("len");
+
+        // A panic in pushed code comes back as an error naming it.
+        let r = li.vec().offload_pushed(
+            PushOpts::default(),
+            (),
+            |_: &(), _start: u64, _items: &[RowGroup]| -> u64 { panic!("pushed boom") },
+        );
+        match r {
+            Err(ShardError::Call(CallError::RemotePanic { message, .. })) => {
+                assert!(message.contains("pushed boom"), "{message}")
+            }
+            other => panic!("expected the panic back, got {:?}", other.map(|v| v.len())),
+        }
+        assert_eq!(
+            exec.run(&q6, &tables, Choice::Force(Mode::Push))
+                .expect("q6")
+                .0,
+            want6
+        );
+
+        // A call past its timeout fails at once; the node carries on.
+        let t = Instant::now();
+        let r = li.vec().offload_pushed(
+            PushOpts::default().with_timeout(Duration::from_millis(100)),
+            (),
+            |_: &(), _start: u64, items: &[RowGroup]| -> usize {
+                std::thread::sleep(Duration::from_millis(1500));
+                items.len()
+            },
+        );
+        assert!(
+            matches!(r, Err(ShardError::Call(CallError::Timeout(..)))),
+            "expected a timeout, got {:?}",
+            r.map(|v| v.len())
+        );
+        assert!(
+            t.elapsed() < Duration::from_millis(1200),
+            "the timeout waited for the call"
+        );
+        assert_eq!(
+            exec.run(&q6, &tables, Choice::Force(Mode::Push))
+                .expect("q6")
+                .0,
+            want6
+        );
+
+        // A join table over the pushed call's budget is refused, not built.
+        let mut tight = Executor::new();
+        tight.push = PushOpts::default().with_memory(4 << 10);
+        match tight.run(&q14, &tables, Choice::Force(Mode::Push)) {
+            Err(DistError::Remote { why, .. }) => assert!(why.contains("budget"), "{why}"),
+            Err(e) => panic!("expected the budget refusal, got {e}"),
+            Ok(_) => panic!("a join table of the whole part table fit in 4 KiB"),
+        }
+        assert_eq!(
+            exec.run(&q14, &tables, Choice::Force(Mode::Push))
+                .expect("q14")
+                .0,
+            want14
+        );
+        assert_eq!(li.vec().len().expect("len"), rows);
+        for (_, t) in tables {
+            t.destroy().expect("destroy");
+        }
+        c.shutdown();
+    });
+}
