@@ -253,14 +253,20 @@ fn measure_cap(
                     })
                     .unwrap_or_default()
             };
+            let mut choices: BTreeMap<String, usize> = BTreeMap::new();
+            for e in &s.explains {
+                *choices.entry(e.summary()).or_default() += 1;
+            }
+            let choices: Vec<String> = choices.iter().map(|(c, n)| format!("{c} x{n}")).collect();
             eprintln!(
-                "pushdown: cap {:.0} %, {}: pull {:.1} ms, push {:.1} ms, rule {:.1} ms ({}); runs (ms): pull {}; push {}; rule {}",
+                "pushdown: cap {:.0} %, {}: pull {:.1} ms, push {:.1} ms, rule {:.1} ms ({}); rule's choices: {}; runs (ms): pull {}; push {}; rule {}",
                 cap * 100.0,
                 q.name,
                 s.median("pull") * 1e3,
                 s.median("push") * 1e3,
                 s.median("rule") * 1e3,
                 s.explains.last().map_or(String::new(), Explain::summary),
+                choices.join(", "),
                 runs("pull"),
                 runs("push"),
                 runs("rule"),

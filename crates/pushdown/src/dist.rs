@@ -414,9 +414,20 @@ impl Executor {
         let started = Instant::now();
         let cols = stage.columns();
         let parts = table.groups.parts()?;
-        let join = match &join_rows {
-            Some(rows) => Some(build_join(rows, &mut |_| Ok::<(), OpError>(()))?),
-            None => None,
+        // The caller's own join table, for the row groups it computes: built once, and
+        // only if it computes any (a pushed shard builds its own from `join_rows`).
+        let join_here = std::cell::OnceCell::new();
+        let join = |pulls: bool| -> Result<Option<&crate::JoinTable>, DistError> {
+            match (&join_rows, pulls) {
+                (Some(rows), true) => {
+                    if join_here.get().is_none() {
+                        let t = build_join(rows, &mut |_| Ok::<(), OpError>(()))?;
+                        let _ = join_here.set(t);
+                    }
+                    Ok(join_here.get())
+                }
+                _ => Ok(None),
+            }
         };
         let arg_bytes = join_rows.as_ref().map_or(0, Partial::bytes);
         let mut units = Vec::new();
@@ -455,7 +466,7 @@ impl Executor {
                     stage,
                     &cols,
                     &join_rows,
-                    join.as_ref(),
+                    join(false)?,
                     vec![(pushed_unit, Mode::Push)],
                 )?;
                 let two = self.execute(
@@ -463,7 +474,7 @@ impl Executor {
                     stage,
                     &cols,
                     &join_rows,
-                    join.as_ref(),
+                    join(true)?,
                     vec![(pulled_unit, Mode::Pull)],
                 )?;
                 for (p, m) in [one, two] {
@@ -502,7 +513,7 @@ impl Executor {
             stage,
             &cols,
             &join_rows,
-            join.as_ref(),
+            join(plan.modes.contains(&Mode::Pull))?,
             units.into_iter().zip(plan.modes.iter().copied()).collect(),
         )?;
         let run_time = run_started.elapsed();
