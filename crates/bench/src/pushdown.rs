@@ -12,7 +12,8 @@
 //!   (seed 42) at the scale factor below, 64 Ki rows per row group, in shards of 16–64
 //!   MiB split evenly over the two data nodes.
 //! - **Runs**: per cap and query, pull, push and the rule interleaved, in 12 rounds that
-//!   take the six orders of the three in turn (the rule's
+//!   take the six orders of the three in turn; a run repeats the query back to back
+//!   until the fastest mode's run lasts 50 ms, at most 16 times (the rule's
 //!   executor keeps what it measured across runs, as a long-lived application's would;
 //!   it is new per cap, so each cap starts with a calibration). Every result is checked
 //!   against the in-process reference executor's; the DuckDB run checks that the
@@ -66,6 +67,10 @@ impl Params {
 }
 
 const SEED: u64 = 42;
+/// A timed run lasts at least this long for the fastest mode (seconds)...
+const RUN_AT_LEAST: f64 = 0.05;
+/// ...repeating the query at most this many times.
+const MAX_TIMES: usize = 16;
 /// The orders of the three modes within a round: every permutation, so over six rounds
 /// each mode runs first, second and third twice and follows each other mode twice.
 const ORDERS: [[usize; 3]; 6] = [
@@ -88,6 +93,8 @@ struct Setting {
     query: String,
     secs: BTreeMap<&'static str, Vec<f64>>,
     explains: Vec<Explain>,
+    /// Executions of the query per timed run.
+    times: usize,
 }
 
 impl Setting {
@@ -216,11 +223,20 @@ fn measure_cap(
                 query: q.name.clone(),
                 secs: BTreeMap::new(),
                 explains: Vec::new(),
+                times: 1,
             };
-            // One untimed run of each warms connections (and calibrates the rule).
+            // One untimed run of each warms connections (and calibrates the rule), and
+            // sizes the timed runs: a run repeats the query `times` times back to back,
+            // enough for the fastest mode's run to last `RUN_AT_LEAST`, so a millisecond
+            // of jitter does not decide a ratio.
+            let mut fastest = f64::INFINITY;
             for (_, choice) in MODES {
+                let t = Instant::now();
                 exec.run(q, &tables, choice)?;
+                fastest = fastest.min(t.elapsed().as_secs_f64());
             }
+            let times = ((RUN_AT_LEAST / fastest).ceil() as usize).clamp(1, MAX_TIMES);
+            s.times = times;
             for rep in 0..p.reps {
                 // Each round takes the next of the six orders: a run can slow the one
                 // after it (a capped pool that used its quota, caches, the allocator),
@@ -228,16 +244,20 @@ fn measure_cap(
                 for k in ORDERS[rep % ORDERS.len()] {
                     let (name, choice) = MODES[k];
                     let t = Instant::now();
-                    let (got, explain) = exec.run(q, &tables, choice)?;
-                    let secs = t.elapsed().as_secs_f64();
-                    if &got != want {
-                        bail!(
-                            "{} ({name}, cap {cap}) disagrees with the reference executor",
-                            q.name
-                        );
+                    let mut last = None;
+                    for _ in 0..times {
+                        let (got, explain) = exec.run(q, &tables, choice)?;
+                        if &got != want {
+                            bail!(
+                                "{} ({name}, cap {cap}) disagrees with the reference executor",
+                                q.name
+                            );
+                        }
+                        last = Some(explain);
                     }
+                    let secs = t.elapsed().as_secs_f64() / times as f64;
                     s.secs.entry(name).or_default().push(secs);
-                    if name == "rule" {
+                    if let (Some(explain), "rule") = (last, name) {
                         s.explains.push(explain);
                     }
                 }
@@ -390,6 +410,7 @@ fn report(
         "push_vs_pull",
         "best_vs_rule",
         "rule_choice",
+        "executions_per_run",
     ]);
     let mut rule_vs_best_min = f64::INFINITY;
     let mut wrong = 0;
@@ -424,6 +445,7 @@ fn report(
                     .map_or("-".to_string(), Explain::summary)
                     .as_str(),
             ),
+            Cell::from(s.times),
         ]);
     }
     let mut plot = Plot::bars("Query time by cap: pull, push, the cost rule")
@@ -447,7 +469,9 @@ fn report(
         "data: SF {} (lineitem {} rows), seed {SEED}, {} rows per row group; two data nodes cpu=1,mem=8GiB, \
          one pool thread each capped at the stated share of a core (pushdown.cpu_cap); the driver (256 MiB) \
          pulls with 4 fetches in flight and computes on one thread; {} interleaved rounds of pull, push and the \
-         rule per setting (each round one of the six orders of the three), medians; the rule's executor keeps its figures across \
+         rule per setting (each round one of the six orders of the three), medians; a timed run executes the query \
+         back to back as often as makes the fastest mode's run last 50 ms (at most 16; executions_per_run) and \
+         counts the time per execution; the rule's executor keeps its figures across \
          runs and is new per cap; a CPU scheduler period of 20 ms (cluster.cfs_period). DuckDB: one process, all data loaded from CSV before timing, median of the \
          same number of runs.",
         p.sf,
