@@ -17,21 +17,26 @@
 //!   join table's build is charged to) and returns the merged partial with what it
 //!   measured: bytes read, CPU time, the pool's figures.
 //!
+//! A word count's map side does not return its pairs: they are shuffled into a
+//! [`Shuffle`] (`ShardedPartitions` by word), by the pushed call itself from the data
+//! node, or by the caller for what it pulled; the reduce then sums each partition.
+//!
 //! Both kinds run at once (pushed calls and pulled fetches overlap), partials merge, and
 //! what was measured updates the operator's [`Figures`] for the next decision. With no
 //! figures yet for an operator, the executor first *calibrates*: it pushes one row group
 //! and pulls another, and plans the rest with what that showed. [`Explain`] records, per
 //! operator, the choice, the figures and the estimates behind it.
 
-use crate::explain::{Explain, OpExplain};
+use crate::explain::{Explain, OpExplain, ShuffleExplain};
 use crate::rule::{self, Caller, Choice, Figures, Mode, NodeView, ShardWork};
+use crate::Output;
 use crate::{
     build_join, finalize, Columns, OpError, Partial, Query, QueryResult, RowGroup, Schema,
 };
 use crate::{Stage, TableName};
 use futures::StreamExt;
 use granule_runtime::{Blob, CallError, PushOpts};
-use granule_sharded::{Bounds, ShardError, ShardedVec, VecPart};
+use granule_sharded::{Bounds, ShardError, ShardedPartitions, ShardedVec, VecPart};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -57,6 +62,9 @@ pub enum DistError {
         /// What the data node said.
         why: String,
     },
+    /// Sending a word count's pairs to its shuffle partitions failed at the caller.
+    #[error("shuffle: {0}")]
+    Shuffle(String),
     /// The query names a table that was not given.
     #[error("no table {0} was loaded")]
     NoTable(String),
@@ -238,6 +246,33 @@ struct PushArg {
     join: Option<Partial>,
     from: u64,
     to: u64,
+    /// A word count's shuffle: the pushed call sends its (word, count) pairs there
+    /// itself, straight from the data node, and returns an empty partial.
+    shuffle: Option<Shuffle>,
+}
+
+/// Where a word count's map side sends its pairs: partitions keyed by word (Teleport's
+/// map-shuffle). The reduce reads each partition and sums per word.
+pub type Shuffle = ShardedPartitions<String, u64>;
+
+/// Batches of about this many bytes of pairs go to a partition at once.
+const SHUFFLE_BATCH: u64 = 256 << 10;
+
+/// Send every (word, count) of a word count's partial to `shuffle`; the pairs sent.
+fn send_buckets(shuffle: &Shuffle, p: Partial) -> Result<u64, String> {
+    let Partial::Buckets(buckets) = p else {
+        return Err("only a word count's buckets can be shuffled".into());
+    };
+    let mut pusher = shuffle
+        .pusher(SHUFFLE_BATCH, 4)
+        .map_err(|e| format!("shuffle: {e}"))?;
+    let mut n = 0;
+    for pair in buckets.into_iter().flatten() {
+        pusher.push(pair).map_err(|e| format!("shuffle: {e}"))?;
+        n += 1;
+    }
+    pusher.flush().map_err(|e| format!("shuffle: {e}"))?;
+    Ok(n)
 }
 
 /// What a pushed call returns: the merged partial and what it measured.
@@ -278,6 +313,10 @@ fn pushed(a: &PushArg, items: &[RowGroup]) -> Result<PushOut, String> {
             .run(&Columns::of_group(rg), join.as_ref())
             .map_err(|e| e.to_string())?;
         acc.merge(p).map_err(|e| e.to_string())?;
+    }
+    if let Some(shuffle) = &a.shuffle {
+        // Pre-aggregated over the shard's row groups (a combiner), then sent from here.
+        send_buckets(shuffle, std::mem::replace(&mut acc, a.stage.empty()))?;
     }
     let cpu = granule_host::proc::thread_cpu_time().saturating_sub(cpu0);
     // The node's idle CPU as its monitor saw it counts this pool's own work as busy: give
@@ -382,19 +421,46 @@ impl Executor {
             query: q.name.clone(),
             choice,
             ops: Vec::new(),
+            shuffle: None,
             total: Duration::ZERO,
         };
         let join_rows = match &q.build {
             Some(b) => {
                 let key = format!("{} build ({})", q.name, b.table.name());
-                let (rows, op) = self.scan(&key, &b.stage, table(b.table)?, None, choice)?;
+                let (rows, op) = self.scan(&key, &b.stage, table(b.table)?, None, choice, None)?;
                 explain.ops.push(op);
                 Some(rows)
             }
             None => None,
         };
         let key = format!("{} scan ({})", q.name, q.table.name());
-        let (partial, op) = self.scan(&key, &q.stage, table(q.table)?, join_rows, choice)?;
+        // A word count shuffles its map side's pairs into partitions by word, and the
+        // reduce sums each partition's.
+        let shuffle = match q.stage.output {
+            Output::WordCount { .. } => Some(Shuffle::batching()?),
+            _ => None,
+        };
+        let scanned = self.scan(
+            &key,
+            &q.stage,
+            table(q.table)?,
+            join_rows,
+            choice,
+            shuffle.as_ref(),
+        );
+        let reduced = match (&shuffle, scanned) {
+            (Some(sh), Ok((_, op))) => reduce(sh).map(|(p, e)| {
+                explain.shuffle = Some(e);
+                (p, op)
+            }),
+            (_, r) => r,
+        };
+        if let Some(sh) = &shuffle {
+            if let Err(e) = sh.destroy() {
+                tracing::warn!("freeing a word count's shuffle partitions: {e}");
+            }
+        }
+        let (partial, op) = reduced?;
         explain.ops.push(op);
         let result = finalize(q, partial)?;
         explain.total = start.elapsed();
@@ -409,6 +475,7 @@ impl Executor {
         table: &DistTable,
         join_rows: Option<Partial>,
         choice: Choice,
+        shuffle: Option<&Shuffle>,
     ) -> Result<(Partial, OpExplain), DistError> {
         stage.check()?;
         let started = Instant::now();
@@ -468,6 +535,7 @@ impl Executor {
                     &join_rows,
                     join(false)?,
                     vec![(pushed_unit, Mode::Push)],
+                    shuffle,
                 )?;
                 let two = self.execute(
                     &parts,
@@ -476,6 +544,7 @@ impl Executor {
                     &join_rows,
                     join(true)?,
                     vec![(pulled_unit, Mode::Pull)],
+                    shuffle,
                 )?;
                 for (p, m) in [one, two] {
                     acc.merge(p)?;
@@ -515,6 +584,7 @@ impl Executor {
             &join_rows,
             join(plan.modes.contains(&Mode::Pull))?,
             units.into_iter().zip(plan.modes.iter().copied()).collect(),
+            shuffle,
         )?;
         let run_time = run_started.elapsed();
         acc.merge(p)?;
@@ -548,6 +618,7 @@ impl Executor {
         join_rows: &Option<Partial>,
         join: Option<&crate::JoinTable>,
         units: Vec<(Unit, Mode)>,
+        shuffle: Option<&Shuffle>,
     ) -> Result<(Partial, Measured), DistError> {
         let mut push_futs = Vec::new();
         let mut pulls = Vec::new();
@@ -560,6 +631,7 @@ impl Executor {
                         join: join_rows.clone(),
                         from: u.from,
                         to: u.to,
+                        shuffle: shuffle.cloned(),
                     };
                     let at = part.start + u.from;
                     let f = part.push_async(
@@ -582,7 +654,7 @@ impl Executor {
         }
         let window = self.window.max(1);
         let pulls = interleave(pulls);
-        granule_runtime::block_on(async {
+        let (acc, mut m) = granule_runtime::block_on(async {
             let any_pushed = !push_futs.is_empty();
             let pushed = async {
                 let t0 = Instant::now();
@@ -625,8 +697,21 @@ impl Executor {
                 }
                 acc.merge(out.partial)?;
             }
-            Ok((acc, m))
-        })
+            Ok::<_, DistError>((acc, m))
+        })?;
+        match shuffle {
+            // The caller sends what it computed from pulled row groups (pushed calls sent
+            // theirs): part of pulling's cost, so it counts as the caller's work.
+            Some(sh) if !pulls.is_empty() => {
+                let t0 = Instant::now();
+                let empty = stage.empty();
+                send_buckets(sh, acc).map_err(DistError::Shuffle)?;
+                m.pull_compute += t0.elapsed();
+                m.pull_wall += t0.elapsed();
+                Ok((empty, m))
+            }
+            _ => Ok((acc, m)),
+        }
     }
 
     /// Measure the network: stream the columns `cols` of a few row groups of `table`, in
@@ -737,6 +822,28 @@ impl Executor {
 
 /// Estimates shorter than this (seconds) are too noisy to correct the model with.
 const FIX_MIN_ESTIMATE: f64 = 1e-3;
+
+/// The reduce of a word count's shuffle: every partition's pairs summed per word, as one
+/// bucket of (word, count) in word order.
+fn reduce(shuffle: &Shuffle) -> Result<(Partial, ShuffleExplain), DistError> {
+    let t0 = Instant::now();
+    shuffle.seal()?;
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    let parts = shuffle.partitions()?;
+    let mut pairs = 0;
+    for part in &parts {
+        for (w, c) in part.pairs()? {
+            pairs += 1;
+            *counts.entry(w).or_default() += c;
+        }
+    }
+    let e = ShuffleExplain {
+        pairs,
+        partitions: parts.len(),
+        reduce: t0.elapsed(),
+    };
+    Ok((Partial::Buckets(vec![counts.into_iter().collect()]), e))
+}
 
 /// Bytes a pull must move for its time to say something about the network.
 const NETWORK_SAMPLE: u64 = 8 << 20;

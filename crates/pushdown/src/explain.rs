@@ -30,6 +30,19 @@ pub struct OpExplain {
     pub took: Duration,
 }
 
+/// A word count's map-shuffle: the map side's (word, count) pairs went into partitions
+/// keyed by word (from the data nodes for pushed shards, from the caller for pulled
+/// ones), and the reduce summed each partition's.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ShuffleExplain {
+    /// Pairs the partitions received (pre-aggregated per shard or pulled part).
+    pub pairs: u64,
+    /// Partitions they landed in.
+    pub partitions: usize,
+    /// How long the reduce took.
+    pub reduce: Duration,
+}
+
 /// A query's record.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Explain {
@@ -39,6 +52,8 @@ pub struct Explain {
     pub choice: Choice,
     /// Its operators, in the order they ran.
     pub ops: Vec<OpExplain>,
+    /// A word count's shuffle, when the query has one.
+    pub shuffle: Option<ShuffleExplain>,
     /// Its run time.
     pub total: Duration,
 }
@@ -150,6 +165,15 @@ impl fmt::Display for Explain {
                     ms(e.shared),
                 )?;
             }
+        }
+        if let Some(s) = &self.shuffle {
+            writeln!(
+                f,
+                "  shuffle: {} (word, count) pairs into {} partition(s) by word; reduced at the caller in {}",
+                s.pairs,
+                s.partitions,
+                ms(s.reduce.as_secs_f64()),
+            )?;
         }
         Ok(())
     }

@@ -108,6 +108,16 @@ fn every_query_gives_the_reference_result_pulled_pushed_and_by_the_rule() {
             ] {
                 let (got, explain) = exec.run(&q, &tables, choice).expect("run");
                 assert_eq!(got, want, "{} ({choice:?}) differs", q.name);
+                // The word count went through a real shuffle into partitions.
+                if q.name == "wordcount" {
+                    let sh = explain.shuffle.as_ref().expect("a word count shuffles");
+                    assert!(
+                        sh.pairs >= want.rows.len() as u64 && sh.partitions >= 1,
+                        "{sh:?}"
+                    );
+                } else {
+                    assert!(explain.shuffle.is_none());
+                }
                 match choice {
                     Choice::Force(m) => assert!(explain.all(m), "{explain}"),
                     Choice::Auto => {
