@@ -591,6 +591,15 @@ impl Executor {
         measured.add(&m);
         self.learn(key, &m);
         self.learn_fixes(key, &work, &plan.modes, &nodes, &caller, &figures, &m);
+        if choice == Choice::Auto {
+            // Remember the way the rule ran the whole operator (none for a split).
+            let one_way = match plan.counts() {
+                (_, 0) => Some(Mode::Push),
+                (0, _) => Some(Mode::Pull),
+                _ => None,
+            };
+            lock(&self.figures).entry(key.to_string()).or_default().last = one_way;
+        }
         let (pushed, pulled) = plan.counts();
         Ok((
             acc,
