@@ -13,7 +13,7 @@
 //!   MiB split evenly over the two data nodes.
 //! - **Runs**: per cap and query, pull, push and the rule interleaved, in 12 rounds that
 //!   take the six orders of the three in turn; a run repeats the query back to back
-//!   until the fastest mode's run lasts 50 ms, at most 16 times (the rule's
+//!   until the fastest mode's run lasts 150 ms, at most 32 times (the rule's
 //!   executor keeps what it measured across runs, as a long-lived application's would;
 //!   it is new per cap, so each cap starts with a calibration). Every result is checked
 //!   against the in-process reference executor's; the DuckDB run checks that the
@@ -68,9 +68,9 @@ impl Params {
 
 const SEED: u64 = 42;
 /// A timed run lasts at least this long for the fastest mode (seconds)...
-const RUN_AT_LEAST: f64 = 0.05;
+const RUN_AT_LEAST: f64 = 0.15;
 /// ...repeating the query at most this many times.
-const MAX_TIMES: usize = 16;
+const MAX_TIMES: usize = 32;
 /// The orders of the three modes within a round: every permutation, so over six rounds
 /// each mode runs first, second and third twice and follows each other mode twice.
 const ORDERS: [[usize; 3]; 6] = [
@@ -470,7 +470,7 @@ fn report(
          one pool thread each capped at the stated share of a core (pushdown.cpu_cap); the driver (256 MiB) \
          pulls with 4 fetches in flight and computes on one thread; {} interleaved rounds of pull, push and the \
          rule per setting (each round one of the six orders of the three), medians; a timed run executes the query \
-         back to back as often as makes the fastest mode's run last 50 ms (at most 16; executions_per_run) and \
+         back to back as often as makes the fastest mode's run last 150 ms (at most 32; executions_per_run) and \
          counts the time per execution; the rule's executor keeps its figures across \
          runs and is new per cap; a CPU scheduler period of 20 ms (cluster.cfs_period). DuckDB: one process, all data loaded from CSV before timing, median of the \
          same number of runs.",
