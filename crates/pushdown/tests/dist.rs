@@ -222,3 +222,82 @@ fn pushed_code_that_panics_times_out_or_overspends_leaves_the_table_serving() {
         c.shutdown();
     });
 }
+
+/// Every operator the queries above leave out, pulled, pushed and by the rule: min, max,
+/// avg and count without groups, and a group-by on a hashed (not dictionary) key.
+#[test]
+fn every_aggregate_and_a_hashed_group_by_agree_pulled_pushed_and_by_the_rule() {
+    use granule_pushdown::{schema, Agg, CmpOp, Expr, Finalize, Output, Pred, Query, Stage};
+    bounded(Duration::from_secs(600), || {
+        let c = cluster();
+        let local = local_tables(13);
+        let tables = load(&c, &local);
+        let li = schema(TableName::Lineitem);
+        let col = |n: &str| li.col(n).expect("column");
+        let aggs = || {
+            vec![
+                Agg::Min(Expr::Col(col("l_extendedprice"))),
+                Agg::Max(Expr::Col(col("l_extendedprice"))),
+                Agg::Avg(Expr::Col(col("l_quantity"))),
+                Agg::Count,
+                Agg::Sum(Expr::Col(col("l_tax"))),
+            ]
+        };
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let queries = [
+            Query {
+                name: "aggregates".into(),
+                columns: names(&["min_price", "max_price", "avg_qty", "count", "sum_tax"]),
+                build: None,
+                table: TableName::Lineitem,
+                stage: Stage {
+                    filter: Pred::Cmp(col("l_discount"), CmpOp::Lt, 4),
+                    probe: None,
+                    output: Output::Aggregate(aggs()),
+                },
+                finalize: Finalize::Table { key_dicts: vec![] },
+            },
+            Query {
+                name: "by_supplier".into(),
+                columns: names(&[
+                    "supp",
+                    "min_price",
+                    "max_price",
+                    "avg_qty",
+                    "count",
+                    "sum_tax",
+                ]),
+                build: None,
+                table: TableName::Lineitem,
+                stage: Stage {
+                    filter: Pred::Cmp(col("l_quantity"), CmpOp::Lt, 30),
+                    probe: None,
+                    output: Output::GroupBy {
+                        keys: vec![Expr::Col(col("l_suppkey"))],
+                        aggs: aggs(),
+                    },
+                },
+                finalize: Finalize::Table {
+                    key_dicts: vec![None],
+                },
+            },
+        ];
+        let exec = Executor::new();
+        for q in &queries {
+            let want = run_local(q, &local).expect("reference");
+            assert!(!want.rows.is_empty());
+            for choice in [
+                Choice::Force(Mode::Pull),
+                Choice::Force(Mode::Push),
+                Choice::Auto,
+            ] {
+                let (got, _) = exec.run(q, &tables, choice).expect("run");
+                assert_eq!(got, want, "{} ({choice:?}) differs", q.name);
+            }
+        }
+        for (_, t) in tables {
+            t.destroy().expect("destroy");
+        }
+        c.shutdown();
+    });
+}
