@@ -12,21 +12,30 @@
 //! - *memory intensity*: the bytes it reads per CPU-second, at the data node (`push_rate`,
 //!   from the pool thread's CPU time) and at the caller (`pull_rate`);
 //! - *selectivity* `σ`: bytes out ÷ bytes in of its partial results;
-//! - per data node: the cores its pushed work may use now, `min(cap, free CPU, pool
-//!   threads)`, from the node's own figures;
-//! - the network's bandwidth `B` from the caller's pulls (bytes ÷ wall time), and the
-//!   fixed cost of one call.
+//! - per data node: its pool's cap, the scheduler period the cap's quota is given per,
+//!   its free CPU and its pool's threads, from the node's own figures;
+//! - the network's bandwidth `B` (the executor probes it and updates it from large pulls),
+//!   and the fixed cost of one call;
+//! - how much longer pushed calls ran than their CPU time (`push_stretch`), and how far
+//!   past runs' measured times were from this model's estimates (`push_fix`, `pull_fix`,
+//!   bounded to ¼×–8×), which scale each side's estimate.
 //!
 //! Pulled shards cost the caller `Σb ÷ B` of network and `Σb ÷ (pull_rate × caller cores)`
 //! of compute, which overlap (the fetch of one row group runs while the last is computed).
-//! Pushed shards cost their node `Σb ÷ (push_rate × cores)` plus their results' transfer,
-//! plus shipping the operator's argument (a join's built table) once per pushed shard.
+//! Pushed shards cost their node their CPU time `Σb ÷ push_rate`, stretched as measured, or
+//! until that is measured, run at the node's cores under the cap's quota
+//! ([`NodeView::push_time`]: full speed until a period's quota is used, then a wait for the
+//! next period). Their results' transfer counts, and so does the operator's argument (a
+//! join's build rows), shipped once per pushed shard. When the caller and the nodes share
+//! one machine's cores, all the CPU time over those cores is a floor too.
+//!
 //! Nodes work in parallel with each other and with the caller: the estimate of a plan is
 //! its makespan, the largest of those times. [`plan`] starts from everything pushed and
 //! moves the largest shards to the caller while that lowers the makespan; it keeps that
-//! split only when it is estimated at 60 % of the better of all-pull and all-push
-//! or less (a split leans on both sides' figures at once), else takes that extreme.
-//! Forced modes skip all this.
+//! split only when it is estimated at 60 % of the better of all-pull and all-push or less
+//! (a split leans on both sides' figures at once), else takes that extreme — but the way
+//! the operator ran last (`Figures::last`) stays unless the other is estimated more than
+//! 15 % faster. Forced modes skip all this.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
