@@ -30,7 +30,7 @@ use crate::BenchOpts;
 use anyhow::{anyhow, bail, Context};
 use granule::sharded::Bounds;
 use granule::{Cluster, NodeSpec};
-use granule_pushdown::dist::{DistTable, Executor, Tables};
+use granule_pushdown::dist::{load_spread, Executor, Tables};
 use granule_pushdown::explain::Explain;
 use granule_pushdown::rule::{Choice, Mode};
 use granule_pushdown::{queries, row_groups, run_local, Query, QueryResult, Table, TableName};
@@ -189,24 +189,8 @@ fn measure_cap(
                 data.len()
             );
         }
-        let bounds = Bounds::new(16 << 20, 64 << 20)?;
-        let mut tables = Tables::new();
-        for (t, table) in local {
-            let d = DistTable::load(
-                *t,
-                table.schema.clone(),
-                table.groups.iter().cloned(),
-                bounds,
-            )?;
-            // Spread the shards evenly over the data nodes, none on the caller.
-            for (i, (_, s)) in d.vec().sharder().shards()?.into_iter().enumerate() {
-                let want = data[i % data.len()];
-                if s.location()? != want {
-                    cluster.move_proclet(s.id(), want)?;
-                }
-            }
-            tables.insert(*t, d);
-        }
+        // The shards spread evenly over the data nodes, none on the caller.
+        let mut tables = load_spread(&cluster, local, Bounds::new(16 << 20, 64 << 20)?, &data)?;
         let stream = if measure_stream {
             Some(stream_vs_tcp(&tables, p.reps)?)
         } else {

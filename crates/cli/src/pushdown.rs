@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
-use granule::pushdown::dist::{DistTable, Executor, Tables};
+use granule::pushdown::dist::{load_spread, Executor};
 use granule::pushdown::rule::Choice;
 use granule::pushdown::{queries, row_groups, run_local, TableName, Value};
 use granule::sharded::Bounds;
@@ -70,28 +70,12 @@ pub fn run(a: PushdownArgs) -> anyhow::Result<()> {
         .context("starting the embedded cluster")?;
     let out = (|| {
         let data = cluster.worker_nodes()?;
-        let bounds = Bounds::new(16 << 20, 64 << 20)?;
-        let mut dist = Tables::new();
-        for (t, table) in &tables {
-            let d = DistTable::load(
-                *t,
-                table.schema.clone(),
-                table.groups.iter().cloned(),
-                bounds,
-            )?;
-            // The driver is the caller: the data lives on the data nodes, spread evenly.
-            for (i, (_, s)) in d.vec().sharder().shards()?.into_iter().enumerate() {
-                let want = data[i % data.len()];
-                if s.location()? != want {
-                    cluster.move_proclet(s.id(), want)?;
-                }
-            }
-            dist.insert(*t, d);
-        }
+        // The driver is the caller: the data lives on the data nodes, spread evenly.
+        let local = tables.into_iter().collect();
+        let dist = load_spread(&cluster, &local, Bounds::new(16 << 20, 64 << 20)?, &data)?;
         let mut exec = Executor::new();
         exec.shared_cores =
             Some(std::thread::available_parallelism().map_or(1, |n| n.get()) as f64);
-        let local = tables.into_iter().collect();
         let want = run_local(&q, &local)?;
         let mut last = None;
         for _ in 0..a.runs.max(1) {

@@ -197,6 +197,36 @@ impl DistTable {
     }
 }
 
+/// Load every table of `local` with `bounds` and spread each one's shards evenly over
+/// `nodes` (round robin, moving the ones placed elsewhere): data on the data nodes, none
+/// on the caller. What the benchmark, `granule pushdown` and the tests set up.
+pub fn load_spread(
+    cluster: &granule_runtime::Cluster,
+    local: &BTreeMap<TableName, crate::Table>,
+    bounds: Bounds,
+    nodes: &[granule_runtime::NodeId],
+) -> Result<Tables, DistError> {
+    let mut tables = Tables::new();
+    for (t, table) in local {
+        let d = DistTable::load(
+            *t,
+            table.schema.clone(),
+            table.groups.iter().cloned(),
+            bounds,
+        )?;
+        if !nodes.is_empty() {
+            for (i, (_, s)) in d.vec().sharder().shards()?.into_iter().enumerate() {
+                let want = nodes[i % nodes.len()];
+                if s.location()? != want {
+                    cluster.move_proclet(s.id(), want)?;
+                }
+            }
+        }
+        tables.insert(*t, d);
+    }
+    Ok(tables)
+}
+
 /// `items` tagged with their node, reordered to take one from each node in turn (keeping
 /// each node's order), so pulls keep every data node sending at once.
 fn interleave<T>(items: Vec<(u64, T)>) -> Vec<T> {

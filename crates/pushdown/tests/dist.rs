@@ -3,7 +3,7 @@
 //! test checks against DuckDB), and pushed code that panics, times out or exceeds its
 //! memory budget leaves the data nodes serving and the tables intact.
 
-use granule_pushdown::dist::{DistError, DistTable, Executor, Tables};
+use granule_pushdown::dist::{load_spread, DistError, Executor, Tables};
 use granule_pushdown::rule::{Choice, Mode};
 use granule_pushdown::{queries, row_groups, run_local, RowGroup, Table, TableName};
 use granule_runtime::{CallError, Cluster, PushOpts};
@@ -54,31 +54,7 @@ fn local_tables(seed: u64) -> BTreeMap<TableName, Table> {
 fn load(cluster: &Cluster, local: &BTreeMap<TableName, Table>) -> Tables {
     let nodes = cluster.worker_nodes().expect("nodes");
     let bounds = Bounds::new(64 << 10, 256 << 10).expect("bounds");
-    let mut tables = Tables::new();
-    for (t, table) in local {
-        let d = DistTable::load(
-            *t,
-            table.schema.clone(),
-            table.groups.iter().cloned(),
-            bounds,
-        )
-        .expect("load");
-        for (i, (_, s)) in d
-            .vec()
-            .sharder()
-            .shards()
-            .expect("shards")
-            .into_iter()
-            .enumerate()
-        {
-            let want = nodes[i % nodes.len()];
-            if s.location().expect("location") != want {
-                cluster.move_proclet(s.id(), want).expect("move");
-            }
-        }
-        tables.insert(*t, d);
-    }
-    tables
+    load_spread(cluster, local, bounds, &nodes).expect("load")
 }
 
 fn cluster() -> Cluster {
