@@ -1292,6 +1292,126 @@ fn concurrent_writers_of_one_stripe_lose_no_update() {
     m.unmount_cleanly();
 }
 
+/// A page of `file`'s stripe `idx` at generation `gen`: every 4-byte word names all three.
+fn stamp(file: u32, idx: u32, gen: u32) -> [u8; 4] {
+    ((file << 28) | (idx << 16) | gen).to_le_bytes()
+}
+
+#[test]
+fn in_place_reads_see_only_whole_versions_while_files_are_rewritten() {
+    if !fuse_usable("in_place_reads_see_only_whole_versions_while_files_are_rewritten") {
+        return;
+    }
+    let _one = serial();
+    // Own stores here are processes of this machine: the mount reads their stripes in
+    // place, from shared memory. Two files are rewritten over and over (each rewrite
+    // stores new stripe versions and deletes the old ones, whose slots are then reused)
+    // while two readers read them with direct I/O. A reader must never see a
+    // freed slot (zeros) or a slot reused by another stripe.
+    let stripe = 64 * KIB;
+    let stripes = 16u32;
+    // Each in-place read holds its stripe a little before answering (a named failpoint),
+    // so rewrites try to delete stripes while they are being read.
+    let m = Mount::start_env(
+        &["--stripe", "64KiB"],
+        &[
+            ("GRANULE_FAULTS", "on"),
+            ("GRANULE_FAILPOINTS", "fs.read.in_place=delay(3ms)"),
+        ],
+        Duration::from_secs(300),
+    );
+    let paths = [m.path("a"), m.path("b")];
+    // Rewritten in place (no truncation, which would let a reader meet a short file).
+    let write_gen = |file: u32, gen: u32| {
+        let mut buf = Vec::with_capacity(stripe * stripes as usize);
+        for idx in 0..stripes {
+            for _ in 0..stripe / 4 {
+                buf.extend_from_slice(&stamp(file, idx, gen));
+            }
+        }
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&paths[file as usize])
+            .expect("open for writing");
+        f.write_all_at(&buf, 0).expect("write");
+        f.sync_all().expect("fsync");
+    };
+    write_gen(0, 1);
+    write_gen(1, 1);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let pages_checked = std::sync::atomic::AtomicU64::new(0);
+    let bad: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for r in 0..2u32 {
+            let (paths, stop, bad, pages_checked) = (&paths, &stop, &bad, &pages_checked);
+            s.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (file, p) in paths.iter().enumerate() {
+                        // Direct I/O: every read reaches the mount, and holds no page lock
+                        // that would make the writer wait for it.
+                        let f = OpenOptions::new()
+                            .read(true)
+                            .custom_flags(libc::O_DIRECT)
+                            .open(p)
+                            .expect("open for reading");
+                        let got = read_range(&f, 0, stripe * stripes as usize).expect("read");
+                        // A page may mix two generations (the page cache does not make a
+                        // read atomic against a write), but every word must be a stamp of
+                        // this file's stripe: zeros would be a freed slot, another stamp a
+                        // slot reused by another stripe.
+                        for (page, bytes) in got.chunks(4096).enumerate() {
+                            let idx = (page * 4096 / stripe) as u32;
+                            let wrong = bytes.chunks(4).map(|w| u32::from_le_bytes(w.try_into().unwrap())).find(|&w| {
+                                let gen = w & 0xffff;
+                                gen == 0 || w != u32::from_le_bytes(stamp(file as u32, idx, gen))
+                            });
+                            if let Some(w) = wrong {
+                                bad.lock().unwrap().push(format!(
+                                    "reader {r}: file {file} page {page} (stripe {idx}) holds {w:#010x}"
+                                ));
+                            }
+                            pages_checked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+        for gen in 2..=40 {
+            write_gen(0, gen);
+            write_gen(1, gen);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let bad = bad.into_inner().unwrap();
+    assert!(
+        bad.is_empty(),
+        "{} bad pages, e.g.:\n{}",
+        bad.len(),
+        bad[..bad.len().min(8)].join("\n")
+    );
+    let checked = pages_checked.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(checked > 0, "the readers read nothing");
+    let status = fs_status_json(&m.dir);
+    let stores = status["stores"].as_array().expect("status.stores");
+    let own: Vec<&serde_json::Value> = stores.iter().filter(|s| s["class"] == "own").collect();
+    assert!(!own.is_empty(), "no own store: {status:#}");
+    for st in &own {
+        assert_eq!(
+            st["in_place"], true,
+            "an own store on this machine is not read in place: {st}"
+        );
+    }
+    let in_place: u64 = own
+        .iter()
+        .map(|s| s["in_place_reads"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(in_place > 0, "no stripe was read in place: {status:#}");
+    eprintln!("{checked} pages checked; {in_place} stripe reads answered in place");
+    m.unmount_cleanly();
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. The calls beyond read and write.
 

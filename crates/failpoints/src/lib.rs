@@ -85,6 +85,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "left shard of a sharded structure's merge: the right shard's data taken, before the map records the merge (error: the map keeps naming the merged-away shard)",
     ),
     (
+        "fs.read.in_place",
+        "the file-system mount: a stripe read in place from an own store's shared memory, before the read is answered (delay: the reader holds the stripe while a rewrite may delete it)",
+    ),
+    (
         "sharded.split.before_begin",
         "client splitting a sharded structure's shard that a write grew past its upper bound: before the split's first step (error: this split fails, the shard stays as it is)",
     ),

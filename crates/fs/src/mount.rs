@@ -295,7 +295,7 @@ fn serve(
         let cap = (n.spec.mem_bytes as f64 * fs_cfg.own_share) as u64;
         let id = next_id.fetch_add(1, Ordering::Relaxed);
         let s = rt
-            .block_on(Store::own(id, n.id, cap))
+            .block_on(Store::own(id, n.id, cap, engine.settings.stripe))
             .map_err(|e| MountError::Cluster(e.to_string()))?;
         engine.add_store(s, "own", 1.0);
     }
@@ -308,7 +308,7 @@ fn serve(
         let cap = (cfg.cluster.driver.mem_bytes as f64 * fs_cfg.own_share) as u64;
         let id = next_id.fetch_add(1, Ordering::Relaxed);
         let s = rt
-            .block_on(Store::own(id, me, cap))
+            .block_on(Store::own(id, me, cap, engine.settings.stripe))
             .map_err(|e| MountError::Cluster(e.to_string()))?;
         engine.add_store(s, "own", 1.0);
     }

@@ -22,6 +22,12 @@ pub struct StoreStatus {
     pub stripes: u64,
     pub errors: u64,
     pub tampered: u64,
+    /// Whether the mount reads the store's stripes in place (shared memory on this
+    /// machine), and how many stripe reads it answered so.
+    #[serde(default)]
+    pub in_place: bool,
+    #[serde(default)]
+    pub in_place_reads: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -82,6 +88,8 @@ pub fn status(e: &Engine, dir: &Path) -> Status {
             stripes: s.stripes.load(Ordering::Relaxed),
             errors: s.errors.load(Ordering::Relaxed),
             tampered: s.tampered.load(Ordering::Relaxed),
+            in_place: s.reads_in_place(),
+            in_place_reads: s.in_place_reads.load(Ordering::Relaxed),
         })
         .collect();
     let classes = layout
@@ -179,6 +187,11 @@ pub fn prometheus(s: &Status) -> String {
         "Copies from the store that failed verification.",
         per_store(&|st| st.tampered as f64),
     );
+    gauge(
+        "granule_fs_store_in_place_reads",
+        "Stripe reads answered in place from the store's shared memory (own stores on this machine).",
+        per_store(&|st| st.in_place_reads as f64),
+    );
     let per_class = |f: &dyn Fn(&ClassStatus) -> f64| {
         s.classes
             .iter()
@@ -267,6 +280,18 @@ pub fn lines(s: &Status) -> Vec<String> {
             gib(st.capacity),
             st.errors,
             st.tampered
+        ));
+    }
+    let in_place: Vec<&str> = s
+        .stores
+        .iter()
+        .filter(|st| st.in_place)
+        .map(|st| st.name.as_str())
+        .collect();
+    if !in_place.is_empty() {
+        out.push(format!(
+            "read in place (shared memory on this machine): {}",
+            in_place.join(", ")
         ));
     }
     out.push(format!(

@@ -9,11 +9,19 @@
 //!   write, also the store key), so a victim that corrupts a stripe, hands back another
 //!   stripe, or replays an older version of it is caught: the copy fails to open.
 //!
+//! An own store whose node is a process of the mount's machine (embedded nodes, and the
+//! mount's own node) keeps its stripes in a shared memory arena ([`granule_host::shm`]):
+//! the mount maps it read-only and reads stripes in place, so a read costs one copy, into
+//! the kernel's FUSE reply, instead of a trip over loopback TCP. The mount learns where
+//! each stripe lies when it stores it; it waits for its in-place readers of a stripe to
+//! finish before it deletes it, so a freed (and reused) slot is never read.
+//!
 //! This module also keeps each store's accounting (capacity, bytes the mount put there,
 //! stripes) and state (active, draining, gone), which placement and `statfs` read.
 
 use crate::placement::StoreId;
 use bytes::Bytes;
+use granule_host::shm::{Arena, ArenaId, PeerArena};
 use granule_market::consumer::Sealer;
 use granule_runtime::{Footprint, Kind, NodeId, Proclet};
 use granule_wire::Blob;
@@ -47,9 +55,87 @@ pub enum StoreError {
 #[derive(Default, Serialize, Deserialize)]
 pub struct StripeStore {
     /// Stripes as shared buffers: a read is answered without copying the stripe first,
-    /// and the mount decodes the reply as a view into the frame it arrived in.
+    /// and the mount decodes the reply as a view into the frame it arrived in. Those in
+    /// the arena are views of their slots.
     stripes: HashMap<u64, Blob>,
     bytes: u64,
+    /// Shared memory for the stripes, made on the node that created the store. Not part
+    /// of the state a move would carry: the store is pinned, and a copy elsewhere would
+    /// keep its stripes on the heap.
+    #[serde(skip)]
+    arena: Option<Arc<Arena>>,
+}
+
+/// Address space an own store's arena reserves (memory is used only by live stripes;
+/// a stripe shorter than a slot still takes a slot's addresses).
+const ARENA_RESERVE: usize = 64 << 30;
+
+impl StripeStore {
+    /// A store whose stripes of up to `stripe` bytes live in a shared memory arena, or
+    /// on the heap when no arena can be made. Freed stripes keep their pages, for reuse,
+    /// up to half the store's `capacity` (memory given to the file system anyway).
+    fn with_arena((stripe, capacity): (u64, u64)) -> StripeStore {
+        let keep_warm = usize::try_from(capacity / 2).unwrap_or(usize::MAX);
+        let arena = match Arena::create(stripe as usize, ARENA_RESERVE, keep_warm) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::warn!("no shared stripe arena ({e}): the mount reads this store's stripes over the network");
+                None
+            }
+        };
+        StripeStore {
+            arena,
+            ..StripeStore::default()
+        }
+    }
+
+    /// Keep `data` as `version`; where it lies in the arena, if it went there.
+    fn insert(&mut self, version: u64, data: Blob) -> Option<u64> {
+        // A version's bytes never change: a second put of it (a retried call) keeps the
+        // first copy, whose slot the mount may be reading in place.
+        if self.stripes.contains_key(&version) {
+            return None;
+        }
+        let len = data.0.len() as u64;
+        let (blob, at) = match self.arena.as_ref().and_then(|a| a.store(&data.0)) {
+            Some(slot) => {
+                let at = slot.offset();
+                (Blob(Bytes::from_owner(slot)), Some(at))
+            }
+            None => (data, None),
+        };
+        self.bytes += len;
+        self.stripes.insert(version, blob);
+        at
+    }
+
+    fn arena_id(&self) -> Option<(u32, i32, u128, u64)> {
+        self.arena.as_ref().map(|a| {
+            let id = a.id();
+            (id.pid, id.fd, id.tag, id.len)
+        })
+    }
+}
+
+/// The mount's in-place view of an own store's arena.
+struct InPlace {
+    arena: PeerArena,
+    /// Where each stripe version lies (offset, length). A reader holds the entry while it
+    /// reads; a delete takes it out and waits until no reader holds it.
+    at: Mutex<HashMap<u64, Arc<(u64, usize)>>>,
+}
+
+/// A stripe read in place: the bytes of its slot, held against deletion while alive.
+struct InPlaceStripe {
+    view: Arc<InPlace>,
+    at: Arc<(u64, usize)>,
+}
+
+impl AsRef<[u8]> for InPlaceStripe {
+    fn as_ref(&self) -> &[u8] {
+        // Checked when the stripe was handed out; the range never changes.
+        self.view.arena.slice(self.at.0, self.at.1).unwrap_or(&[])
+    }
 }
 
 impl Footprint for StripeStore {
@@ -121,6 +207,10 @@ pub struct Store {
     pub errors: AtomicU64,
     /// Copies that failed verification.
     pub tampered: AtomicU64,
+    /// An own store on this machine: its arena, read in place.
+    in_place: Mutex<Option<Arc<InPlace>>>,
+    /// Stripe reads answered in place.
+    pub in_place_reads: AtomicU64,
 }
 
 /// The store key of a stripe version: 8 bytes, big-endian (binary-safe in RESP).
@@ -195,24 +285,78 @@ impl Store {
         }
     }
 
-    /// A stripe store proclet on own node `node`.
-    pub async fn own(id: StoreId, node: NodeId, capacity: u64) -> Result<Store, StoreError> {
+    /// A stripe store proclet on own node `node`, for stripes of up to `stripe` bytes.
+    /// When the node is a process of this machine the mount reads its stripes in place.
+    pub async fn own(
+        id: StoreId,
+        node: NodeId,
+        capacity: u64,
+        stripe: u64,
+    ) -> Result<Store, StoreError> {
         // Hybrid: a store holds memory and also spends CPU moving stripes in bursts.
         let p = Proclet::<StripeStore>::builder(Kind::Hybrid)
             .on(node)
             .pinned()
             .footprint()
-            .create_async((), |()| StripeStore::default())
+            .create_async((stripe, capacity), StripeStore::with_arena)
             .await
             .map_err(|e| StoreError::Lost(format!("creating the stripe store on {node}: {e}")))?;
-        Ok(Store::new(
+        let arena = p
+            .run_ref_async((), |s: &StripeStore, ()| s.arena_id())
+            .await
+            .map_err(call_error)?;
+        let store = Store::new(
             id,
             0,
             format!("own:{node}"),
             None,
             capacity,
             Backend::Own(node, p),
-        ))
+        );
+        if let Some((pid, fd, tag, len)) = arena {
+            match PeerArena::open(&ArenaId { pid, fd, tag, len }) {
+                Ok(arena) => {
+                    tracing::debug!(store = %store.name, "stripes are read in place (shared memory)");
+                    *store.in_place.lock() = Some(Arc::new(InPlace {
+                        arena,
+                        at: Mutex::new(HashMap::new()),
+                    }));
+                }
+                // Another machine, or no right to open its descriptors: the network.
+                Err(e) => {
+                    tracing::debug!(store = %store.name, "stripes are read over the network: {e}")
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    /// Whether the mount reads this store's stripes in place.
+    pub fn reads_in_place(&self) -> bool {
+        self.in_place.lock().is_some()
+    }
+
+    /// Whether the stripe stored as `version` can be read in place now.
+    pub fn holds_in_place(&self, version: u64) -> bool {
+        self.state() != StoreState::Gone
+            && self
+                .in_place
+                .lock()
+                .as_ref()
+                .is_some_and(|v| v.at.lock().contains_key(&version))
+    }
+
+    /// The stripe stored as `version`, read in place without a call to the store; `None`
+    /// when this store is not read in place or its place is not known (then [`Store::get`]).
+    pub fn get_in_place(&self, version: u64) -> Option<Bytes> {
+        if self.state() == StoreState::Gone {
+            return None;
+        }
+        let view = self.in_place.lock().clone()?;
+        let at = view.at.lock().get(&version).cloned()?;
+        view.arena.slice(at.0, at.1)?;
+        self.in_place_reads.fetch_add(1, Ordering::Relaxed);
+        Some(Bytes::from_owner(InPlaceStripe { view, at }))
     }
 
     /// A victim store at `addr` (RESP, `AUTH secret`), holding up to `capacity` bytes.
@@ -261,6 +405,8 @@ impl Store {
             backend,
             errors: AtomicU64::new(0),
             tampered: AtomicU64::new(0),
+            in_place: Mutex::new(None),
+            in_place_reads: AtomicU64::new(0),
         }
     }
 
@@ -287,6 +433,10 @@ impl Store {
 
     pub fn set_state(&self, s: StoreState) {
         self.state.store(s.as_u8(), Ordering::Release);
+        if s == StoreState::Gone {
+            // Nothing is read here any more: the mapping goes once its last reader is done.
+            self.in_place.lock().take();
+        }
     }
 
     /// Bytes one copy of a `len`-byte stripe takes here.
@@ -329,14 +479,14 @@ impl Store {
             Backend::Own(_, p) => p
                 .run_async(
                     (version, Blob(data.clone())),
-                    |s: &mut StripeStore, (k, v): (u64, Blob)| {
-                        s.bytes += v.0.len() as u64;
-                        if let Some(old) = s.stripes.insert(k, v) {
-                            s.bytes -= old.0.len() as u64;
-                        }
-                    },
+                    |s: &mut StripeStore, (k, v): (u64, Blob)| s.insert(k, v),
                 )
                 .await
+                .map(|at| {
+                    if let (Some(at), Some(view)) = (at, self.in_place.lock().as_ref()) {
+                        view.at.lock().insert(version, Arc::new((at, data.len())));
+                    }
+                })
                 .map_err(call_error),
             Backend::Victim(v) => {
                 let sealed = v.sealer.seal(version, data);
@@ -418,6 +568,19 @@ impl Store {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 Some(n.saturating_sub(1))
             });
+        // In-place readers of the stripe finish before its slot is freed (and reused).
+        let view = self.in_place.lock().clone();
+        if let Some(at) = view.and_then(|v| v.at.lock().remove(&version)) {
+            let waiting = Instant::now();
+            let mut warned = false;
+            while Arc::strong_count(&at) > 1 {
+                if !warned && waiting.elapsed() > Duration::from_secs(5) {
+                    warned = true;
+                    tracing::warn!(store = %self.name, "a reader has held stripe version {version} for over 5 s; its delete waits");
+                }
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+        }
         if self.state() == StoreState::Gone {
             return Ok(());
         }
@@ -436,6 +599,7 @@ impl Store {
 
     /// Free the store's resources when the mount ends (own proclets are destroyed).
     pub async fn close(&self) {
+        self.in_place.lock().take();
         if let Backend::Own(_, p) = &self.backend {
             let _ = p.destroy_async().await;
         }

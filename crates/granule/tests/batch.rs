@@ -533,7 +533,11 @@ fn a_node_lost_after_staging_output_still_commits_it_exactly_once() {
             .expect("node specs")
             .shed(false)
             .faults(true)
-            .failure_timeout(Duration::from_secs(2))
+            // The victims crash (SIGKILL): their connections close and they are declared
+            // dead at once. The heartbeat timeout only has to ride out a loaded machine
+            // (2 s was once too short under CI's parallel tests, and a victim rejoined as
+            // a new node before its failpoint was armed).
+            .failure_timeout(Duration::from_secs(10))
             // The second job's workers must go to the nodes named here: a replacement of
             // the first victim would take one of them (and its crash order) away.
             .set("cluster.replace_dead", "off")

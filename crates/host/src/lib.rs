@@ -15,6 +15,9 @@
 //!   where debugfs is mounted);
 //! - [`psi`]: pressure stall information, system-wide and per v2 group;
 //! - [`machine`]: CPU model and count, memory, kernel release;
+//! - [`shm`]: memory files of fixed-size slots that one process writes and other
+//!   processes of the machine map and read in place (the file system's stripe stores and
+//!   its mount), found through `/proc/<pid>/fd`;
 //! - [`mounts`]: whether a directory is a mount point, and a mount's read-ahead (for
 //!   the file system's FUSE mount);
 //! - cgroup v1 groups *Granule creates for itself*: detecting whether cgroup v1 is usable
@@ -69,6 +72,7 @@ pub mod proc;
 mod procfs;
 pub mod psi;
 mod reader;
+pub mod shm;
 mod stat;
 pub mod swapfile;
 mod unified;

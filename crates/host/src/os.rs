@@ -308,6 +308,45 @@ pub fn prefetch_ranges(pid: u32, ranges: &[(u64, u64)]) -> std::io::Result<u64> 
     result.map(|()| advised)
 }
 
+/// A shared, read-only mapping of a memory file (the stripe arenas of [`crate::shm`]),
+/// read by offset. It maps `len` bytes from the file's start, possibly more than the
+/// file holds yet: the file grows under it. Touching bytes past the file's end would
+/// raise SIGBUS, so every access is bounds-checked against the mapping and the arena only
+/// hands out offsets below the file's size.
+pub(crate) struct SharedMap {
+    raw: memmap2::MmapRaw,
+}
+
+impl SharedMap {
+    /// Map `len` bytes of `file`, read-only.
+    pub(crate) fn map(file: &std::fs::File, len: usize) -> std::io::Result<Self> {
+        let raw = memmap2::MmapOptions::new()
+            .len(len)
+            .map_raw_read_only(file)?;
+        Ok(SharedMap { raw })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Bytes `off..off + len` of the mapping, `None` past its end.
+    ///
+    /// The caller keeps the arena's protocol: the range lies below the file's size, and
+    /// nobody writes it while the slice lives (a slot is written once, before its offset
+    /// is handed out, and is not reused while any reader may hold it).
+    pub(crate) fn slice(&self, off: usize, len: usize) -> Option<&[u8]> {
+        let end = off.checked_add(len)?;
+        if end > self.raw.len() {
+            return None;
+        }
+        // SAFETY: `off..end` lies inside the live mapping (checked above), which outlives
+        // the returned borrow of `self`. By the arena's protocol above the range is backed
+        // by the file and not written while borrowed, so reading it as `&[u8]` is sound.
+        Some(unsafe { std::slice::from_raw_parts(self.raw.as_ptr().add(off), len) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
