@@ -1176,6 +1176,13 @@ fn report(opts: &BenchOpts, p: &Params, c: &Collected) -> anyhow::Result<PathBuf
          Small files are empty, created, stat-ed and unlinked back to back (each file system's own \
          attribute and dentry caching applies)",
     );
+    meta.note(
+        "granule reads its own stores' stripes in place: the stores (the two node processes and the \
+         mount process) keep them in shared memory files the mount maps. The first repetition's cold \
+         read also maps the freshly written pages into the mount (page-table set-up), which later \
+         repetitions skip: the file is rewritten into slots that kept their pages when the previous \
+         file was removed. The runs column shows both",
+    );
     meta.note(format!(
         "raw TCP: one loopback stream of {} MiB from a writer thread to a reader thread of this process, \
          1 MiB buffers, default socket buffers",

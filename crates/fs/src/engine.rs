@@ -981,12 +981,19 @@ impl Engine {
         s.set_state(StoreState::Gone);
         tracing::warn!(store = %s.name, "store lost: its stripes are re-replicated where copies remain");
         let me = self.clone();
-        self.rt.spawn(async move { me.evacuate(id, false).await });
+        self.rt
+            .spawn(async move { me.evacuate(id, false, None).await });
     }
 
     /// Move every stripe off store `id` (drain): each goes to the next store in its
-    /// order; the store is then retired. Returns stripes moved and stripes lost.
-    pub async fn drain(self: &Arc<Self>, id: StoreId) -> Result<(u64, u64), String> {
+    /// order; the store is then retired. Returns stripes moved and stripes lost. With a
+    /// `deadline` (a revoked lease's grace), stripes with no other copy go first, and the
+    /// drain widens when its pace would miss the deadline.
+    pub async fn drain(
+        self: &Arc<Self>,
+        id: StoreId,
+        deadline: Option<Instant>,
+    ) -> Result<(u64, u64), String> {
         let s = self
             .stores
             .get(id)
@@ -998,7 +1005,7 @@ impl Engine {
             Err(StoreState::Gone) => return Err(format!("store {} is already gone", s.name)),
             Err(_) => return Err(format!("store {} is already draining", s.name)),
         }
-        self.evacuate_drained(&s).await
+        self.evacuate_drained(&s, deadline).await
     }
 
     /// [`Engine::drain`] started now (the store takes no new stripes from this moment),
@@ -1011,14 +1018,19 @@ impl Engine {
         s.begin_drain()
             .map_err(|st| format!("store {} is {st:?}, not active", s.name))?;
         let e = self.clone();
-        self.rt.spawn(async move { e.evacuate_drained(&s).await });
+        self.rt
+            .spawn(async move { e.evacuate_drained(&s, None).await });
         Ok(())
     }
 
-    async fn evacuate_drained(self: &Arc<Self>, s: &Arc<Store>) -> Result<(u64, u64), String> {
+    async fn evacuate_drained(
+        self: &Arc<Self>,
+        s: &Arc<Store>,
+        deadline: Option<Instant>,
+    ) -> Result<(u64, u64), String> {
         let id = s.id;
         tracing::info!(store = %s.name, "draining");
-        let r = self.evacuate(id, true).await;
+        let (moved, mut lost) = self.evacuate(id, true, deadline).await;
         s.set_state(StoreState::Gone);
         let left = self.ns.lock().stripes_on(id).len();
         if left > 0 {
@@ -1026,24 +1038,60 @@ impl Engine {
                 store = %s.name,
                 "{left} stripes could not move off the store (no room elsewhere): they are lost when it goes"
             );
+            lost += left as u64;
         }
-        tracing::info!(store = %s.name, moved = r.0, lost = r.1, "drained");
-        Ok(r)
+        tracing::info!(store = %s.name, moved, lost, "drained");
+        Ok((moved, lost))
     }
 
-    async fn evacuate(self: &Arc<Self>, id: StoreId, readable: bool) -> (u64, u64) {
+    async fn evacuate(
+        self: &Arc<Self>,
+        id: StoreId,
+        readable: bool,
+        deadline: Option<Instant>,
+    ) -> (u64, u64) {
         let Some(src) = self.stores.get(id) else {
             return (0, 0);
         };
         let (mut moved, mut lost) = (0u64, 0u64);
+        let started = Instant::now();
+        let mut late = false;
         loop {
+            // Stripes with no other copy first (see `stripes_on`).
             let todo = self.ns.lock().stripes_on(id);
             if todo.is_empty() {
                 break;
             }
             self.n.draining.store(todo.len() as u64, Ordering::Relaxed);
             let mut progress = false;
-            for chunk in todo.chunks(4) {
+            let mut at = 0;
+            while at < todo.len() {
+                // Four stripes at a time leaves room for the mount's own I/O; sixteen when
+                // that pace would not empty the store before its deadline.
+                let width = match deadline {
+                    Some(d) => {
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left.is_zero() && !late {
+                            late = true;
+                            tracing::warn!(
+                                store = %src.name,
+                                "{} stripes are still on the store after its grace ended: those with no other copy are lost if it goes now",
+                                todo.len() - at
+                            );
+                        }
+                        let done = moved + lost;
+                        let pace = done as f64 / started.elapsed().as_secs_f64().max(1e-3);
+                        let need = (todo.len() - at) as f64;
+                        if done == 0 || need > pace * left.as_secs_f64() * 0.8 {
+                            16
+                        } else {
+                            4
+                        }
+                    }
+                    None => 4,
+                };
+                let chunk = &todo[at..(at + width).min(todo.len())];
+                at += chunk.len();
                 let jobs = chunk
                     .iter()
                     .map(|&(ino, idx, version)| self.move_one(&src, ino, idx, version, readable));

@@ -587,19 +587,23 @@ impl Namespace {
         Vec::new()
     }
 
-    /// Every stripe copy on `store`: (inode, stripe index, version).
+    /// Every stripe copy on `store`: (inode, stripe index, version), those with no other
+    /// copy first.
     pub fn stripes_on(&self, store: StoreId) -> Vec<(Ino, u64, u64)> {
         let mut out = Vec::new();
         for i in self.inodes.values() {
             if let Node::File { stripes, .. } = &i.node {
                 for (idx, s) in stripes {
                     if s.copies.contains(&store) {
-                        out.push((i.ino, *idx, s.version));
+                        out.push((s.copies.len(), (i.ino, *idx, s.version)));
                     }
                 }
             }
         }
-        out
+        // Stripes whose only copy is there come first: a drain racing a deadline moves
+        // the ones that would be lost before those that would only lose a replica.
+        out.sort_by_key(|(copies, _)| *copies);
+        out.into_iter().map(|(_, s)| s).collect()
     }
 
     /// Stripes with fewer copies than `want` (and those with none: lost).
@@ -649,6 +653,29 @@ mod tests {
             }
         }
         ns.get_mut(ino).unwrap().size = n * 10;
+    }
+
+    #[test]
+    fn stripes_on_a_store_list_sole_copies_first() {
+        let mut ns = Namespace::default();
+        let f = ns.create(ROOT, os("a"), 0o644, 0, 0, 0).unwrap();
+        if let Node::File { stripes, .. } = &mut ns.get_mut(f).unwrap().node {
+            for k in 0..6u64 {
+                let mut s = stripe(100 + k, 10, 1);
+                // Even stripes have a replica on store 2; odd ones live only on store 1.
+                if k % 2 == 0 {
+                    s.copies.push(2);
+                }
+                stripes.insert(k, s);
+            }
+        }
+        let on1: Vec<u64> = ns.stripes_on(1).iter().map(|&(_, idx, _)| idx).collect();
+        assert_eq!(on1.len(), 6);
+        assert!(
+            on1[..3].iter().all(|i| i % 2 == 1) && on1[3..].iter().all(|i| i % 2 == 0),
+            "stripes with no other copy come first: {on1:?}"
+        );
+        assert_eq!(ns.stripes_on(2).len(), 3);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use granule_wire::Role;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Why a mount could not start or ended badly.
 #[derive(Debug, thiserror::Error)]
@@ -548,8 +548,8 @@ fn serve(
             eprintln!("granule fs: {e}");
         }
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !bg.guard.is_finished() && std::time::Instant::now() < deadline {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !bg.guard.is_finished() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     if bg.guard.is_finished() {
@@ -612,7 +612,10 @@ fn mount_error(dir: &Path, e: std::io::Error) -> MountError {
 async fn maintain_leases(l: Arc<Leases>, engine: Arc<Engine>, cfg: Config) {
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        for lease in l.source.take_revoked() {
+        for revoked in l.source.take_revoked() {
+            let lease = revoked.lease;
+            // The producer keeps the memory for the notice's grace: the drain's deadline.
+            let deadline = Instant::now() + revoked.grace;
             // The broker ended the lease when it sent the notice: forget it here at once,
             // so it is neither renewed (a refused renewal would drain again) nor released
             // again at unmount.
@@ -622,10 +625,14 @@ async fn maintain_leases(l: Arc<Leases>, engine: Arc<Engine>, cfg: Config) {
                 at.map(|i| stores.remove(i).1)
             };
             if let Some(id) = store {
-                tracing::info!(lease, "victim lease revoked: draining its store");
+                tracing::info!(
+                    lease,
+                    grace_ms = revoked.grace.as_millis() as u64,
+                    "victim lease revoked: draining its store"
+                );
                 let (e, src) = (engine.clone(), l.source.clone());
                 tokio::spawn(async move {
-                    match e.drain(id).await {
+                    match e.drain(id, Some(deadline)).await {
                         Ok((moved, lost)) => {
                             tracing::info!(lease, moved, lost, "revoked store drained")
                         }
@@ -706,7 +713,7 @@ fn door(engine: Arc<Engine>, dir: PathBuf) -> axum::Router {
                 format!("no store '{}' in this mount", q.store),
             );
         };
-        match e.drain(s.id).await {
+        match e.drain(s.id, None).await {
             Ok((moved, lost)) => (
                 axum::http::StatusCode::OK,
                 serde_json::json!({"store": s.name, "moved": moved, "lost": lost}).to_string(),

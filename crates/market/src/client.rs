@@ -6,7 +6,7 @@
 //! errors, and the consumer's side of revocation notices. The broker may run inside the
 //! controller (`granule controller --broker`), so the same address serves both.
 
-use crate::consumer::{ConsumerError, LeaseSource};
+use crate::consumer::{ConsumerError, LeaseSource, Revocation};
 use futures::future::BoxFuture;
 use granule_transport::{Connection, Handler, Identity, Responder, TransportConfig};
 use granule_wire::market::{EvictionMode, LeaseGrant, LeaseId, MarketMsg, MarketView};
@@ -145,7 +145,7 @@ impl BrokerClient {
 /// The revocation notices a consumer's connection received.
 #[derive(Default)]
 struct Notices {
-    revoked: Mutex<Vec<LeaseId>>,
+    revoked: Mutex<Vec<Revocation>>,
 }
 
 impl Handler for Notices {
@@ -163,7 +163,10 @@ impl Handler for Notices {
         }) = frame.msg
         {
             tracing::info!(lease, grace_ms, "lease revoked: {reason}");
-            self.revoked.lock().push(lease);
+            self.revoked.lock().push(Revocation {
+                lease,
+                grace: Duration::from_millis(grace_ms),
+            });
         }
     }
 }
@@ -285,7 +288,7 @@ impl LeaseSource for BrokerLeases {
         })
     }
 
-    fn take_revoked(&self) -> Vec<LeaseId> {
+    fn take_revoked(&self) -> Vec<Revocation> {
         std::mem::take(&mut *self.notices.revoked.lock())
     }
 }

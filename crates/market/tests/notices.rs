@@ -12,7 +12,7 @@
 //! connection, as a network blip would.
 
 use granule_market::client::{BrokerClient, BrokerLeases, LeaseTerms};
-use granule_market::consumer::{LeaseId, LeaseSource};
+use granule_market::consumer::{LeaseId, LeaseSource, Revocation};
 use granule_market::server::{BrokerHandler, BrokerService};
 use granule_market::store::{Store, StoreConfig};
 use granule_transport::{
@@ -207,7 +207,7 @@ async fn cut_consumer(broker: &TestBroker, consumer: &BrokerLeases, lease: Lease
 }
 
 /// Poll `take_revoked` until it returns something or `within` passes.
-async fn revoked_within(consumer: &BrokerLeases, within: Duration) -> Vec<LeaseId> {
+async fn revoked_within(consumer: &BrokerLeases, within: Duration) -> Vec<Revocation> {
     let deadline = Instant::now() + within;
     loop {
         let got = consumer.take_revoked();
@@ -241,7 +241,17 @@ async fn kept_notice_is_delivered_on_reconnect() {
         .await
         .expect("renewing the other lease reconnects");
     let got = revoked_within(&consumer, Duration::from_secs(5)).await;
-    assert_eq!(got, vec![revoked], "the kept revocation notice, once");
+    assert_eq!(
+        got.iter().map(|r| r.lease).collect::<Vec<_>>(),
+        vec![revoked],
+        "the kept revocation notice, once"
+    );
+    // With what is left of its grace: the broker kept the notice for a while.
+    let grace = got[0].grace;
+    assert!(
+        grace <= Duration::from_secs(60) && grace > Duration::from_secs(50),
+        "the grace left: {grace:?}"
+    );
     // Delivered once only: later calls bring nothing more.
     consumer.renew(kept).await.expect("renew again");
     tokio::time::sleep(Duration::from_millis(200)).await;

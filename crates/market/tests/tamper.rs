@@ -313,7 +313,7 @@ async fn a_revoked_lease_is_a_miss_and_is_replaced() {
         .unwrap();
     c.put(b"k", b"v").await.unwrap();
     assert_eq!(c.get(b"k").await.unwrap().as_deref(), Some(&b"v"[..]));
-    src.revoke(1);
+    src.revoke(1, Duration::from_secs(10));
     c.maintain(Duration::from_secs(1)).await.unwrap();
     assert_eq!(
         c.get(b"k").await.unwrap(),

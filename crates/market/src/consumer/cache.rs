@@ -571,8 +571,8 @@ impl KvCache {
     /// Renew leases that expire within `within`; drop revoked, expired and failed ones
     /// (their keys become misses), release failed ones, and ask for replacements.
     pub async fn maintain(&self, within: Duration) -> Result<(), ConsumerError> {
-        for lease in self.source.take_revoked() {
-            self.drop_lease(lease, false);
+        for r in self.source.take_revoked() {
+            self.drop_lease(r.lease, false);
         }
         let now = now_ms();
         let expiring: Vec<(LeaseId, u64)> = {

@@ -64,13 +64,21 @@ pub trait LeaseSource: Send + Sync + 'static {
     /// End a lease.
     fn release(&self, lease: LeaseId) -> BoxFuture<'_, Result<(), ConsumerError>>;
     /// Leases revoked or lost since the last call (the broker's notices).
-    fn take_revoked(&self) -> Vec<LeaseId>;
+    fn take_revoked(&self) -> Vec<Revocation>;
+}
+
+/// A revocation notice: the lease, and how long its producer keeps the memory from the
+/// moment the notice was taken (what a consumer has to move its data off it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Revocation {
+    pub lease: LeaseId,
+    pub grace: std::time::Duration,
 }
 
 /// Fixed grants handed out in order: what tests and benchmarks lease from.
 pub struct StaticLeases {
     free: Mutex<Vec<LeaseGrant>>,
-    revoked: Mutex<Vec<LeaseId>>,
+    revoked: Mutex<Vec<Revocation>>,
 }
 
 impl StaticLeases {
@@ -81,9 +89,10 @@ impl StaticLeases {
         }
     }
 
-    /// Announce `lease` as revoked (what the broker would forward), for tests.
-    pub fn revoke(&self, lease: LeaseId) {
-        self.revoked.lock().push(lease);
+    /// Announce `lease` as revoked with `grace` to move off it (what the broker would
+    /// forward), for tests.
+    pub fn revoke(&self, lease: LeaseId, grace: std::time::Duration) {
+        self.revoked.lock().push(Revocation { lease, grace });
     }
 
     /// Grants not handed out yet.
@@ -115,7 +124,7 @@ impl LeaseSource for StaticLeases {
         Box::pin(futures::future::ready(Ok(())))
     }
 
-    fn take_revoked(&self) -> Vec<LeaseId> {
+    fn take_revoked(&self) -> Vec<Revocation> {
         std::mem::take(&mut *self.revoked.lock())
     }
 }
