@@ -125,6 +125,7 @@ fn lease_use_renew_expire_lose_a_producer_and_lease_again() {
             .call(MarketMsg::Renew {
                 lease: 12345,
                 lease_ms: 1000,
+                proof: "0".repeat(64),
             })
             .await;
         assert!(

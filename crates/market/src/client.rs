@@ -12,6 +12,7 @@ use granule_transport::{Connection, Handler, Identity, Responder, TransportConfi
 use granule_wire::market::{EvictionMode, LeaseGrant, LeaseId, MarketMsg, MarketView};
 use granule_wire::{Frame, Msg, RemoteError, Role};
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -189,6 +190,9 @@ pub struct BrokerLeases {
     terms: LeaseTerms,
     client: tokio::sync::Mutex<Option<BrokerClient>>,
     notices: Arc<Notices>,
+    /// The proof of holding each lease this client may renew or release (from its
+    /// secret; see [`crate::broker::holder_proof`]).
+    proofs: Mutex<HashMap<LeaseId, String>>,
 }
 
 impl BrokerLeases {
@@ -201,6 +205,15 @@ impl BrokerLeases {
             terms,
             client: tokio::sync::Mutex::new(Some(client)),
             notices,
+            proofs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn proof(&self, lease: LeaseId) -> Result<String, ConsumerError> {
+        self.proofs.lock().get(&lease).cloned().ok_or_else(|| {
+            ConsumerError::Broker(format!(
+                "lease {lease} was not granted to this client: without its secret it cannot be renewed or released"
+            ))
         })
     }
 
@@ -231,7 +244,12 @@ impl BrokerLeases {
             })
             .await?;
         match reply {
-            MarketMsg::Leases { grants, .. } => Ok(grants),
+            MarketMsg::Leases { grants, .. } => {
+                for g in &grants {
+                    self.hold(g);
+                }
+                Ok(grants)
+            }
             other => Err(MarketError::Protocol(format!(
                 "LeaseRequest answered with {}",
                 other.name()
@@ -252,8 +270,13 @@ impl LeaseSource for BrokerLeases {
     fn renew(&self, lease: LeaseId) -> BoxFuture<'_, Result<u64, ConsumerError>> {
         Box::pin(async move {
             let lease_ms = self.terms.lease_time.as_millis() as u64;
+            let proof = self.proof(lease)?;
             match self
-                .call(MarketMsg::Renew { lease, lease_ms })
+                .call(MarketMsg::Renew {
+                    lease,
+                    lease_ms,
+                    proof,
+                })
                 .await
                 .map_err(broker_err)?
             {
@@ -270,6 +293,7 @@ impl LeaseSource for BrokerLeases {
 
     fn release(&self, lease: LeaseId) -> BoxFuture<'_, Result<(), ConsumerError>> {
         Box::pin(async move {
+            let proof = self.proof(lease)?;
             let mut guard = self.client.lock().await;
             if guard.as_ref().is_none_or(|c| c.is_closed()) {
                 *guard = Some(
@@ -280,12 +304,21 @@ impl LeaseSource for BrokerLeases {
             }
             match guard.as_ref() {
                 Some(c) => c
-                    .call_done(MarketMsg::Release { lease })
+                    .call_done(MarketMsg::Release { lease, proof })
                     .await
-                    .map_err(broker_err),
+                    .map_err(broker_err)
+                    .map(|()| {
+                        self.proofs.lock().remove(&lease);
+                    }),
                 None => Err(ConsumerError::Broker("no broker connection".into())),
             }
         })
+    }
+
+    fn hold(&self, grant: &LeaseGrant) {
+        self.proofs
+            .lock()
+            .insert(grant.lease, crate::broker::holder_proof(&grant.secret));
     }
 
     fn take_revoked(&self) -> Vec<Revocation> {

@@ -71,6 +71,9 @@ struct Leased {
     price: f64,
     /// Set once the lease is being revoked: dropped at this instant.
     drop_at: Option<Instant>,
+    /// The hash of the lease's secret (see `broker::holder_proof`), reported to a
+    /// restarted broker.
+    proof: String,
 }
 
 struct Inner {
@@ -252,6 +255,7 @@ impl Inner {
                 )));
             }
         }
+        let proof = crate::broker::holder_proof(&secret);
         let mut sc = StoreConfig::from_market(&self.cfg, bytes, secret, mode);
         sc.consumer = consumer.clone();
         if rate_bps > 0 {
@@ -271,6 +275,7 @@ impl Inner {
                 expires_unix_ms,
                 price,
                 drop_at: None,
+                proof,
             },
         );
         Ok(addr)
@@ -398,6 +403,7 @@ impl Inner {
                 expires_unix_ms: l.expires_unix_ms,
                 price: l.price,
                 mode: l.mode,
+                proof: l.proof.clone(),
             })
             .collect()
     }

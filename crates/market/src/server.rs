@@ -106,9 +106,25 @@ impl BrokerService {
         loop {
             tick.tick().await;
             let Some(s) = svc.upgrade() else { return };
-            let actions = s.broker.lock().tick(now_ms());
+            let now = now_ms();
+            let actions = s.broker.lock().tick(now);
             s.carry_out(actions);
+            s.forget_expired_notices(now);
         }
+    }
+
+    /// Kept notices whose grace ended can no longer be acted on: drop them, so a consumer
+    /// that never comes back leaves nothing behind.
+    fn forget_expired_notices(&self, now: u64) {
+        self.undelivered.lock().retain(|_, kept| {
+            kept.retain(|(_, until, _)| *until > now);
+            !kept.is_empty()
+        });
+    }
+
+    /// Consumers with notices kept for them (for tests and views).
+    pub fn consumers_with_kept_notices(&self) -> usize {
+        self.undelivered.lock().len()
     }
 
     /// The market as the status views show it.
@@ -405,8 +421,18 @@ impl BrokerService {
                         .map_err(refuse),
                 )
             }
-            MarketMsg::Renew { lease, lease_ms } => {
-                let r = self.broker.lock().renew(now, lease, lease_ms);
+            MarketMsg::Renew {
+                lease,
+                lease_ms,
+                proof,
+            } => {
+                // Only the lease's holder renews it, and only the holder's connection
+                // takes the consumer's notices (lease ids are not secret).
+                let r = {
+                    let mut b = self.broker.lock();
+                    b.check_holder(lease, &proof)
+                        .and_then(|()| b.renew(now, lease, lease_ms))
+                };
                 match r {
                     Ok((expires_unix_ms, price)) => {
                         // The store keeps the lease's expiry too (for its own views and
@@ -441,8 +467,12 @@ impl BrokerService {
                     Err(e) => respond(reply, Err(refuse(e))),
                 }
             }
-            MarketMsg::Release { lease } => {
-                let r = self.broker.lock().release(now, lease);
+            MarketMsg::Release { lease, proof } => {
+                let r = {
+                    let mut b = self.broker.lock();
+                    b.check_holder(lease, &proof)
+                        .and_then(|()| b.release(now, lease))
+                };
                 match r {
                     Ok(action) => {
                         self.carry_out(vec![action]);

@@ -11,6 +11,7 @@
 //! on the broker's side: the broker drops the consumer's first `Renew` and closes the
 //! connection, as a network blip would.
 
+use granule_market::broker::holder_proof;
 use granule_market::client::{BrokerClient, BrokerLeases, LeaseTerms};
 use granule_market::consumer::{LeaseId, LeaseSource, Revocation};
 use granule_market::server::{BrokerHandler, BrokerService};
@@ -231,9 +232,10 @@ async fn kept_notice_is_delivered_on_reconnect() {
         !broker.svc.view().leases.iter().any(|l| l.lease == revoked),
         "the broker ended the revoked lease"
     );
-    // Nothing can reach the consumer now.
+    // Nothing can reach the consumer now: the broker keeps the notice.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(consumer.take_revoked().is_empty());
+    assert_eq!(broker.svc.consumers_with_kept_notices(), 1);
 
     // The consumer renews its other lease: that reconnects, and the kept notice follows.
     consumer
@@ -275,6 +277,9 @@ async fn notice_past_its_grace_is_not_delivered() {
     // The consumer comes back only after the grace ended: the store is gone, and so is
     // the notice.
     tokio::time::sleep(grace + Duration::from_millis(300)).await;
+    // Nor is it kept any longer: the broker's clock dropped it, though its consumer has
+    // not come back (one that never does leaves nothing behind).
+    assert_eq!(broker.svc.consumers_with_kept_notices(), 0);
     consumer
         .renew(kept)
         .await
@@ -287,6 +292,55 @@ async fn notice_past_its_grace_is_not_delivered() {
 
     consumer.release(kept).await.expect("release");
     producer.stop();
+}
+
+async fn stranger_cannot_renew_release_or_take_notices() {
+    let broker = start_broker().await;
+    let producer = TestProducer::register(&broker.addr).await;
+    let (consumer, lease, other) = consumer_with_two_leases(&broker.addr, "owner").await;
+    // Lease ids are not secret: a stranger knows them, but not the leases' secrets.
+    let stranger = BrokerClient::connect_tool(&broker.addr, "stranger")
+        .await
+        .expect("the stranger connects");
+    let renew = stranger
+        .call(MarketMsg::Renew {
+            lease,
+            lease_ms: 1000,
+            proof: holder_proof("a guess"),
+        })
+        .await;
+    let e = renew.expect_err("a stranger's renewal is refused");
+    assert!(e.to_string().contains("does not hold"), "{e}");
+    let release = stranger
+        .call(MarketMsg::Release {
+            lease,
+            proof: holder_proof("a guess"),
+        })
+        .await;
+    assert!(
+        release.is_err(),
+        "a stranger's release is refused: {release:?}"
+    );
+    assert!(
+        broker.svc.view().leases.iter().any(|l| l.lease == lease),
+        "the lease lives on"
+    );
+    // The notices still reach the holder, not the stranger's connection.
+    producer.revoke(lease, Duration::from_secs(60)).await;
+    let got = revoked_within(&consumer, Duration::from_secs(5)).await;
+    assert_eq!(got.iter().map(|r| r.lease).collect::<Vec<_>>(), vec![lease]);
+    // The holder renews and releases with its proof.
+    consumer.renew(other).await.expect("the holder renews");
+    consumer.release(other).await.expect("the holder releases");
+    stranger.close("done");
+    producer.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_leases_holder_renews_releases_or_gets_its_notices() {
+    tokio::time::timeout(BOUND, stranger_cannot_renew_release_or_take_notices())
+        .await
+        .expect("the scenario ends in time");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

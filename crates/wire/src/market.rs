@@ -92,6 +92,9 @@ pub struct HeldLease {
     pub expires_unix_ms: u64,
     pub price: f64,
     pub mode: EvictionMode,
+    /// The hash of the lease's secret, so that a restarted broker knows again who may
+    /// renew or release the lease.
+    pub proof: String,
 }
 
 /// A producer's state as reported to the broker.
@@ -243,17 +246,20 @@ pub enum MarketMsg {
         ticket: u64,
     },
     /// Extend a lease by `lease_ms` at the current price. Answered with `Renewed`.
+    /// `proof` shows the sender holds the lease: the hex BLAKE3 hash of its secret.
     Renew {
         lease: LeaseId,
         lease_ms: u64,
+        proof: String,
     },
     Renewed {
         expires_unix_ms: u64,
         price: f64,
     },
-    /// End a lease. Answered with `Done`.
+    /// End a lease (with the same `proof` as `Renew`). Answered with `Done`.
     Release {
         lease: LeaseId,
+        proof: String,
     },
 
     // ---- broker → consumer (notification) ---------------------------------------------

@@ -172,6 +172,8 @@ pub enum BrokerError {
         lease: LeaseId,
         producer: ProducerId,
     },
+    #[error("the sender does not hold lease {0} (its proof does not match the lease's secret)")]
+    NotHolder(LeaseId),
     #[error("budget {budget} is below the current price {price} per slab-hour")]
     BelowPrice { budget: f64, price: f64 },
     #[error("{0}")]
@@ -215,6 +217,16 @@ struct Lease {
     /// A producer report counted it.
     reflected: bool,
     store_addr: String,
+    /// What a renewal or release must show: the hash of the lease's secret (see
+    /// [`holder_proof`]), known once the store is open.
+    proof: Option<String>,
+}
+
+/// What the holder of a lease shows the broker to renew or release it: the hex BLAKE3
+/// hash of the lease's secret. Only the consumer the grant went to knows the secret; the
+/// broker keeps the hash, not the secret.
+pub fn holder_proof(secret: &str) -> String {
+    blake3::hash(secret.as_bytes()).to_hex().to_string()
 }
 
 /// A request waiting in (or served from) the queue.
@@ -388,6 +400,7 @@ impl Broker {
                 live: true,
                 reflected: true,
                 store_addr: h.store_addr.clone(),
+                proof: None,
             });
             l.producer = id;
             l.consumer = h.consumer;
@@ -399,6 +412,7 @@ impl Broker {
             l.live = true;
             l.reflected = true;
             l.store_addr = h.store_addr;
+            l.proof = Some(h.proof);
         }
         id
     }
@@ -750,6 +764,7 @@ impl Broker {
                 live: false,
                 reflected: false,
                 store_addr: String::new(),
+                proof: None,
             },
         );
         Placement {
@@ -782,6 +797,7 @@ impl Broker {
         l.live = true;
         l.reflected = false;
         l.store_addr = store_addr.clone();
+        l.proof = Some(holder_proof(&secret));
         let p = self.producers.get(&l.producer)?;
         let grant = LeaseGrant {
             lease,
@@ -881,6 +897,22 @@ impl Broker {
         l.expires = l.expires.max(now_ms).saturating_add(add);
         l.price = price;
         Ok((l.expires, price))
+    }
+
+    /// Whether `proof` shows its sender holds `lease` (see [`holder_proof`]). A renewal
+    /// or release from anyone else is refused: lease ids are not secret.
+    pub fn check_holder(&self, lease: LeaseId, proof: &str) -> Result<(), BrokerError> {
+        let l = self
+            .leases
+            .get(&lease)
+            .ok_or(BrokerError::UnknownLease(lease))?;
+        match &l.proof {
+            Some(p) if p == proof => Ok(()),
+            Some(_) => Err(BrokerError::NotHolder(lease)),
+            None => Err(BrokerError::Invalid(format!(
+                "lease {lease}'s store is not open yet"
+            ))),
+        }
     }
 
     /// End a lease; returns the Close for its producer.

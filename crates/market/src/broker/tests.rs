@@ -346,8 +346,17 @@ fn rebuilds_from_held_leases_after_a_restart() {
         expires_unix_ms: g[0].expires_unix_ms,
         price: g[0].price,
         mode: EvictionMode::NoEviction,
+        proof: holder_proof(&g[0].secret),
     }];
     let a2 = b2.producer_hello(6000, "a", "h", SLAB, st(6, 4), held);
+    // The restarted broker knows the holder again from the producer's report.
+    assert!(b2
+        .check_holder(g[0].lease, &holder_proof(&g[0].secret))
+        .is_ok());
+    assert!(matches!(
+        b2.check_holder(g[0].lease, &holder_proof("guess")),
+        Err(BrokerError::NotHolder(_))
+    ));
     let view = b2.view(6000);
     assert_eq!(view.leases.len(), 1);
     assert_eq!(view.leases[0].lease, g[0].lease);

@@ -210,6 +210,7 @@ impl KvCache {
             if g.expires_unix_ms <= now {
                 continue;
             }
+            cache.source.hold(&g);
             cache.attach(g).await;
         }
         if Protection::parse(&saved.protection).ok() == Some(protection) {

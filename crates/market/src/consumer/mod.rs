@@ -65,6 +65,10 @@ pub trait LeaseSource: Send + Sync + 'static {
     fn release(&self, lease: LeaseId) -> BoxFuture<'_, Result<(), ConsumerError>>;
     /// Leases revoked or lost since the last call (the broker's notices).
     fn take_revoked(&self) -> Vec<Revocation>;
+    /// A grant this source did not hand out in this process (a saved cache's, loaded
+    /// again) that it will be asked to renew or release: the source keeps what it needs
+    /// to prove it holds the lease.
+    fn hold(&self, _grant: &LeaseGrant) {}
 }
 
 /// A revocation notice: the lease, and how long its producer keeps the memory from the
