@@ -14,6 +14,14 @@ pub enum FsCmd {
     Mount(MountArgs),
     /// Unmount DIR (lazily: also a mount whose process died).
     Umount { dir: PathBuf },
+    /// Free what a mount of DIR that died left on its own nodes (under --controller:
+    /// its stores and metadata copy) instead of adopting it with a new mount.
+    Discard {
+        dir: PathBuf,
+        /// A TOML configuration file (for fs.state_dir).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Space per class and store, stripes draining, replicas missing.
     Status {
         dir: PathBuf,
@@ -90,6 +98,27 @@ pub fn fs(cmd: FsCmd) -> anyhow::Result<()> {
                 }
             }
             println!("granule fs: unmounted {}", dir.display());
+            Ok(())
+        }
+        FsCmd::Discard { dir, config } => {
+            let cfg = crate::load_config(config.as_deref())?;
+            let d = granule::fs::discard(&dir, &cfg)?;
+            if d.outside {
+                println!(
+                    "granule fs: discarded the mount of {} that died (pid {}): {} files and directories, {} own store(s) and its metadata copy freed; {} victim store(s) left to their leases' ends",
+                    dir.display(),
+                    d.pid,
+                    d.files,
+                    d.own_stores,
+                    d.victim_stores
+                );
+            } else {
+                println!(
+                    "granule fs: the mount of {} that died (pid {}) ran on embedded nodes, which ended with it: its record is removed",
+                    dir.display(),
+                    d.pid
+                );
+            }
             Ok(())
         }
         FsCmd::Status { dir, json, config } => {

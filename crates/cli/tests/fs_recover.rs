@@ -427,3 +427,104 @@ fn the_copy_moves_when_its_node_dies_and_still_brings_the_mount_back() {
     );
     m.stop();
 }
+
+/// Proclets on the controller's nodes (compute + memory + hybrid, from `granule status`).
+fn proclets(controller: &str) -> u32 {
+    let out = run_bounded(
+        Command::new(GRANULE).args(["status", "--controller", controller]),
+        Duration::from_secs(20),
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("node"))
+        .filter_map(|l| {
+            l.split_whitespace().find_map(|f| {
+                let parts: Vec<u32> = f.split('/').filter_map(|p| p.parse().ok()).collect();
+                (parts.len() == 3 && f.split('/').count() == 3).then(|| parts.iter().sum::<u32>())
+            })
+        })
+        .sum()
+}
+
+fn discard(dir: &Path) -> std::process::Output {
+    run_bounded(
+        Command::new(GRANULE).args(["fs", "discard"]).arg(dir),
+        Duration::from_secs(60),
+    )
+}
+
+#[test]
+fn a_dead_mounts_leftovers_are_freed_by_discard() {
+    if !fuse_usable("a_dead_mounts_leftovers_are_freed_by_discard") {
+        return;
+    }
+    let (_ctl, addr) = controller();
+    let _nodes: Vec<Proc> = (0..2).map(|_| node(&addr)).collect();
+    wait_nodes(&addr, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("mnt");
+    fs::create_dir(&dir).unwrap();
+    let before = proclets(&addr);
+
+    let m = MountProc::start(&dir, &addr, &[], tmp.path().join("1.log"));
+    write_tree(&dir, &tree());
+    wait_copy_on(&dir, None);
+    // Its stores (one per node) and its metadata copy live on the outside nodes.
+    let wait_for = |want: &dyn Fn(u32) -> bool, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let n = proclets(&addr);
+            if want(n) {
+                return n;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {n} proclets on the nodes"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    let during = wait_for(
+        &|n| n >= before + 3,
+        "the mount's stores and copy never showed",
+    );
+    let running = discard(&dir);
+    assert!(
+        !running.status.success()
+            && String::from_utf8_lossy(&running.stderr).contains("is running"),
+        "a live mount must not be discarded: {}",
+        String::from_utf8_lossy(&running.stderr)
+    );
+    m.crash();
+    // A crash leaves them there (a new mount would adopt them)...
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(proclets(&addr), during, "the crash itself freed something");
+    // ...until discarded.
+    let out = discard(&dir);
+    assert!(
+        out.status.success(),
+        "granule fs discard: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("2 own store(s)"), "{said}");
+    wait_for(
+        &|n| n == before,
+        "discard did not free the dead mount's proclets",
+    );
+    eprintln!("proclets on the nodes: {before} before the mount, {during} with it; {said}");
+    // The next mount starts empty, and there is nothing left to discard.
+    let m = MountProc::start(&dir, &addr, &[], tmp.path().join("2.log"));
+    assert!(
+        fs::read_dir(&dir).unwrap().next().is_none(),
+        "a mount after a discard starts empty"
+    );
+    m.stop();
+    let again = discard(&dir);
+    assert!(
+        !again.status.success()
+            && String::from_utf8_lossy(&again.stderr).contains("nothing to discard"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+}

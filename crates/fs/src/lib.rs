@@ -33,4 +33,6 @@ pub mod placement;
 pub mod status;
 pub mod stores;
 
-pub use mount::{is_mounted, preflight, run, unmount, MountError, MountOptions};
+pub use mount::{
+    discard, is_mounted, preflight, run, unmount, Discarded, MountError, MountOptions,
+};

@@ -582,6 +582,102 @@ fn write_record(file: &Path, record: &Record) -> std::io::Result<()> {
 
 /// The metadata copy a dead mount of the same directory left on own nodes that outlive
 /// mounts (the same outside controller), if any.
+/// What [`discard`] freed of a mount that died.
+#[derive(Debug, Default)]
+pub struct Discarded {
+    /// The dead mount's process.
+    pub pid: u32,
+    /// Files and directories its metadata held.
+    pub files: usize,
+    /// Own stores freed (their stripes' memory back on the own nodes).
+    pub own_stores: usize,
+    /// Victim stores it used: left to their leases' ends (or their owners).
+    pub victim_stores: usize,
+    /// Whether there was anything on outside nodes (a mount with embedded nodes ends
+    /// with them: only its record is removed).
+    pub outside: bool,
+}
+
+/// Free what a mount of `dir` that died left on its own nodes, instead of adopting it
+/// with a new mount: its own stores and its metadata copy (under an outside
+/// controller, whose nodes outlived it), and its record. Refuses while that mount's
+/// process lives.
+pub fn discard(dir: &Path, cfg: &Config) -> Result<Discarded, MountError> {
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let record_file = status::record_path(Path::new(&cfg.fs.state_dir), &dir);
+    let rec: Record = match std::fs::read(&record_file) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| {
+            MountError::Recover(format!(
+                "{} is not a mount record: {e}",
+                record_file.display()
+            ))
+        })?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(MountError::Recover(format!(
+                "no mount of {} is recorded (in {}): nothing to discard",
+                dir.display(),
+                cfg.fs.state_dir
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(rec.pid as i32), None)
+        .map_or_else(|e| e != nix::errno::Errno::ESRCH, |()| true);
+    if alive {
+        return Err(MountError::Recover(format!(
+            "the mount of {} is running (pid {}): stop it with `granule fs umount {}`",
+            dir.display(),
+            rec.pid,
+            dir.display()
+        )));
+    }
+    let mut out = Discarded {
+        pid: rec.pid,
+        ..Discarded::default()
+    };
+    let copy: Option<Proclet<MetaCopy>> = rec
+        .meta
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok());
+    if let (Some(controller), Some(copy)) = (rec.controller.clone(), copy) {
+        out.outside = true;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let mut ccfg = cfg.clone();
+        ccfg.cluster.controller = Some(controller);
+        ccfg.pressure.shed = false;
+        let cluster = Cluster::with_config(ccfg).map_err(|e| MountError::Cluster(e.to_string()))?;
+        let r = rt.block_on(async {
+            let got = metacopy::fetch(&copy).await.map_err(|e| {
+                MountError::Recover(format!(
+                    "the metadata copy of the mount that died cannot be read ({e}): its stores cannot be found"
+                ))
+            })?;
+            out.files = got.inodes.len();
+            for im in &got.mount.stores {
+                match &im.own {
+                    Some((node, p)) => match p.destroy_async().await {
+                        Ok(()) => out.own_stores += 1,
+                        // Its node is gone, and the memory with it.
+                        Err(e) => tracing::info!("{} on {node}: {e}", im.name),
+                    },
+                    None => out.victim_stores += 1,
+                }
+            }
+            copy.destroy_async()
+                .await
+                .map_err(|e| MountError::Recover(format!("freeing the metadata copy: {e}")))
+        });
+        cluster.shutdown();
+        rt.shutdown_timeout(Duration::from_secs(2));
+        r?;
+    }
+    std::fs::remove_file(&record_file)?;
+    Ok(out)
+}
+
 fn adoptable(record_file: &Path, controller: Option<&str>) -> Option<(Record, Proclet<MetaCopy>)> {
     let controller = controller?;
     let rec: Record = serde_json::from_slice(&std::fs::read(record_file).ok()?).ok()?;
