@@ -326,17 +326,49 @@ fn wait_copy_on(dir: &Path, not: Option<&str>) -> String {
     }
 }
 
-#[test]
-fn a_killed_mount_comes_back_from_its_metadata_copy() {
-    if !fuse_usable("a_killed_mount_comes_back_from_its_metadata_copy") {
-        return;
+/// A standalone controller with two own nodes, and an empty mount point in a temporary
+/// directory (which also holds the mounts' logs). `None` where FUSE is missing and the
+/// tests are told to skip. Bind every field: one a pattern leaves out is dropped at once,
+/// and a dropped controller or node stops.
+struct Setup {
+    _controller: Proc,
+    addr: String,
+    nodes: Vec<Proc>,
+    tmp: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+fn setup(test: &str) -> Option<Setup> {
+    if !fuse_usable(test) {
+        return None;
     }
-    let (_ctl, addr) = controller();
-    let _nodes: Vec<Proc> = (0..2).map(|_| node(&addr)).collect();
+    let (controller, addr) = controller();
+    let nodes: Vec<Proc> = (0..2).map(|_| node(&addr)).collect();
     wait_nodes(&addr, 2);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("mnt");
     fs::create_dir(&dir).unwrap();
+    Some(Setup {
+        _controller: controller,
+        addr,
+        nodes,
+        tmp,
+        dir,
+    })
+}
+
+#[test]
+fn a_killed_mount_comes_back_from_its_metadata_copy() {
+    let Some(Setup {
+        _controller: _ctl,
+        addr,
+        nodes: _nodes,
+        tmp,
+        dir,
+    }) = setup("a_killed_mount_comes_back_from_its_metadata_copy")
+    else {
+        return;
+    };
     let t = tree();
 
     let m = MountProc::start(&dir, &addr, &[], tmp.path().join("1.log"));
@@ -384,15 +416,16 @@ fn a_killed_mount_comes_back_from_its_metadata_copy() {
 
 #[test]
 fn the_copy_moves_when_its_node_dies_and_still_brings_the_mount_back() {
-    if !fuse_usable("the_copy_moves_when_its_node_dies_and_still_brings_the_mount_back") {
+    let Some(Setup {
+        _controller: _ctl,
+        addr,
+        mut nodes,
+        tmp,
+        dir,
+    }) = setup("the_copy_moves_when_its_node_dies_and_still_brings_the_mount_back")
+    else {
         return;
-    }
-    let (_ctl, addr) = controller();
-    let mut nodes: Vec<Proc> = (0..2).map(|_| node(&addr)).collect();
-    wait_nodes(&addr, 2);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("mnt");
-    fs::create_dir(&dir).unwrap();
+    };
     let t = tree();
 
     let m = MountProc::start(&dir, &addr, &["--replicas", "2"], tmp.path().join("1.log"));
@@ -455,15 +488,16 @@ fn discard(dir: &Path) -> std::process::Output {
 
 #[test]
 fn a_dead_mounts_leftovers_are_freed_by_discard() {
-    if !fuse_usable("a_dead_mounts_leftovers_are_freed_by_discard") {
+    let Some(Setup {
+        _controller: _ctl,
+        addr,
+        nodes: _nodes,
+        tmp,
+        dir,
+    }) = setup("a_dead_mounts_leftovers_are_freed_by_discard")
+    else {
         return;
-    }
-    let (_ctl, addr) = controller();
-    let _nodes: Vec<Proc> = (0..2).map(|_| node(&addr)).collect();
-    wait_nodes(&addr, 2);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("mnt");
-    fs::create_dir(&dir).unwrap();
+    };
     let before = proclets(&addr);
 
     let m = MountProc::start(&dir, &addr, &[], tmp.path().join("1.log"));
