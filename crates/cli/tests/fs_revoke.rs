@@ -22,23 +22,23 @@
 //! creates a swap file in its state directory for the test's length and removes it when
 //! it stops (`market.swap_file`); zswap is left alone.
 
+#[path = "common/fsload.rs"]
+mod fsload;
 #[path = "common/fsmount.rs"]
 mod fsmount;
 
+use fsload::*;
 use fsmount::*;
 use granule_market::client::BrokerClient;
 use granule_wire::market::MarketView;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The whole test (the mount's watchdog kills the mount past it; every wait is cut to
@@ -51,9 +51,6 @@ const VICTIM_SLABS: u32 = 4;
 /// enough for this debug build to move the victim's stripes under the test's I/O (about
 /// two stripes a second on two CPUs), with room to spare for a busy machine.
 const GRACE: Duration = Duration::from_secs(20);
-
-/// Files and the bytes each must hold.
-type Files = Vec<(PathBuf, Vec<u8>)>;
 
 /// The producer's workload: 160 MiB, written once and left idle (the harvester swaps it
 /// out); a line on stdin makes it read every page again (a burst of refaults).
@@ -203,146 +200,12 @@ fn wait_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<T, S
     }
 }
 
-/// Files of seeded random bytes, fsynced: (path, bytes).
-fn write_files(dir: &Path, seed: u64, sizes: &[usize]) -> Files {
-    sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &len)| {
-            let p = dir.join(format!("file-{seed}-{i}"));
-            let bytes = seeded_bytes(seed * 1000 + i as u64, len);
-            let mut f = File::create(&p).expect("create");
-            f.write_all(&bytes).expect("write");
-            f.sync_all().expect("fsync");
-            (p, bytes)
-        })
-        .collect()
-}
-
-/// Every file reads back byte-identical from the file system (its page cache dropped).
-fn all_identical(files: &[(PathBuf, Vec<u8>)], when: &str) {
-    for (p, want) in files {
-        let path = p.clone();
-        let got = bounded(
-            &format!("reading {}", p.display()),
-            Duration::from_secs(20),
-            move || {
-                drop_cache(&path)?;
-                fs::read(&path)
-            },
-        )
-        .unwrap_or_else(|e| panic!("{when}: reading {}: {e}", p.display()));
-        if let Some(d) = first_difference(&got, want) {
-            panic!("{when}: {} has other bytes: {d}", p.display());
-        }
-    }
-}
-
 /// The mount's status entry of the store behind `lease`.
 fn lease_store(status: &serde_json::Value, lease: u64) -> Option<&serde_json::Value> {
     status["stores"]
         .as_array()?
         .iter()
         .find(|s| s["lease"].as_u64() == Some(lease))
-}
-
-/// One write: a new file, or an overwrite of a range of one written before; fsynced.
-/// Returns the file and the bytes it must hold now.
-fn write_one(
-    dir: &Path,
-    name: String,
-    rng: &mut StdRng,
-    mine: &mut Files,
-) -> Result<(PathBuf, Vec<u8>), String> {
-    if mine.is_empty() || rng.random_bool(0.5) {
-        let p = dir.join(name);
-        let len = if rng.random_bool(0.7) {
-            rng.random_range(1..=256 * KIB)
-        } else {
-            rng.random_range(1..=5 * MIB / 2)
-        };
-        let want = seeded_bytes(rng.random(), len);
-        let mut f = File::create(&p).map_err(|e| format!("create {}: {e}", p.display()))?;
-        f.write_all(&want)
-            .map_err(|e| format!("write {}: {e}", p.display()))?;
-        f.sync_all()
-            .map_err(|e| format!("fsync {}: {e}", p.display()))?;
-        mine.push((p.clone(), want.clone()));
-        return Ok((p, want));
-    }
-    let i = rng.random_range(0..mine.len());
-    let (p, want) = &mut mine[i];
-    let off = rng.random_range(0..=want.len());
-    let patch = seeded_bytes(rng.random(), rng.random_range(1..=MIB + 4096));
-    let f = OpenOptions::new()
-        .write(true)
-        .open(&*p)
-        .map_err(|e| format!("open {}: {e}", p.display()))?;
-    f.write_all_at(&patch, off as u64)
-        .map_err(|e| format!("write {}: {e}", p.display()))?;
-    f.sync_all()
-        .map_err(|e| format!("fsync {}: {e}", p.display()))?;
-    let end = off + patch.len();
-    if want.len() < end {
-        want.resize(end, 0);
-    }
-    want[off..end].copy_from_slice(&patch);
-    Ok((p.clone(), want.clone()))
-}
-
-/// Until `stop`: write (see [`write_one`]) and read each write back from the file
-/// system; the files and their bytes go into `done`.
-fn writer(
-    dir: PathBuf,
-    seed: u64,
-    stop: Arc<AtomicBool>,
-    done: Arc<Mutex<Files>>,
-    count: Arc<AtomicU64>,
-) -> Result<(), String> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut mine: Files = Vec::new();
-    let mut n = 0u64;
-    let mut result = Ok(());
-    while !stop.load(Ordering::SeqCst) {
-        let step =
-            write_one(&dir, format!("w{seed}-{n}"), &mut rng, &mut mine).and_then(|(p, want)| {
-                drop_cache(&p).map_err(|e| format!("fadvise {}: {e}", p.display()))?;
-                let got = fs::read(&p).map_err(|e| format!("read back {}: {e}", p.display()))?;
-                match first_difference(&got, &want) {
-                    Some(d) => Err(format!("{} read back other bytes: {d}", p.display())),
-                    None => Ok(()),
-                }
-            });
-        if let Err(e) = step {
-            result = Err(e);
-            break;
-        }
-        n += 1;
-        count.fetch_add(1, Ordering::SeqCst);
-    }
-    done.lock().expect("lock").extend(mine);
-    result
-}
-
-/// Until `stop`: read `files` from the file system over and over.
-fn reader(
-    files: Arc<Files>,
-    seed: u64,
-    stop: Arc<AtomicBool>,
-    count: Arc<AtomicU64>,
-) -> Result<(), String> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    while !stop.load(Ordering::SeqCst) {
-        let (p, want) = &files[rng.random_range(0..files.len())];
-        drop_cache(p).map_err(|e| format!("fadvise {}: {e}", p.display()))?;
-        let got = fs::read(p).map_err(|e| format!("read {}: {e}", p.display()))?;
-        if let Some(d) = first_difference(&got, want) {
-            return Err(format!("{} read other bytes: {d}", p.display()));
-        }
-        count.fetch_add(1, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(())
 }
 
 #[test]
@@ -482,26 +345,11 @@ fn a_revoked_victim_lease_is_drained_and_released_under_io() {
     );
 
     // Readers and a writer, all through the revocation.
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(Mutex::new(Vec::new()));
-    let (wrote, read) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let writers: Vec<_> = (0..1)
-        .map(|i| {
-            let (dir, stop, done, count) =
-                (m.dir.clone(), stop.clone(), written.clone(), wrote.clone());
-            std::thread::spawn(move || writer(dir, 10 + i, stop, done, count))
-        })
-        .collect();
-    let readers: Vec<_> = (0..2)
-        .map(|i| {
-            let (files, stop, count) = (files.clone(), stop.clone(), read.clone());
-            std::thread::spawn(move || reader(files, 20 + i, stop, count))
-        })
-        .collect();
+    let load = Load::start(&m.dir, files.clone(), 1, 2, Duration::from_millis(10));
     std::thread::sleep(Duration::from_secs(1));
 
     // The workload wants its memory: the harvester gives it back, the producer revokes.
-    let before = (wrote.load(Ordering::SeqCst), read.load(Ordering::SeqCst));
+    let before = load.counts();
     let revoked_at = Instant::now();
     writeln!(stdin, "go").expect("tell the workload to touch its memory");
     stdin.flush().expect("flush");
@@ -581,27 +429,13 @@ fn a_revoked_victim_lease_is_drained_and_released_under_io() {
         },
     );
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::SeqCst);
-    let mut errors = Vec::new();
-    for w in writers {
-        if let Err(e) = w.join().expect("writer thread") {
-            errors.push(format!("writer: {e}"));
-        }
-    }
-    for r in readers {
-        if let Err(e) = r.join().expect("reader thread") {
-            errors.push(format!("reader: {e}"));
-        }
-    }
+    let done = load.stop();
     assert!(
-        errors.is_empty(),
+        done.errors.is_empty(),
         "I/O during the revocation failed:\n{}",
-        errors.join("\n")
+        done.errors.join("\n")
     );
-    let during = (
-        wrote.load(Ordering::SeqCst) - before.0,
-        read.load(Ordering::SeqCst) - before.1,
-    );
+    let during = (done.writes - before.0, done.reads - before.1);
     eprintln!(
         "[{:.1} s] the store is dropped; {} writes and {} reads ran from the burst on",
         began.elapsed().as_secs_f64(),
@@ -611,8 +445,7 @@ fn a_revoked_victim_lease_is_drained_and_released_under_io() {
     assert!(during.0 > 0 && during.1 > 0, "no I/O ran during the drain");
 
     all_identical(&files, "the files written before the revocation");
-    let written = written.lock().expect("lock").clone();
-    all_identical(&written, "the files written during the revocation");
+    all_identical(&done.written, "the files written during the revocation");
     let more = write_files(&m.dir, 2, &[2 * MIB + 1, 100]);
     all_identical(&more, "the files written after the revocation");
     let status = fs_status_json(&m.dir);

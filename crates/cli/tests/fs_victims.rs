@@ -10,17 +10,18 @@
 //! The mount runs with `fs.cache` 0, so reads reach the stores. Like fs_posix.rs these
 //! tests need root, /dev/fuse and fusermount3, or GRANULE_SKIP_FUSE_TESTS set to skip.
 
+#[path = "common/fsload.rs"]
+mod fsload;
 #[path = "common/fsmount.rs"]
 mod fsmount;
 
+use fsload::*;
 use fsmount::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,8 +30,6 @@ use std::time::{Duration, Instant};
 
 const STORE_BYTES: &str = "256MiB";
 
-/// Files and the bytes each must hold.
-type Files = Vec<(PathBuf, Vec<u8>)>;
 const LIMIT: Duration = Duration::from_secs(600);
 
 /// The mount over `victims` (ADDR=SECRET each) with weight 2 for the victim class (about
@@ -42,41 +41,12 @@ fn mount(victims: &[String], extra: &[&str]) -> Mount {
     Mount::start_env(&args, &[("GRANULE_FS_CACHE", "0")], LIMIT)
 }
 
-/// Files of seeded random bytes, fsynced: (path, bytes).
-fn write_files(dir: &Path, seed: u64, sizes: &[usize]) -> Files {
-    sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &len)| {
-            let p = dir.join(format!("file-{seed}-{i}"));
-            let bytes = seeded_bytes(seed * 1000 + i as u64, len);
-            let mut f = File::create(&p).expect("create");
-            f.write_all(&bytes).expect("write");
-            f.sync_all().expect("fsync");
-            (p, bytes)
-        })
-        .collect()
-}
-
 /// Several MiB in files of one stripe or less and of several stripes (1 MiB stripes).
 fn sizes(seed: u64, n_small: usize) -> Vec<usize> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut v: Vec<usize> = (0..n_small).map(|_| rng.random_range(1..=MIB)).collect();
     v.extend([1, 3 * MIB + 512 * KIB, 2 * MIB, 5 * MIB + 7]);
     v
-}
-
-/// Read `p` from the file system (its page cache dropped first), within 60 s.
-fn read_back(p: &Path) -> io::Result<Vec<u8>> {
-    let p = p.to_path_buf();
-    bounded(
-        &format!("reading {}", p.display()),
-        Duration::from_secs(60),
-        move || {
-            drop_cache(&p)?;
-            fs::read(&p)
-        },
-    )
 }
 
 /// Stripes the mount's status counts on the store named `addr`.
@@ -93,16 +63,6 @@ fn store_field(status: &serde_json::Value, addr: &str, field: &str) -> u64 {
     s[field]
         .as_u64()
         .unwrap_or_else(|| panic!("store {addr} has no {field}: {s}"))
-}
-
-/// Every file reads back byte-identical.
-fn all_identical(files: &[(PathBuf, Vec<u8>)], when: &str) {
-    for (p, want) in files {
-        let got = read_back(p).unwrap_or_else(|e| panic!("{when}: reading {}: {e}", p.display()));
-        if let Some(d) = first_difference(&got, want) {
-            panic!("{when}: {} has other bytes: {d}", p.display());
-        }
-    }
 }
 
 /// Read every file: each is byte-identical or fails with EIO, never wrong bytes and never
@@ -161,93 +121,6 @@ fn killing_a_victim_with_two_replicas_loses_nothing() {
     all_identical(&files, "after the new writes");
 }
 
-/// A length up to `small` (7 times in 10) or up to `large`: many quick writes, some
-/// that cross stripes.
-fn mostly_small(rng: &mut StdRng, small: usize, large: usize) -> usize {
-    if rng.random_bool(0.7) {
-        rng.random_range(1..=small)
-    } else {
-        rng.random_range(1..=large)
-    }
-}
-
-/// Until `stop`: write new files and overwrite ranges of them, each time fsynced and read
-/// back from the file system; the files and their bytes go into `done`.
-fn writer(
-    dir: PathBuf,
-    seed: u64,
-    stop: Arc<AtomicBool>,
-    done: Arc<Mutex<Files>>,
-    count: Arc<AtomicU64>,
-) -> Result<u64, String> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut mine: Files = Vec::new();
-    let mut n = 0u64;
-    while !stop.load(Ordering::SeqCst) {
-        let (p, want) = if mine.is_empty() || rng.random_bool(0.5) {
-            let p = dir.join(format!("w{seed}-{n}"));
-            let want = seeded_bytes(rng.random(), mostly_small(&mut rng, 256 * KIB, 5 * MIB / 2));
-            let mut f = File::create(&p).map_err(|e| format!("create {}: {e}", p.display()))?;
-            f.write_all(&want)
-                .map_err(|e| format!("write {}: {e}", p.display()))?;
-            f.sync_all()
-                .map_err(|e| format!("fsync {}: {e}", p.display()))?;
-            mine.push((p.clone(), want.clone()));
-            (p, want)
-        } else {
-            let i = rng.random_range(0..mine.len());
-            let (p, want) = &mut mine[i];
-            let off = rng.random_range(0..=want.len());
-            let patch = seeded_bytes(rng.random(), mostly_small(&mut rng, 64 * KIB, MIB + 4096));
-            let f = OpenOptions::new()
-                .write(true)
-                .open(&*p)
-                .map_err(|e| format!("open {}: {e}", p.display()))?;
-            f.write_all_at(&patch, off as u64)
-                .map_err(|e| format!("write {}: {e}", p.display()))?;
-            f.sync_all()
-                .map_err(|e| format!("fsync {}: {e}", p.display()))?;
-            let end = off + patch.len();
-            if want.len() < end {
-                want.resize(end, 0);
-            }
-            want[off..end].copy_from_slice(&patch);
-            (p.clone(), want.clone())
-        };
-        drop_cache(&p).map_err(|e| format!("fadvise {}: {e}", p.display()))?;
-        let got = fs::read(&p).map_err(|e| format!("read back {}: {e}", p.display()))?;
-        if let Some(d) = first_difference(&got, &want) {
-            return Err(format!("{} read back other bytes: {d}", p.display()));
-        }
-        n += 1;
-        count.fetch_add(1, Ordering::SeqCst);
-    }
-    done.lock().expect("lock").extend(mine);
-    Ok(n)
-}
-
-/// Until `stop`: read `files` from the file system over and over.
-fn reader(
-    files: Arc<Files>,
-    seed: u64,
-    stop: Arc<AtomicBool>,
-    count: Arc<AtomicU64>,
-) -> Result<u64, String> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut n = 0u64;
-    while !stop.load(Ordering::SeqCst) {
-        let (p, want) = &files[rng.random_range(0..files.len())];
-        drop_cache(p).map_err(|e| format!("fadvise {}: {e}", p.display()))?;
-        let got = fs::read(p).map_err(|e| format!("read {}: {e}", p.display()))?;
-        if let Some(d) = first_difference(&got, want) {
-            return Err(format!("{} read other bytes: {d}", p.display()));
-        }
-        n += 1;
-        count.fetch_add(1, Ordering::SeqCst);
-    }
-    Ok(n)
-}
-
 #[test]
 fn draining_a_victim_loses_nothing_under_concurrent_io() {
     if !fuse_usable("draining_a_victim_loses_nothing_under_concurrent_io") {
@@ -270,24 +143,9 @@ fn draining_a_victim_loses_nothing_under_concurrent_io() {
         a.addr
     );
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(Mutex::new(Vec::new()));
-    let (wrote, read) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let writers: Vec<_> = (0..2)
-        .map(|i| {
-            let (dir, stop, done) = (m.dir.clone(), stop.clone(), written.clone());
-            let count = wrote.clone();
-            std::thread::spawn(move || writer(dir, 10 + i, stop, done, count))
-        })
-        .collect();
-    let readers: Vec<_> = (0..2)
-        .map(|i| {
-            let (files, stop, count) = (files.clone(), stop.clone(), read.clone());
-            std::thread::spawn(move || reader(files, 20 + i, stop, count))
-        })
-        .collect();
+    let load = Load::start(&m.dir, files.clone(), 2, 2, Duration::ZERO);
     std::thread::sleep(Duration::from_secs(2));
-    let before = (wrote.load(Ordering::SeqCst), read.load(Ordering::SeqCst));
+    let before = load.counts();
     let started = Instant::now();
     let out = run_bounded(
         Command::new(GRANULE)
@@ -303,10 +161,10 @@ fn draining_a_victim_loses_nothing_under_concurrent_io() {
         String::from_utf8_lossy(&out.stderr)
     );
     let drain_time = started.elapsed();
-    let during = (
-        wrote.load(Ordering::SeqCst) - before.0,
-        read.load(Ordering::SeqCst) - before.1,
-    );
+    let during = {
+        let now = load.counts();
+        (now.0 - before.0, now.1 - before.1)
+    };
     eprintln!(
         "granule fs drain took {:.1} s ({} writes and {} reads completed meanwhile): {}",
         drain_time.as_secs_f64(),
@@ -327,28 +185,20 @@ fn draining_a_victim_loses_nothing_under_concurrent_io() {
         std::thread::sleep(Duration::from_millis(200));
     };
     std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::SeqCst);
-    let mut errors = Vec::new();
-    let (mut writes, mut reads) = (0, 0);
-    for w in writers {
-        match w.join().expect("writer thread") {
-            Ok(n) => writes += n,
-            Err(e) => errors.push(format!("writer: {e}")),
-        }
-    }
-    for r in readers {
-        match r.join().expect("reader thread") {
-            Ok(n) => reads += n,
-            Err(e) => errors.push(format!("reader: {e}")),
-        }
-    }
+    let done = load.stop();
     assert!(
-        errors.is_empty(),
+        done.errors.is_empty(),
         "I/O during the drain failed:\n{}",
-        errors.join("\n")
+        done.errors.join("\n")
     );
-    eprintln!("{writes} writes and {reads} reads ran during the drain");
-    assert!(writes > 0 && reads > 0, "no I/O ran during the drain");
+    eprintln!(
+        "{} writes and {} reads ran during the drain",
+        done.writes, done.reads
+    );
+    assert!(
+        done.writes > 0 && done.reads > 0,
+        "no I/O ran during the drain"
+    );
     let state = status["stores"]
         .as_array()
         .and_then(|v| v.iter().find(|s| s["name"].as_str() == Some(&a.addr)))
@@ -365,9 +215,8 @@ fn draining_a_victim_loses_nothing_under_concurrent_io() {
         &files,
         "the files written before the drain, its store killed",
     );
-    let written = written.lock().expect("lock").clone();
     all_identical(
-        &written,
+        &done.written,
         "the files written during the drain, its store killed",
     );
     let more = write_files(&m.dir, 4, &[2 * MIB + 1]);
