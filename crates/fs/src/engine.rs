@@ -1032,13 +1032,16 @@ impl Engine {
         tracing::info!(store = %s.name, "draining");
         let (moved, mut lost) = self.evacuate(id, true, deadline).await;
         s.set_state(StoreState::Gone);
-        let left = self.ns.lock().stripes_on(id).len();
+        let (left, sole) = {
+            let ns = self.ns.lock();
+            (ns.stripes_on(id).len(), ns.sole_copies_on(id))
+        };
         if left > 0 {
             tracing::error!(
                 store = %s.name,
-                "{left} stripes could not move off the store (no room elsewhere): they are lost when it goes"
+                "{left} stripes could not move off the store (no room elsewhere): the {sole} with no other copy are lost when it goes"
             );
-            lost += left as u64;
+            lost += sole as u64;
         }
         tracing::info!(store = %s.name, moved, lost, "drained");
         Ok((moved, lost))

@@ -606,6 +606,19 @@ impl Namespace {
         out.into_iter().map(|(_, s)| s).collect()
     }
 
+    /// Stripes whose only copy is on `store`.
+    pub fn sole_copies_on(&self, store: StoreId) -> usize {
+        self.inodes
+            .values()
+            .filter_map(|i| match &i.node {
+                Node::File { stripes, .. } => Some(stripes),
+                _ => None,
+            })
+            .flat_map(|stripes| stripes.values())
+            .filter(|s| s.copies == [store])
+            .count()
+    }
+
     /// Stripes with fewer copies than `want` (and those with none: lost).
     pub fn under_replicated(&self, want: usize) -> (u64, u64) {
         let (mut short, mut lost) = (0, 0);
@@ -676,6 +689,8 @@ mod tests {
             "stripes with no other copy come first: {on1:?}"
         );
         assert_eq!(ns.stripes_on(2).len(), 3);
+        assert_eq!(ns.sole_copies_on(1), 3);
+        assert_eq!(ns.sole_copies_on(2), 0);
     }
 
     #[test]

@@ -141,8 +141,10 @@ impl AsRef<[u8]> for InPlaceStripe {
 impl Footprint for StripeStore {
     fn footprint(&self) -> u64 {
         // Tracked as stripes come and go: walking a GiB-sized map to measure it would
-        // cost as much as the calls themselves.
-        std::mem::size_of::<Self>() as u64 + self.bytes + self.stripes.capacity() as u64 * 48
+        // cost as much as the calls themselves. Freed arena slots that kept their pages
+        // are memory too.
+        let warm = self.arena.as_ref().map_or(0, |a| a.warm_bytes());
+        std::mem::size_of::<Self>() as u64 + self.bytes + warm + self.stripes.capacity() as u64 * 48
     }
 }
 
