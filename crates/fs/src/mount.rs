@@ -580,8 +580,6 @@ fn write_record(file: &Path, record: &Record) -> std::io::Result<()> {
     std::fs::rename(&tmp, file)
 }
 
-/// The metadata copy a dead mount of the same directory left on own nodes that outlive
-/// mounts (the same outside controller), if any.
 /// What [`discard`] freed of a mount that died.
 #[derive(Debug, Default)]
 pub struct Discarded {
@@ -646,13 +644,19 @@ pub fn discard(dir: &Path, cfg: &Config) -> Result<Discarded, MountError> {
             .enable_all()
             .build()?;
         let mut ccfg = cfg.clone();
-        ccfg.cluster.controller = Some(controller);
+        ccfg.cluster.controller = Some(controller.clone());
         ccfg.pressure.shed = false;
-        let cluster = Cluster::with_config(ccfg).map_err(|e| MountError::Cluster(e.to_string()))?;
+        let cluster = Cluster::with_config(ccfg).map_err(|e| {
+            MountError::Recover(format!(
+                "joining the controller at {controller}, whose nodes hold the dead mount's data: {e}"
+            ))
+        })?;
         let r = rt.block_on(async {
             let got = metacopy::fetch(&copy).await.map_err(|e| {
                 MountError::Recover(format!(
-                    "the metadata copy of the mount that died cannot be read ({e}): its stores cannot be found"
+                    "the metadata copy of the mount that died cannot be read ({e}): its stores cannot be found. \
+                     To forget the mount anyway, delete {}",
+                    record_file.display()
                 ))
             })?;
             out.files = got.inodes.len();
@@ -678,6 +682,8 @@ pub fn discard(dir: &Path, cfg: &Config) -> Result<Discarded, MountError> {
     Ok(out)
 }
 
+/// The metadata copy a dead mount of the same directory left on own nodes that outlive
+/// mounts (the same outside controller), if any.
 fn adoptable(record_file: &Path, controller: Option<&str>) -> Option<(Record, Proclet<MetaCopy>)> {
     let controller = controller?;
     let rec: Record = serde_json::from_slice(&std::fs::read(record_file).ok()?).ok()?;
