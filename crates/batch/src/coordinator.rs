@@ -1,27 +1,23 @@
 //! The job's coordinator: one async loop, in the process that started the job, that
-//! owns the job's bookkeeping. It creates and retires the compute proclets, keeps one
-//! work call in flight per worker, records every reply's output under its index range,
+//! creates and retires the compute proclets, keeps one work call in flight per worker,
 //! hands work to workers that finish early (straggler mitigation: the largest remaining
 //! range is split), and every policy interval asks the [`ScalingPolicy`] whether to
-//! grow or shrink.
-//!
-//! Accounting rule (why no item is lost or computed twice): each worker slot owns the
-//! index range `lo..hi` that nobody has reported yet. A reply moves `lo` up to what it
-//! reports; a steal lowers `hi` when its answer arrives, and the stolen range becomes a
-//! new slot's. A slot is *retired* only when no call of its is in flight; whatever it
-//! still owns then (a worker on a node that died, a worker that handed its rest back)
-//! goes to the pool of unassigned ranges and is computed again by another worker.
+//! grow or shrink. Which worker owns which range, and what was reported, is the
+//! `ledger`'s: a pure state machine this loop feeds with events and whose actions it
+//! carries out (see its module doc for the accounting rule).
 
+use crate::ledger::{Action, Ledger, Outputs, Span, Thief};
 use crate::policy::{NodeView, ScalingPolicy, Target, View};
 use crate::probe::{self, Probe};
-use crate::worker::{self, Stop, Watch, WorkReply, WorkReq, Worker};
+use crate::sink::{self, Shelf, Shelves};
+use crate::worker::{self, Watch, WorkError, WorkReply, WorkReq, Worker};
 use crate::{BatchError, JobEvent, JobLog, Trigger};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use granule_runtime::{CallError, Kind, NodeId, NodeInfo, Proclet, Wire};
 use granule_sharded::{Element, ShardedVec};
 use granule_wire::{NodeState, Role};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -61,18 +57,13 @@ impl Default for Settings {
 
 type Boxed<E> = Pin<Box<dyn Future<Output = E> + Send>>;
 
-/// Who gets a stolen range.
-#[derive(Clone, Copy, Debug)]
-enum Thief {
-    /// A new worker on this node.
-    New(NodeId),
-    /// This worker, whose own range is finished.
-    Slot(usize),
-}
+/// A worker's constructor argument: the input, the job's argument, its range, its shelf.
+type Made<T, A> = (ShardedVec<T>, A, u64, u64, Option<Proclet<Shelf>>);
 
 enum Ev<S, O> {
-    Created(usize, Result<Proclet<S>, CallError>),
-    Reply(usize, Result<Result<WorkReply<O>, String>, CallError>),
+    /// A worker's creation ended; with the shelf made for its node, if one was.
+    Created(usize, Result<Proclet<S>, CallError>, Option<Proclet<Shelf>>),
+    Reply(usize, Result<Result<WorkReply<O>, WorkError>, CallError>),
     Stolen(usize, Thief, Result<Option<(u64, u64)>, CallError>),
     ProbeReady(NodeId, Result<Proclet<Probe>, CallError>),
     /// A probe's answer, with when it was asked.
@@ -81,50 +72,25 @@ enum Ev<S, O> {
     Nothing,
 }
 
-#[derive(PartialEq, Eq, Debug, Clone, Copy)]
-enum Phase {
-    Creating,
-    Working,
-    /// Its range is done; waiting for a steal to bring it more.
-    Waiting,
-    Retired,
-}
-
-struct Slot<S> {
-    node: NodeId,
-    proclet: Option<Proclet<S>>,
-    lo: u64,
-    hi: u64,
-    phase: Phase,
-    /// A work call is in flight.
-    calling: bool,
-    /// A steal from this slot is in flight.
-    stealing: bool,
-    /// How its last call ended, kept while a steal from it is in flight (the steal's
-    /// answer says where its range ended).
-    after: Option<Stop>,
-    /// Asked to stop (a policy shrink); its reply retires it.
-    asked: bool,
-}
-
-/// What the job produced: each reply's output under the range it covers.
-pub(crate) type Outputs<O> = BTreeMap<u64, (u64, O)>;
-
 struct Run<'p, T: Element, A, O, F, W> {
     input: ShardedVec<T>,
     arg: A,
     f: F,
     kernel: W,
-    len: u64,
     cfg: Settings,
     policy: &'p mut dyn ScalingPolicy,
     log: Option<Arc<JobLog>>,
     me: Option<NodeId>,
     started: Instant,
-    slots: Vec<Slot<Worker<T, A>>>,
-    pool: Vec<(u64, u64)>,
-    outputs: Outputs<O>,
-    done: u64,
+    /// The range bookkeeping (pure; see `ledger`).
+    ledger: Ledger<O>,
+    /// Each slot's worker proclet, while it has one.
+    workers: Vec<Option<Proclet<Worker<T, A>>>>,
+    /// Whether workers keep their output on shelves (vector sinks): the shelf of each
+    /// node in use, and every shelf made.
+    shelved: bool,
+    node_shelf: HashMap<NodeId, Proclet<Shelf>>,
+    shelves: Shelves,
     nodes: Vec<NodeInfo>,
     nodes_at: Option<Instant>,
     nodes_asked: bool,
@@ -137,16 +103,15 @@ struct Run<'p, T: Element, A, O, F, W> {
     /// placement until then (the controller declares a dead node only after its failure
     /// timeout, seconds later).
     quarantine: HashMap<NodeId, Instant>,
-    /// Steals in flight whose range will start a new worker on the node: counted as
-    /// workers there already, or two ticks would both grow onto the node.
-    growing: HashMap<NodeId, usize>,
     /// Since when the job has had no worker and no node to place one on.
     stranded_since: Option<Instant>,
+    /// Nodes a worker recently left for contention, not grown onto again before then.
+    backoff: HashMap<NodeId, Backoff>,
+    /// When a worker last started on each node.
+    grew_at: HashMap<NodeId, Instant>,
     /// Whether policy ticks run; off while the policy says nothing can change before
     /// the next event (see [`ScalingPolicy::wants_ticks`]), on again at every event.
     ticking: bool,
-    /// Work calls made so far (the last call's id).
-    calls: u64,
 }
 
 /// How long a node where a worker was lost is left out of placement.
@@ -154,44 +119,82 @@ const QUARANTINE: Duration = Duration::from_millis(500);
 /// How long a job waits with no node to run on before it fails.
 const STRANDED_LIMIT: Duration = Duration::from_secs(10);
 
-/// Run a job to the end; the outputs by range.
+/// After a worker stops because its core is contended, its node is not grown onto (nor
+/// probed) for a while: at first `BACKOFF_MIN`, doubled each time a worker grown there
+/// stops again within `BACKOFF_RECENT` of starting (the regrowth was a mistake: the
+/// core is not really free), up to `BACKOFF_MAX`. A stop long after the last growth
+/// starts again from `BACKOFF_MIN`, so an antagonist that leaves is followed within
+/// milliseconds; one that stays costs a stop every `BACKOFF_MAX` instead of one every
+/// few policy intervals.
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+const BACKOFF_RECENT: Duration = Duration::from_millis(250);
+
+/// A node's contention back-off.
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    wait: Duration,
+    until: Instant,
+}
+
+impl Backoff {
+    /// The back-off after a contention stop at `now`, given the previous one and when a
+    /// worker last started on the node.
+    fn after_stop(prev: Option<Backoff>, grew_at: Option<Instant>, now: Instant) -> Backoff {
+        let regrew_too_soon =
+            grew_at.is_some_and(|g| now.saturating_duration_since(g) < BACKOFF_RECENT);
+        let wait = match prev {
+            Some(b) if regrew_too_soon => (b.wait * 2).min(BACKOFF_MAX),
+            _ => BACKOFF_MIN,
+        };
+        Backoff {
+            wait,
+            until: now + wait,
+        }
+    }
+}
+
+/// Run a job over `ranges` of the input to the end: the outputs by range, and the
+/// shelves the workers kept output on (when `shelved`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run<T, A, O, F, W>(
     input: ShardedVec<T>,
-    len: u64,
+    ranges: Vec<Span>,
+    shelved: bool,
     arg: A,
     f: F,
     kernel: W,
     cfg: Settings,
     policy: &mut dyn ScalingPolicy,
     log: Option<Arc<JobLog>>,
-) -> Result<Outputs<O>, BatchError>
+) -> (Result<Outputs<O>, BatchError>, Shelves)
 where
     T: Element,
     A: Wire + Clone + Sync,
     O: Wire,
     F: Copy + Send + Sync + 'static,
-    W: Fn(&Worker<T, A>, WorkReq, &F) -> Result<WorkReply<O>, String>
+    W: Fn(&Worker<T, A>, WorkReq, &F) -> Result<WorkReply<O>, WorkError>
         + Copy
         + Send
         + Sync
         + 'static,
 {
+    let ledger = Ledger::over(ranges, cfg.min_steal);
     let mut r = Run {
         input,
         arg,
         f,
         kernel,
-        len,
         cfg,
         policy,
         log,
         me: granule_runtime::here(),
         started: Instant::now(),
-        slots: Vec::new(),
-        pool: Vec::new(),
-        outputs: BTreeMap::new(),
-        done: 0,
+        ledger,
+        workers: Vec::new(),
+        shelved,
+        node_shelf: HashMap::new(),
+        shelves: Shelves::default(),
         nodes: Vec::new(),
         nodes_at: None,
         nodes_asked: false,
@@ -201,14 +204,15 @@ where
         settled_at: HashMap::new(),
         pending: FuturesUnordered::new(),
         quarantine: HashMap::new(),
-        growing: HashMap::new(),
         stranded_since: None,
+        backoff: HashMap::new(),
+        grew_at: HashMap::new(),
         ticking: true,
-        calls: 0,
     };
     let out = r.main().await;
     r.cleanup().await;
-    out.map(|()| r.outputs)
+    let shelves = std::mem::take(&mut r.shelves);
+    (out.map(|()| r.ledger.into_outputs()), shelves)
 }
 
 impl<T, A, O, F, W> Run<'_, T, A, O, F, W>
@@ -217,14 +221,14 @@ where
     A: Wire + Clone + Sync,
     O: Wire,
     F: Copy + Send + Sync + 'static,
-    W: Fn(&Worker<T, A>, WorkReq, &F) -> Result<WorkReply<O>, String>
+    W: Fn(&Worker<T, A>, WorkReq, &F) -> Result<WorkReply<O>, WorkError>
         + Copy
         + Send
         + Sync
         + 'static,
 {
     async fn main(&mut self) -> Result<(), BatchError> {
-        if self.len == 0 {
+        if self.ledger.is_done() {
             return Ok(());
         }
         self.nodes = granule_runtime::cluster_nodes_async().await?;
@@ -239,10 +243,11 @@ where
             })
             .map(|n| n.id)
             .ok_or(BatchError::NoNodes)?;
-        self.create(first, (0, self.len));
+        self.ledger.start(first);
+        self.act();
         let mut tick = tokio::time::interval(self.cfg.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        while self.done < self.len {
+        while !self.ledger.is_done() {
             // Nothing in flight and no ticks would wait forever: tick.
             let ticking = self.ticking || self.pending.is_empty();
             tokio::select! {
@@ -254,6 +259,7 @@ where
                 }
                 _ = tick.tick(), if ticking => self.tick()?,
             }
+            self.act();
         }
         Ok(())
     }
@@ -274,67 +280,121 @@ where
             .collect()
     }
 
-    fn note(&self, node: NodeId, what: Trigger) {
-        if let Some(log) = &self.log {
-            let on_node = self.workers_on(node);
-            let total = self.live_workers();
-            log.push(JobEvent {
-                at: Instant::now(),
-                node,
-                what,
-                workers_on_node: on_node,
-                workers: total,
-            });
+    // ---- carrying out the ledger's actions ----
+
+    fn act(&mut self) {
+        for a in self.ledger.take_actions() {
+            match a {
+                Action::Create { wid, node, range } => self.create(wid, node, range),
+                Action::Call { wid, call, assign } => self.call(wid, call, assign),
+                Action::Steal { victim, thief } => self.steal(victim, thief),
+                Action::AskStop { wid } => {
+                    if let Some(p) = self.worker(wid) {
+                        let fut = p.run_ref_async((), worker::ask_stop::<T, A>);
+                        self.pending.push(Box::pin(async move {
+                            let _ = fut.await;
+                            Ev::Nothing
+                        }));
+                    }
+                }
+                Action::Destroy { wid } => {
+                    if let Some(p) = self.workers.get_mut(wid).and_then(Option::take) {
+                        // Fire and forget: a worker on a dead node is gone already.
+                        let _ = granule_runtime::spawn(async move {
+                            let _ = p.destroy_async().await;
+                        });
+                    }
+                }
+                Action::Note {
+                    wid,
+                    node,
+                    what,
+                    on_node,
+                    total,
+                } => {
+                    let proclet = self.worker(wid).map(|p| p.id());
+                    let now = Instant::now();
+                    match what {
+                        Trigger::Grew => {
+                            self.grew_at.insert(node, now);
+                        }
+                        Trigger::Contended => {
+                            let b = Backoff::after_stop(
+                                self.backoff.get(&node).copied(),
+                                self.grew_at.get(&node).copied(),
+                                now,
+                            );
+                            self.backoff.insert(node, b);
+                        }
+                        _ => {}
+                    }
+                    if what != Trigger::Grew {
+                        granule_runtime::telemetry::count_scaling("batch", false);
+                    }
+                    if let Some(log) = &self.log {
+                        log.push(JobEvent {
+                            at: now,
+                            node,
+                            what,
+                            workers_on_node: on_node,
+                            workers: total,
+                            proclet,
+                        });
+                    }
+                }
+            }
         }
     }
 
-    fn live(&self, s: &Slot<Worker<T, A>>) -> bool {
-        s.phase != Phase::Retired
+    fn worker(&self, wid: usize) -> Option<Proclet<Worker<T, A>>> {
+        self.workers.get(wid).cloned().flatten()
     }
 
-    fn workers_on(&self, node: NodeId) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| self.live(s) && s.node == node)
-            .count()
-            + self.growing.get(&node).copied().unwrap_or(0)
-    }
-
-    fn live_workers(&self) -> usize {
-        self.slots.iter().filter(|s| self.live(s)).count() + self.growing.values().sum::<usize>()
-    }
-
-    // ---- actions ----
-
-    fn create(&mut self, node: NodeId, range: (u64, u64)) {
-        let wid = self.slots.len();
-        self.slots.push(Slot {
-            node,
-            proclet: None,
-            lo: range.0,
-            hi: range.1,
-            phase: Phase::Creating,
-            calling: false,
-            stealing: false,
-            after: None,
-            asked: false,
-        });
+    fn create(&mut self, wid: usize, node: NodeId, range: (u64, u64)) {
+        if self.workers.len() <= wid {
+            self.workers.resize_with(wid + 1, || None);
+        }
         self.settled_at
             .insert(node, Instant::now() + self.cfg.settle);
         // A reading taken before this worker existed says nothing about room for another.
         self.spare.remove(&node);
-        let fut = Proclet::builder(Kind::Compute).on(node).create_async(
-            (self.input.clone(), self.arg.clone(), range.0, range.1),
-            |(input, arg, lo, hi): (ShardedVec<T>, A, u64, u64)| Worker::new(input, arg, (lo, hi)),
-        );
-        self.pending
-            .push(Box::pin(async move { Ev::Created(wid, fut.await) }));
+        let existing = self.node_shelf.get(&node).cloned();
+        let shelved = self.shelved;
+        let (input, arg) = (self.input.clone(), self.arg.clone());
+        self.pending.push(Box::pin(async move {
+            // A vector sink's worker keeps its output on its node's shelf: made with the
+            // node's first worker.
+            let (shelf, made) = match existing {
+                Some(s) => (Some(s), None),
+                None if shelved => match sink::new_shelf(node).await {
+                    Ok(s) => (Some(s.clone()), Some(s)),
+                    Err(e) => return Ev::Created(wid, Err(e), None),
+                },
+                None => (None, None),
+            };
+            // Its calls are read-only ones that move its cursor (so a steal can run
+            // beside its work call): a move must hold them, not serve them from the copy
+            // it drops. And the job places its workers itself: a node's CPU pressure
+            // policy moving a worker that fills its node's quota would only fight the
+            // scaling policy.
+            let created = Proclet::builder(Kind::Compute)
+                .on(node)
+                .mutating_reads()
+                .owner_placed()
+                .create_async(
+                    (input, arg, range.0, range.1, shelf),
+                    |(input, arg, lo, hi, shelf): Made<T, A>| {
+                        Worker::new(input, arg, (lo, hi), shelf)
+                    },
+                )
+                .await;
+            Ev::Created(wid, created, made)
+        }));
     }
 
-    fn call(&mut self, wid: usize, assign: Option<(u64, u64)>) {
-        self.calls += 1;
+    fn call(&mut self, wid: usize, call: u64, assign: Option<(u64, u64)>) {
         let req = WorkReq {
-            call: self.calls,
+            call,
             assign,
             budget_us: self.cfg.budget.as_micros() as u64,
             chunk_us: self.cfg.chunk.as_micros() as u64,
@@ -343,103 +403,35 @@ where
                 min_share: self.cfg.min_share,
             }),
         };
-        let slot = &mut self.slots[wid];
-        let Some(p) = slot.proclet.clone() else {
-            return;
-        };
-        if let Some((s, e)) = assign {
-            slot.lo = s;
-            slot.hi = e;
-        }
-        slot.calling = true;
-        slot.phase = Phase::Working;
-        let fut = p.run_ref_with_async(req, self.f, self.kernel);
-        self.pending
-            .push(Box::pin(async move { Ev::Reply(wid, fut.await) }));
+        let fut = self
+            .worker(wid)
+            .map(|p| p.run_ref_with_async(req, self.f, self.kernel));
+        self.pending.push(Box::pin(async move {
+            let r = match fut {
+                Some(fut) => fut.await,
+                None => Err(CallError::Internal("the worker has no proclet".into())),
+            };
+            Ev::Reply(wid, r)
+        }));
     }
 
     fn steal(&mut self, victim: usize, thief: Thief) {
         let min = self.cfg.min_steal;
-        let slot = &mut self.slots[victim];
-        let Some(p) = slot.proclet.clone() else {
-            return;
-        };
-        slot.stealing = true;
-        let fut = p.run_ref_async(min, worker::steal::<T, A>);
-        self.pending.push(Box::pin(
-            async move { Ev::Stolen(victim, thief, fut.await) },
-        ));
-    }
-
-    /// The working slot with the most unreported items (a steal candidate), other than
-    /// `not`.
-    fn largest(&self, not: Option<usize>) -> Option<usize> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(i, s)| {
-                Some(*i) != not
-                    && s.phase == Phase::Working
-                    && !s.stealing
-                    && !s.asked
-                    && s.proclet.is_some()
-                    && s.hi - s.lo >= 2 * self.cfg.min_steal
-            })
-            .max_by_key(|(_, s)| s.hi - s.lo)
-            .map(|(i, _)| i)
-    }
-
-    fn take_pool(&mut self) -> Option<(u64, u64)> {
-        let i = self
-            .pool
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, r)| r.1 - r.0)
-            .map(|(i, _)| i)?;
-        Some(self.pool.swap_remove(i))
-    }
-
-    /// Give a worker whose range is done more work: handed-back work first, else half of
-    /// the largest remaining range; with neither, retire it.
-    fn find_work(&mut self, wid: usize) {
-        let s = &mut self.slots[wid];
-        if s.hi > s.lo {
-            // Not expected (a finished worker has reported its whole range); recompute
-            // rather than lose it.
-            self.pool.push((s.lo, s.hi));
-            s.lo = s.hi;
+        let fut = self
+            .worker(victim)
+            .map(|p| p.run_ref_async(min, worker::steal::<T, A>));
+        if let Thief::New(node) = thief {
+            self.settled_at
+                .insert(node, Instant::now() + self.cfg.settle);
+            self.spare.remove(&node);
         }
-        if let Some(r) = self.take_pool() {
-            self.call(wid, Some(r));
-        } else if let Some(victim) = self.largest(Some(wid)) {
-            self.slots[wid].phase = Phase::Waiting;
-            self.steal(victim, Thief::Slot(wid));
-        } else {
-            self.retire(wid, Trigger::Done);
-        }
-    }
-
-    /// Retire a slot once nothing of its is in flight: what it still owns goes back to
-    /// the pool, its proclet is destroyed.
-    fn retire(&mut self, wid: usize, why: Trigger) {
-        let slot = &mut self.slots[wid];
-        if slot.phase == Phase::Retired {
-            return;
-        }
-        slot.phase = Phase::Retired;
-        granule_runtime::telemetry::count_scaling("batch", false);
-        if slot.hi > slot.lo {
-            self.pool.push((slot.lo, slot.hi));
-            slot.lo = slot.hi;
-        }
-        if let Some(p) = slot.proclet.take() {
-            // Fire and forget: a worker on a dead node is gone already.
-            let _ = granule_runtime::spawn(async move {
-                let _ = p.destroy_async().await;
-            });
-        }
-        let node = slot.node;
-        self.note(node, why);
+        self.pending.push(Box::pin(async move {
+            let r = match fut {
+                Some(fut) => fut.await,
+                None => Err(CallError::Internal("the worker has no proclet".into())),
+            };
+            Ev::Stolen(victim, thief, r)
+        }));
     }
 
     // ---- events ----
@@ -447,81 +439,94 @@ where
     fn handle(&mut self, ev: Ev<Worker<T, A>, O>) -> Result<(), BatchError> {
         match ev {
             Ev::Nothing => {}
-            Ev::Created(wid, Ok(p)) => {
-                let node = self.slots[wid].node;
-                self.slots[wid].proclet = Some(p);
-                self.call(wid, None);
-                self.note(node, Trigger::Grew);
+            Ev::Created(wid, created, made) => {
+                if let Some(shelf) = made {
+                    self.node_shelf
+                        .insert(self.ledger.node_of(wid), shelf.clone());
+                    self.shelves.add(shelf);
+                }
+                self.on_created(wid, created)?;
+            }
+            Ev::Reply(wid, Ok(Ok(r))) => {
+                if let Some(log) = &self.log {
+                    log.add_call(r.end - r.start, r.cpu_s, r.wall_s, r.stop);
+                }
+                self.ledger
+                    .replied(wid, r.start, r.end, r.stop, r.out)
+                    .map_err(|m| BatchError::Worker(m.0))?;
+            }
+            Ev::Reply(_, Ok(Err(WorkError::Failed(msg)))) => return Err(BatchError::Worker(msg)),
+            Ev::Reply(wid, Ok(Err(WorkError::Lost(msg)))) => {
+                // Its output had nowhere to go: the node's shelf is gone. Its next
+                // worker there gets a new one; the range is computed again.
+                let node = self.ledger.node_of(wid);
+                tracing::info!("a worker on {node} could not keep its output ({msg}): recomputed");
+                self.node_shelf.remove(&node);
+                self.quarantine.insert(node, Instant::now() + QUARANTINE);
+                self.ledger.call_failed(wid);
+            }
+            Ev::Reply(wid, Err(e)) => self.on_call_failed(wid, e)?,
+            ev => self.on_other(ev)?,
+        }
+        Ok(())
+    }
+
+    fn on_created(
+        &mut self,
+        wid: usize,
+        created: Result<Proclet<Worker<T, A>>, CallError>,
+    ) -> Result<(), BatchError> {
+        match created {
+            Ok(p) => {
+                self.workers[wid] = Some(p);
+                self.ledger.created(wid, true);
                 // Every worker after the first took part of another's range: a split.
                 if wid > 0 {
                     granule_runtime::telemetry::count_scaling("batch", true);
                 }
             }
-            Ev::Created(wid, Err(e)) => {
+            Err(e) => {
                 if fatal(&e) {
                     return Err(BatchError::Call(e));
                 }
-                let node = self.slots[wid].node;
+                let node = self.ledger.node_of(wid);
                 tracing::debug!("creating a worker on {node} failed: {e}");
                 self.quarantine.insert(node, Instant::now() + QUARANTINE);
-                self.retire(wid, Trigger::Lost);
+                // A shelf there may be gone with the node.
+                self.node_shelf.remove(&node);
+                self.ledger.created(wid, false);
             }
-            Ev::Reply(wid, Ok(Ok(r))) => self.on_reply(wid, r)?,
-            Ev::Reply(_, Ok(Err(msg))) => return Err(BatchError::Worker(msg)),
-            Ev::Reply(wid, Err(e)) => {
-                if fatal(&e) {
-                    return Err(BatchError::Call(e));
-                }
-                tracing::info!(
-                    "worker on {} lost ({e}); its range {}..{} will be recomputed",
-                    self.slots[wid].node,
-                    self.slots[wid].lo,
-                    self.slots[wid].hi
-                );
-                let node = self.slots[wid].node;
-                self.quarantine.insert(node, Instant::now() + QUARANTINE);
-                let s = &mut self.slots[wid];
-                s.calling = false;
-                s.proclet = None;
-                if !s.stealing {
-                    self.retire(wid, Trigger::Lost);
-                }
-                // Ask the controller again soon: the node may be gone.
-                self.nodes_at = None;
-            }
+        }
+        Ok(())
+    }
+
+    fn on_call_failed(&mut self, wid: usize, e: CallError) -> Result<(), BatchError> {
+        if fatal(&e) {
+            return Err(BatchError::Call(e));
+        }
+        let node = self.ledger.node_of(wid);
+        let (lo, hi) = self.ledger.range_of(wid);
+        tracing::info!("worker on {node} lost ({e}); its range {lo}..{hi} will be recomputed");
+        self.quarantine.insert(node, Instant::now() + QUARANTINE);
+        self.node_shelf.remove(&node);
+        self.ledger.call_failed(wid);
+        // Ask the controller again soon: the node may be gone.
+        self.nodes_at = None;
+        Ok(())
+    }
+
+    fn on_other(&mut self, ev: Ev<Worker<T, A>, O>) -> Result<(), BatchError> {
+        match ev {
+            Ev::Nothing | Ev::Created(..) | Ev::Reply(..) => {}
             Ev::Stolen(victim, thief, r) => {
-                self.slots[victim].stealing = false;
-                if let Thief::New(node) = thief {
-                    if let Some(g) = self.growing.get_mut(&node) {
-                        *g = g.saturating_sub(1);
-                    }
-                }
                 let stolen = match r {
-                    Ok(Some(range)) => {
-                        self.slots[victim].hi = range.0;
-                        Some(range)
-                    }
-                    Ok(None) => None,
+                    Ok(r) => r,
                     Err(e) if fatal(&e) => return Err(BatchError::Call(e)),
+                    // The steal may have run and its answer been lost: the victim's
+                    // worker then finishes early and the ledger recomputes the rest.
                     Err(_) => None,
                 };
-                // A victim whose call ended (or was lost) while the steal was in flight.
-                let v = &mut self.slots[victim];
-                if !v.calling && v.phase != Phase::Retired {
-                    match v.after.take() {
-                        Some(Stop::Finished) => self.find_work(victim),
-                        Some(Stop::Asked) => self.retire(victim, Trigger::Asked),
-                        Some(Stop::Contended) => self.retire(victim, Trigger::Contended),
-                        _ if v.proclet.is_none() => self.retire(victim, Trigger::Lost),
-                        _ => {}
-                    }
-                }
-                match (thief, stolen) {
-                    (Thief::New(node), Some(range)) => self.create(node, range),
-                    (Thief::Slot(wid), Some(range)) => self.call(wid, Some(range)),
-                    (Thief::Slot(wid), None) => self.find_work_or_retire(wid),
-                    (Thief::New(_), None) => {}
-                }
+                self.ledger.stolen(victim, thief, stolen);
             }
             Ev::ProbeReady(node, Ok(p)) => {
                 self.probes.insert(node, p);
@@ -559,42 +564,6 @@ where
         Ok(())
     }
 
-    /// [`Self::find_work`] without stealing again (a steal just came back empty).
-    fn find_work_or_retire(&mut self, wid: usize) {
-        if let Some(r) = self.take_pool() {
-            self.call(wid, Some(r));
-        } else {
-            self.retire(wid, Trigger::Done);
-        }
-    }
-
-    fn on_reply(&mut self, wid: usize, r: WorkReply<O>) -> Result<(), BatchError> {
-        if let Some(log) = &self.log {
-            log.add_call(r.end - r.start, r.cpu_s, r.wall_s);
-        }
-        let slot = &mut self.slots[wid];
-        slot.calling = false;
-        if r.end > r.start {
-            if r.start != slot.lo || r.end > slot.hi.max(r.end) {
-                return Err(BatchError::Worker(format!(
-                    "internal: worker reported {}..{} but owns {}..{}",
-                    r.start, r.end, slot.lo, slot.hi
-                )));
-            }
-            slot.lo = r.end;
-            self.done += r.end - r.start;
-            self.outputs.insert(r.start, (r.end, r.out));
-        }
-        match r.stop {
-            Stop::Budget | Stop::Moving => self.call(wid, None),
-            stop if self.slots[wid].stealing => self.slots[wid].after = Some(stop),
-            Stop::Finished => self.find_work(wid),
-            Stop::Contended => self.retire(wid, Trigger::Contended),
-            Stop::Asked => self.retire(wid, Trigger::Asked),
-        }
-        Ok(())
-    }
-
     // ---- the policy tick ----
 
     fn tick(&mut self) -> Result<(), BatchError> {
@@ -614,6 +583,7 @@ where
         for node in self.policy.probe(&view) {
             if self.probing.get(&node).copied().unwrap_or(false)
                 || self.settled_at.get(&node).is_some_and(|t| now < *t)
+                || self.backoff.get(&node).is_some_and(|b| now < b.until)
             {
                 continue;
             }
@@ -648,7 +618,7 @@ where
             Target::Hold => {}
             Target::Grow(nodes) => {
                 for node in nodes {
-                    if !self.grow(node) {
+                    if !self.ledger.grow(node) {
                         break;
                     }
                 }
@@ -658,12 +628,12 @@ where
         // Sleep until the next event when nothing can change before it: the policy
         // says so, no work waits for a worker, and no node comes out of quarantine.
         self.ticking = self.policy.wants_ticks(&self.view())
-            || !self.pool.is_empty()
-            || self.live_workers() == 0
+            || self.ledger.has_pool()
+            || self.ledger.live_workers() == 0
             || self.quarantine.values().any(|until| now < *until);
         // Progress guarantee: work handed back with no worker left to take it goes to
         // the node with the most room, whatever the policy says.
-        if self.live_workers() == 0 && !self.pool.is_empty() {
+        if self.ledger.live_workers() == 0 && self.ledger.has_pool() {
             let best = view
                 .nodes
                 .iter()
@@ -672,9 +642,7 @@ where
             match best {
                 Some(node) => {
                     self.stranded_since = None;
-                    if let Some(r) = self.take_pool() {
-                        self.create(node, r);
-                    }
+                    self.ledger.rescue(node);
                 }
                 None => {
                     let since = *self.stranded_since.get_or_insert(now);
@@ -694,33 +662,15 @@ where
             .map(|n| NodeView {
                 id: n.id,
                 cores: n.spec.cores,
-                workers: self.workers_on(n.id),
+                workers: self.ledger.workers_on(n.id),
                 spare: None,
             })
             .collect();
         View {
             nodes,
-            workers: self.live_workers(),
-            remaining: self.len - self.done,
+            workers: self.ledger.live_workers(),
+            remaining: self.ledger.remaining(),
             elapsed: self.started.elapsed(),
-        }
-    }
-
-    /// One more worker on `node`, with handed-back work or half of the largest range.
-    /// False when there is nothing to give it.
-    fn grow(&mut self, node: NodeId) -> bool {
-        if let Some(r) = self.take_pool() {
-            self.create(node, r);
-            true
-        } else if let Some(victim) = self.largest(None) {
-            self.settled_at
-                .insert(node, Instant::now() + self.cfg.settle);
-            *self.growing.entry(node).or_default() += 1;
-            self.spare.remove(&node);
-            self.steal(victim, Thief::New(node));
-            true
-        } else {
-            false
         }
     }
 
@@ -728,43 +678,31 @@ where
     fn shrink(&mut self, k: usize) {
         for _ in 0..k {
             let mut best: Option<(usize, f64)> = None;
-            for (i, s) in self.slots.iter().enumerate() {
-                if s.phase != Phase::Working || !s.calling || s.asked || s.proclet.is_none() {
-                    continue;
-                }
+            for (wid, node) in self.ledger.stoppable() {
                 let cores = self
                     .nodes
                     .iter()
-                    .find(|n| n.id == s.node)
+                    .find(|n| n.id == node)
                     .map(|n| n.spec.cores.max(0.01))
                     .unwrap_or(1.0);
-                let crowd = self.workers_on(s.node) as f64 / cores;
+                let crowd = self.ledger.workers_on(node) as f64 / cores;
                 if best.is_none_or(|(_, c)| crowd > c) {
-                    best = Some((i, crowd));
+                    best = Some((wid, crowd));
                 }
             }
             let Some((wid, _)) = best else { return };
-            // Mark it so it is not picked twice; its reply (Asked) retires it.
-            self.slots[wid].asked = true;
-            if let Some(p) = self.slots[wid].proclet.clone() {
-                let fut = p.run_ref_async((), worker::ask_stop::<T, A>);
-                self.pending.push(Box::pin(async move {
-                    let _ = fut.await;
-                    Ev::Nothing
-                }));
-            }
+            // Marked in the ledger so it is not picked twice; its reply retires it.
+            self.ledger.ask_stop(wid);
         }
     }
 
     async fn cleanup(&mut self) {
         let mut destroys: Vec<Boxed<()>> = Vec::new();
-        for s in &mut self.slots {
-            if let Some(p) = s.proclet.take() {
-                let fut = p.destroy_async();
-                destroys.push(Box::pin(async move {
-                    let _ = fut.await;
-                }));
-            }
+        for p in self.workers.iter_mut().filter_map(Option::take) {
+            let fut = p.destroy_async();
+            destroys.push(Box::pin(async move {
+                let _ = fut.await;
+            }));
         }
         for (_, p) in self.probes.drain() {
             let fut = p.destroy_async();
@@ -788,4 +726,34 @@ fn fatal(e: &CallError) -> bool {
             | CallError::Reentrant(_)
             | CallError::NoCluster
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_only_while_regrowths_keep_failing() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // A first stop, long after the worker started: the shortest wait.
+        let b = Backoff::after_stop(None, Some(t0), t0 + ms(2000));
+        assert_eq!(b.wait, BACKOFF_MIN);
+        // Regrown after the wait and stopped again at once: twice as long, and so on up
+        // to the cap.
+        let mut b = b;
+        let mut at = b.until;
+        for _ in 0..20 {
+            let grew = at;
+            at = grew + ms(5);
+            b = Backoff::after_stop(Some(b), Some(grew), at);
+            at = b.until;
+        }
+        assert_eq!(b.wait, BACKOFF_MAX);
+        // A worker that ran a while before its stop starts the back-off afresh (an
+        // antagonist came and went).
+        let grew = at;
+        let b = Backoff::after_stop(Some(b), Some(grew), grew + ms(600));
+        assert_eq!(b.wait, BACKOFF_MIN);
+    }
 }

@@ -53,6 +53,7 @@
 #![forbid(unsafe_code)]
 
 mod coordinator;
+mod ledger;
 pub mod policy;
 mod probe;
 mod sink;
@@ -61,15 +62,16 @@ mod worker;
 pub use policy::{Fixed, Greedy, MinimizeQueue, NodeView, ScalingPolicy, Target, View};
 pub use sink::{Sink, SinkSummary};
 
-use coordinator::{Outputs, Settings};
+use coordinator::Settings;
 use granule_runtime::{CallError, NodeId, Wire};
 use granule_sharded::{Element, MapKey, MapValue, ShardError, ShardedMap, ShardedVec};
+use ledger::Outputs;
 use parking_lot::Mutex;
 use sink::Put;
-#[cfg(test)]
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use worker::WorkError;
 
 /// What can go wrong with a batch job.
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +121,9 @@ pub struct JobEvent {
     pub workers_on_node: usize,
     /// All the job's workers after the change.
     pub workers: usize,
+    /// The worker's compute proclet (`None` if it was never created). A stopped
+    /// worker's proclet is destroyed right after its event.
+    pub proclet: Option<granule_runtime::ProcletId>,
 }
 
 /// A record of a job's worker set over time, for timelines and tests. Pass one to
@@ -140,6 +145,12 @@ pub struct CallTotals {
     pub cpu_s: f64,
     /// Wall seconds the calls ran (inside the workers).
     pub wall_s: f64,
+    /// Calls that ended because the runtime was moving their worker to another node
+    /// (the next call follows it there).
+    pub moved: u64,
+    /// Calls that ended because their worker's core was busy with other work
+    /// ([`Greedy`] only); each retired its worker ([`Trigger::Contended`]).
+    pub contended: u64,
 }
 
 impl JobLog {
@@ -161,12 +172,17 @@ impl JobLog {
         *self.calls.lock()
     }
 
-    pub(crate) fn add_call(&self, items: u64, cpu_s: f64, wall_s: f64) {
+    pub(crate) fn add_call(&self, items: u64, cpu_s: f64, wall_s: f64, stop: worker::Stop) {
         let mut c = self.calls.lock();
         c.calls += 1;
         c.items += items;
         c.cpu_s += cpu_s;
         c.wall_s += wall_s;
+        match stop {
+            worker::Stop::Moving => c.moved += 1,
+            worker::Stop::Contended => c.contended += 1,
+            _ => {}
+        }
     }
 }
 
@@ -254,17 +270,52 @@ impl Batch {
         A: Wire + Clone + Sync,
         O: Wire,
         F: Copy + Send + Sync + 'static,
-        W: Fn(&worker::Worker<T, A>, worker::WorkReq, &F) -> Result<worker::WorkReply<O>, String>
+        W: Fn(
+                &worker::Worker<T, A>,
+                worker::WorkReq,
+                &F,
+            ) -> Result<worker::WorkReply<O>, WorkError>
             + Copy
             + Send
             + Sync
             + 'static,
     {
-        if !input.sharder().is_sealed()? {
-            return Err(BatchError::NotSealed);
-        }
-        let len = input.len()?;
-        let input = input.clone();
+        let len = sealed_len(input)?;
+        let (out, shelves) = self.run_over(input, vec![(0, len)], false, &arg, f, kernel);
+        shelves.destroy();
+        let out = out?;
+        check_cover(&out, len)?;
+        Ok((len, out))
+    }
+
+    /// Run the job over `ranges` of `input` (a first run covers it all; later ones
+    /// compute again what a lost node took along): the outputs by range, and the shelves
+    /// made (when `shelved`), whatever the outcome.
+    #[allow(clippy::too_many_arguments)]
+    fn run_over<T, A, O, F, W>(
+        &mut self,
+        input: &ShardedVec<T>,
+        ranges: Vec<(u64, u64)>,
+        shelved: bool,
+        arg: &A,
+        f: F,
+        kernel: W,
+    ) -> (Result<Outputs<O>, BatchError>, sink::Shelves)
+    where
+        T: Element,
+        A: Wire + Clone + Sync,
+        O: Wire,
+        F: Copy + Send + Sync + 'static,
+        W: Fn(
+                &worker::Worker<T, A>,
+                worker::WorkReq,
+                &F,
+            ) -> Result<worker::WorkReply<O>, WorkError>
+            + Copy
+            + Send
+            + Sync
+            + 'static,
+    {
         let settings = self.settings.clone();
         let log = self.log.clone();
         let policy: &mut dyn ScalingPolicy = &mut *self.policy;
@@ -273,12 +324,18 @@ impl Batch {
         // the job's own workers whenever the calling process shares cores with nodes.
         let spun = granule_runtime::set_spin(false);
         let out = granule_runtime::block_on(coordinator::run(
-            input, len, arg, f, kernel, settings, policy, log,
+            input.clone(),
+            ranges,
+            shelved,
+            arg.clone(),
+            f,
+            kernel,
+            settings,
+            policy,
+            log,
         ));
         granule_runtime::set_spin(spun);
-        let out = out?;
-        check_cover(&out, len)?;
-        Ok((len, out))
+        out
     }
 
     /// Run `f(&arg, item)` for every item of the sealed `input`.
@@ -556,17 +613,19 @@ impl Batch {
                 return Err(e);
             }
         };
-        let (accepted, produced) = accepted(&out);
-        let written = target.commit_staged(job, accepted, merge)?;
+        let accepted = accepted_in_order(&out);
+        let ids = accepted.iter().map(|(_, p)| p.call).collect();
+        let written = target.commit_staged(job, ids, merge)?;
         Ok(SinkSummary {
             items,
-            produced,
+            produced: accepted.iter().map(|(_, p)| p.items).sum(),
             written,
+            recomputed: 0,
         })
     }
 
     fn into_sink<T, A, U, S, F, W>(
-        self,
+        mut self,
         input: &ShardedVec<T>,
         arg: A,
         f: F,
@@ -582,37 +641,96 @@ impl Batch {
                 &worker::Worker<T, (A, S::Stage, u64)>,
                 worker::WorkReq,
                 &F,
-            ) -> Result<worker::WorkReply<Put>, String>
+            ) -> Result<worker::WorkReply<Put>, WorkError>
             + Copy
             + Send
             + Sync
             + 'static,
     {
+        let len = sealed_len(input)?;
         let job = sink::new_job_id();
         let stage = sink.open()?;
-        let (items, out) = match self.start(input, (arg, stage.clone(), job), f, kernel) {
-            Ok(r) => r,
-            Err(e) => {
-                sink.abort(&stage, job);
-                return Err(e);
-            }
+        let home = if S::SHELVED {
+            let home = sink.home()?.or_else(granule_runtime::here);
+            Some(home.ok_or(BatchError::NoNodes)?)
+        } else {
+            None
         };
-        let (accepted, produced) = accepted(&out);
-        let written = sink.close(&stage, job, accepted)?;
-        Ok(SinkSummary {
-            items,
-            produced,
-            written,
-        })
+        let arg = (arg, stage.clone(), job);
+        let mut shelves = sink::Shelves::default();
+        let mut out: Outputs<Put> = BTreeMap::new();
+        let mut todo = vec![(0, len)];
+        let mut recomputed = 0;
+        let mut rounds = 0;
+        let result = loop {
+            let (more, made) = self.run_over(input, todo, S::SHELVED, &arg, f, kernel);
+            shelves.extend(made);
+            match more {
+                Ok(more) => out.extend(more),
+                Err(e) => break Err(e),
+            }
+            // Shelved output is gathered on the target's node first; what a node took
+            // along before it could be gathered is computed again (rounds bounded: a
+            // cluster losing a node per round fails).
+            let lost = match home {
+                Some(home) => match shelves.gather(&accepted_in_order(&out), home) {
+                    Ok(l) => l,
+                    Err(e) => break Err(e),
+                },
+                None => Vec::new(),
+            };
+            if lost.is_empty() {
+                break Ok(());
+            }
+            rounds += 1;
+            if rounds > MAX_RECOMPUTE_ROUNDS {
+                break Err(BatchError::Worker(format!(
+                    "kept output was lost {rounds} times over (nodes keep dying): giving up"
+                )));
+            }
+            todo = lost
+                .iter()
+                .filter_map(|s| out.remove(s).map(|(e, _)| (*s, e)))
+                .collect();
+            recomputed += todo.iter().map(|(s, e)| e - s).sum::<u64>();
+            tracing::info!(
+                "{} ranges of kept output were lost with their node: computing them again",
+                todo.len()
+            );
+        };
+        let committed = result.and_then(|()| {
+            check_cover(&out, len)?;
+            let accepted = accepted_in_order(&out);
+            let written = sink.close(&stage, job, &accepted, &shelves)?;
+            Ok(SinkSummary {
+                items: len,
+                produced: accepted.iter().map(|(_, p)| p.items).sum(),
+                written,
+                recomputed,
+            })
+        });
+        if committed.is_err() {
+            sink.abort(&stage, job);
+        }
+        shelves.destroy();
+        committed
     }
 }
 
-/// The ids of the calls whose output counts (one per input range), sorted (the sinks
-/// look them up by binary search), and their outputs.
-fn accepted(out: &Outputs<Put>) -> (Vec<u64>, u64) {
-    let mut ids: Vec<u64> = out.values().map(|(_, p)| p.call).collect();
-    ids.sort_unstable();
-    (ids, out.values().map(|(_, p)| p.items).sum())
+/// How many times a sink job computes again output lost with a node before it gives up.
+const MAX_RECOMPUTE_ROUNDS: usize = 8;
+
+/// The length of a sealed input (jobs run over sealed inputs only).
+fn sealed_len<T: Element>(input: &ShardedVec<T>) -> Result<u64, BatchError> {
+    if !input.sharder().is_sealed()? {
+        return Err(BatchError::NotSealed);
+    }
+    Ok(input.len()?)
+}
+
+/// The accepted calls' reports, in input order, with their first input index.
+fn accepted_in_order(out: &Outputs<Put>) -> Vec<(u64, Put)> {
+    out.iter().map(|(s, (_, p))| (*s, *p)).collect()
 }
 
 /// The replies must cover `0..len` exactly once, in order: anything else is a bug in
@@ -767,20 +885,4 @@ where
     C: Fn(&mut Acc, Acc),
 {
     Batch::new().reduce(input, arg, f, init, combine)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accepted_calls_are_sorted_by_id_whatever_their_ranges_order() {
-        // Later ranges finished by earlier calls (steals hand the upper half of a range
-        // to a new call): ids out of order by range.
-        let mut out: Outputs<Put> = BTreeMap::new();
-        out.insert(0, (10, Put { call: 7, items: 3 }));
-        out.insert(10, (20, Put { call: 2, items: 0 }));
-        out.insert(20, (30, Put { call: 5, items: 4 }));
-        assert_eq!(accepted(&out), (vec![2, 5, 7], 7));
-    }
 }

@@ -14,11 +14,15 @@
 //! The cursor sits behind a lock so that the coordinator can *steal* the upper half of
 //! the unclaimed range (a concurrent read-only call: `run_ref`) while the worker runs:
 //! a steal only lowers `end`, never below what the worker has claimed, so claimed
-//! chunks stay contiguous and nothing is computed twice.
+//! chunks stay contiguous and nothing is computed twice. Because its read-only calls
+//! change the cursor, the worker is created with `mutating_reads`: a move holds them
+//! and runs them at the destination (served at the source while the state streams, a
+//! work call's progress was lost with the source's copy and the worker reported from
+//! an older cursor than the coordinator had accounted).
 
-use crate::sink::{Put, Sink};
+use crate::sink::{Put, PutError, Shelf, Sink};
 use granule_host::proc::{thread_cpu_time as thread_cpu, OwnSchedstat};
-use granule_runtime::{should_yield, Wire};
+use granule_runtime::{should_yield, Proclet, Wire};
 use granule_sharded::{Element, MapKey, MapValue, ShardError, ShardedMap, ShardedVec};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -41,7 +45,7 @@ pub(crate) struct Cursor {
 }
 
 impl Cursor {
-    fn claim(&mut self, n: u64) -> Option<(u64, u64)> {
+    pub(crate) fn claim(&mut self, n: u64) -> Option<(u64, u64)> {
         if self.next >= self.end {
             return None;
         }
@@ -53,7 +57,7 @@ impl Cursor {
 
     /// The upper half of what is unclaimed, if it holds at least `min` items and leaves
     /// at least `min`.
-    fn steal(&mut self, min: u64) -> Option<(u64, u64)> {
+    pub(crate) fn steal(&mut self, min: u64) -> Option<(u64, u64)> {
         let rest = self.end.saturating_sub(self.next);
         if rest < 2 * min.max(1) {
             return None;
@@ -65,7 +69,7 @@ impl Cursor {
     }
 
     /// Everything unclaimed; leaves the cursor empty.
-    fn take_rest(&mut self) -> Option<(u64, u64)> {
+    pub(crate) fn take_rest(&mut self) -> Option<(u64, u64)> {
         let rest = (self.next < self.end).then_some((self.next, self.end));
         self.next = self.end;
         rest
@@ -87,10 +91,17 @@ pub(crate) struct Worker<T: Element, A> {
     /// chunk boundary and hands back its unclaimed range.
     #[serde(skip)]
     stop: AtomicBool,
+    /// Where a vector sink's worker keeps its calls' output: its node's shelf.
+    pub(crate) shelf: Option<Proclet<Shelf>>,
 }
 
 impl<T: Element, A> Worker<T, A> {
-    pub(crate) fn new(input: ShardedVec<T>, arg: A, range: (u64, u64)) -> Self {
+    pub(crate) fn new(
+        input: ShardedVec<T>,
+        arg: A,
+        range: (u64, u64),
+        shelf: Option<Proclet<Shelf>>,
+    ) -> Self {
         Worker {
             input,
             arg,
@@ -99,6 +110,7 @@ impl<T: Element, A> Worker<T, A> {
                 end: range.1,
             }),
             stop: AtomicBool::new(false),
+            shelf,
         }
     }
 }
@@ -159,6 +171,23 @@ pub(crate) enum Stop {
     Asked,
 }
 
+/// Why a work call failed.
+#[derive(Serialize, Deserialize, Debug)]
+pub(crate) enum WorkError {
+    /// Nothing a retry fixes (reading the input failed, the target refused the output):
+    /// the job fails with this.
+    Failed(String),
+    /// Its output could not be kept where it belongs (a shelf's node is gone): the call
+    /// counts as lost and its range is computed again elsewhere.
+    Lost(String),
+}
+
+impl From<String> for WorkError {
+    fn from(why: String) -> Self {
+        WorkError::Failed(why)
+    }
+}
+
 /// One work call's reply: the kernel's output for items `start..end`, exactly.
 #[derive(Serialize, Deserialize, Debug)]
 pub(crate) struct WorkReply<O> {
@@ -186,6 +215,8 @@ struct ShareMeter {
     waited: Duration,
     /// Consecutive readings below the threshold.
     low: u32,
+    /// The last reading's two views of the share: (by run-queue delay, by CPU time).
+    last_views: (f64, f64),
 }
 
 /// Readings (one per millisecond) in a row that must find the core contended: one
@@ -203,6 +234,7 @@ impl ShareMeter {
             last: None,
             waited: Duration::ZERO,
             low: 0,
+            last_views: (1.0, 1.0),
         };
         if let Some((cpu, delay)) = m.read() {
             m.samples.push_back((Instant::now(), cpu, delay, 0));
@@ -255,6 +287,7 @@ impl ShareMeter {
         let by_delay = 1.0 - delay.saturating_sub(d0) as f64 / wall_ns;
         let running = (wall_ns - waited.saturating_sub(w0) as f64).max(1.0);
         let by_cpu = cpu.saturating_sub(c0) as f64 / running;
+        self.last_views = (by_delay, by_cpu);
         Some(by_delay.min(by_cpu))
     }
 }
@@ -312,6 +345,13 @@ where
         } else if w.stop.swap(false, Ordering::AcqRel) {
             Some(Stop::Asked)
         } else if req.watch.is_some_and(|wt| meter.contended(wt)) {
+            let (by_delay, by_cpu) = meter.last_views;
+            tracing::debug!(
+                by_delay,
+                by_cpu,
+                "a batch worker stops: its core is contended (share by run-queue delay, by \
+                 CPU time over time not fetching)"
+            );
             Some(Stop::Contended)
         } else if started.elapsed() >= budget {
             Some(Stop::Budget)
@@ -409,58 +449,58 @@ pub(crate) fn for_all_kernel<T, A, F>(
     w: &Worker<T, A>,
     req: WorkReq,
     f: &F,
-) -> Result<WorkReply<()>, String>
+) -> Result<WorkReply<()>, WorkError>
 where
     T: Element,
     A: Wire + Sync,
     F: Fn(&A, &T),
 {
-    work_loop(w, req, (), |a, x, _| f(a, x))
+    Ok(work_loop(w, req, (), |a, x, _| f(a, x))?)
 }
 
 pub(crate) fn map_kernel<T, A, U, F>(
     w: &Worker<T, A>,
     req: WorkReq,
     f: &F,
-) -> Result<WorkReply<Vec<U>>, String>
+) -> Result<WorkReply<Vec<U>>, WorkError>
 where
     T: Element,
     A: Wire + Sync,
     U: Send,
     F: Fn(&A, &T) -> U,
 {
-    work_loop(w, req, Vec::new(), |a, x, o| o.push(f(a, x)))
+    Ok(work_loop(w, req, Vec::new(), |a, x, o| o.push(f(a, x)))?)
 }
 
 pub(crate) fn flat_map_kernel<T, A, U, F>(
     w: &Worker<T, A>,
     req: WorkReq,
     f: &F,
-) -> Result<WorkReply<Vec<U>>, String>
+) -> Result<WorkReply<Vec<U>>, WorkError>
 where
     T: Element,
     A: Wire + Sync,
     U: Send,
     F: Fn(&A, &T) -> Vec<U>,
 {
-    work_loop(w, req, Vec::new(), |a, x, o| o.extend(f(a, x)))
+    Ok(work_loop(w, req, Vec::new(), |a, x, o| o.extend(f(a, x)))?)
 }
 
 pub(crate) fn filter_kernel<T, A, F>(
     w: &Worker<T, A>,
     req: WorkReq,
     f: &F,
-) -> Result<WorkReply<Vec<T>>, String>
+) -> Result<WorkReply<Vec<T>>, WorkError>
 where
     T: Element,
     A: Wire + Sync,
     F: Fn(&A, &T) -> bool,
 {
-    work_loop(w, req, Vec::new(), |a, x, o| {
+    Ok(work_loop(w, req, Vec::new(), |a, x, o| {
         if f(a, x) {
             o.push(x.clone())
         }
-    })
+    })?)
 }
 
 /// `reduce`: the worker's argument is `(arg, init)`; each call folds its items into a
@@ -469,7 +509,7 @@ pub(crate) fn reduce_kernel<T, A, Acc, F>(
     w: &Worker<T, (A, Acc)>,
     req: WorkReq,
     f: &F,
-) -> Result<WorkReply<Acc>, String>
+) -> Result<WorkReply<Acc>, WorkError>
 where
     T: Element,
     A: Wire + Sync,
@@ -477,7 +517,7 @@ where
     F: Fn(&A, &mut Acc, &T),
 {
     let init = w.arg.1.clone();
-    work_loop(w, req, init, |(a, _), x, acc| f(a, acc, x))
+    Ok(work_loop(w, req, init, |(a, _), x, acc| f(a, acc, x))?)
 }
 
 // ---- sink kernels: the output goes to a sink's stage from here; the reply says how
@@ -490,7 +530,7 @@ fn sink_loop<T, A, U, S, E>(
     w: &Worker<T, (A, S::Stage, u64)>,
     req: WorkReq,
     emit: E,
-) -> Result<WorkReply<Put>, String>
+) -> Result<WorkReply<Put>, WorkError>
 where
     T: Element,
     A: Wire + Sync,
@@ -501,15 +541,20 @@ where
     let call = req.call;
     let r = work_loop(w, req, Vec::new(), emit)?;
     let items = r.out.len() as u64;
+    let mut shelf = None;
     if r.end > r.start {
         let (_, stage, job) = &w.arg;
-        S::put(stage, *job, (r.start, call), r.out)
-            .map_err(|e| format!("writing items {}..{} to the sink: {e}", r.start, r.end))?;
+        let why = |e: String| format!("writing items {}..{} to the sink: {e}", r.start, r.end);
+        shelf =
+            S::put(stage, w.shelf.as_ref(), *job, (r.start, call), r.out).map_err(|e| match e {
+                PutError::Lost(e) => WorkError::Lost(why(e)),
+                PutError::Failed(e) => WorkError::Failed(why(e)),
+            })?;
     }
     Ok(WorkReply {
         start: r.start,
         end: r.end,
-        out: Put { call, items },
+        out: Put { call, items, shelf },
         stop: r.stop,
         rest: r.rest,
         cpu_s: r.cpu_s,
@@ -521,7 +566,7 @@ pub(crate) fn map_into_kernel<T, A, U, S, F>(
     w: &Worker<T, (A, S::Stage, u64)>,
     req: WorkReq,
     f: &F,
-) -> Result<WorkReply<Put>, String>
+) -> Result<WorkReply<Put>, WorkError>
 where
     T: Element,
     A: Wire + Sync,
@@ -536,7 +581,7 @@ pub(crate) fn flat_map_into_kernel<T, A, U, S, F>(
     w: &Worker<T, (A, S::Stage, u64)>,
     req: WorkReq,
     f: &F,
-) -> Result<WorkReply<Put>, String>
+) -> Result<WorkReply<Put>, WorkError>
 where
     T: Element,
     A: Wire + Sync,
@@ -554,7 +599,7 @@ pub(crate) fn reduce_by_key_kernel<T, A, K, V, F, M>(
     w: &Worker<T, (A, ShardedMap<K, V>, u64)>,
     req: WorkReq,
     fm: &(F, M),
-) -> Result<WorkReply<Put>, String>
+) -> Result<WorkReply<Put>, WorkError>
 where
     T: Element,
     A: Wire + Sync,
@@ -590,7 +635,11 @@ where
     Ok(WorkReply {
         start: r.start,
         end: r.end,
-        out: Put { call, items: keys },
+        out: Put {
+            call,
+            items: keys,
+            shelf: None,
+        },
         stop: r.stop,
         rest: r.rest,
         cpu_s: r.cpu_s,

@@ -210,6 +210,84 @@ fn reads_are_served_during_a_move_and_writes_land_at_the_new_home() {
     });
 }
 
+/// A state whose read-only calls change it (a counter behind an atomic), as a batch
+/// job's worker is.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct Ticks {
+    #[serde(with = "atomic_u64")]
+    n: std::sync::atomic::AtomicU64,
+}
+
+mod atomic_u64 {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    pub fn serialize<S: Serializer>(v: &AtomicU64, s: S) -> Result<S::Ok, S::Error> {
+        v.load(Ordering::SeqCst).serialize(s)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<AtomicU64, D::Error> {
+        u64::deserialize(d).map(AtomicU64::new)
+    }
+}
+
+fn tick(t: &Ticks, (): ()) -> (u64, Option<NodeId>) {
+    let n = t.n.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+    (n, granule::here())
+}
+
+/// Paused with the lock held mid-move, a proclet declared with `mutating_reads` holds
+/// its read-only calls too (served at the source, their changes would be lost with the
+/// source's copy: a batch worker's cursor went back that way), and each runs once, at
+/// the new home.
+#[test]
+fn reads_that_change_the_state_are_held_during_a_move_and_lose_nothing() {
+    bounded(Duration::from_secs(90), || {
+        let (cluster, src, dst) = pair();
+        let p: Proclet<Ticks> = Proclet::builder(Kind::Compute)
+            .on(src)
+            .mutating_reads()
+            .create((), |()| Ticks::default())
+            .unwrap();
+        assert_eq!(p.run_ref((), tick).unwrap(), (1, Some(src)));
+        cluster
+            .faults()
+            .failpoints(src, "migrate.locked=1*pause")
+            .unwrap();
+        std::thread::scope(|s| {
+            let c = &cluster;
+            let id = p.id();
+            let mover = s.spawn(move || c.move_proclet(id, dst));
+            let t = Instant::now();
+            while !c.faults().report(src).unwrap().contains("migrate.locked") {
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "the move never paused"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let (tx, rx) = std::sync::mpsc::channel();
+            let p2 = p.clone();
+            let reader = s.spawn(move || {
+                let r = p2.run_ref((), tick);
+                let _ = tx.send(());
+                r
+            });
+            // Held while the move is paused: an answer now could only come from the
+            // source's copy, which the move is about to drop.
+            let served_mid_move = rx.recv_timeout(Duration::from_millis(300)).is_ok();
+            c.faults().failpoints(src, "").unwrap();
+            mover.join().unwrap().unwrap();
+            let read = reader.join().unwrap().unwrap();
+            assert!(
+                !served_mid_move,
+                "a read that changes the state was served at the source mid-move: {read:?}"
+            );
+            assert_eq!(read, (2, Some(dst)));
+        });
+        assert_eq!(p.location().unwrap(), dst);
+        assert_eq!(p.run_ref((), tick).unwrap(), (3, Some(dst)), "no tick lost");
+    });
+}
+
 /// The destination refuses the state once it has it all (before installing), or drops
 /// its copy at the last moment (installed, before confirming): either way the move
 /// fails, nothing is hosted twice, and the proclet serves on at its source.

@@ -157,7 +157,10 @@ pub struct ProcletBuilder<S> {
     mem_hint: u64,
     pinned: bool,
     group: Option<String>,
-    state_desc: &'static shipping::Descriptor,
+    /// Whether its footprint is the state's own `Footprint` (else an estimate).
+    exact: Option<fn(u8) -> &'static shipping::Descriptor>,
+    /// State flags ([`ProcletBuilder::mutating_reads`], [`ProcletBuilder::owner_placed`]).
+    flags: u8,
     _state: PhantomData<fn() -> S>,
 }
 
@@ -254,7 +257,27 @@ impl<S: ProcletState> ProcletBuilder<S> {
     where
         S: Footprint,
     {
-        self.state_desc = shipping::exact_state_desc::<S>();
+        self.exact = Some(shipping::exact_state_desc::<S>);
+        self
+    }
+
+    /// Declare that the proclet's read-only calls ([`Proclet::run_ref`]) change its
+    /// state through interior mutability (a lock or an atomic inside it), as a batch
+    /// job's worker does when its range is split while it runs. A move then holds such
+    /// calls like writes and lets them run at the destination: by default reads keep
+    /// being served at the source while the state streams, and what they changed there
+    /// would be lost with the source's copy.
+    pub fn mutating_reads(mut self) -> Self {
+        self.flags |= shipping::MUTATING_READS;
+        self
+    }
+
+    /// The proclet's creator decides where it runs (a batch job's coordinator places
+    /// its workers by the idle cores it measures): the nodes' pressure policy never
+    /// moves it, as it would otherwise move a busy compute proclet off a node whose CPU
+    /// quota it fills. Explicit moves ([`crate::Cluster::move_proclet`]) still do.
+    pub fn owner_placed(mut self) -> Self {
+        self.flags |= shipping::OWNER_PLACED;
         self
     }
 
@@ -265,7 +288,10 @@ impl<S: ProcletState> ProcletBuilder<S> {
             mem_hint: self.mem_hint,
             pinned: self.pinned,
             group: self.group.clone(),
-            state_desc: self.state_desc,
+            state_desc: match self.exact {
+                Some(exact) => exact(self.flags),
+                None => shipping::state_desc::<S>(self.flags),
+            },
         }
     }
 
@@ -509,7 +535,8 @@ impl<S: ProcletState> Proclet<S> {
             mem_hint: 0,
             pinned: false,
             group: None,
-            state_desc: shipping::state_desc::<S>(),
+            exact: None,
+            flags: 0,
             _state: PhantomData,
         }
     }

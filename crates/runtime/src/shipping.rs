@@ -63,6 +63,26 @@ pub(crate) struct StateOps {
     pub into_raw: IntoRawFn,
     pub from_raw: FromRawFn,
     pub footprint: FootprintFn,
+    /// Options that travel with the state wherever it moves ([`MUTATING_READS`],
+    /// [`OWNER_PLACED`]).
+    pub flags: u8,
+}
+
+/// State flag: its read-only calls change it through interior mutability (a lock, an
+/// atomic), so a move must hold them like writes (`ProcletBuilder::mutating_reads`).
+pub(crate) const MUTATING_READS: u8 = 1;
+/// State flag: its creator decides where it runs, so the pressure policy never moves it
+/// (`ProcletBuilder::owner_placed`).
+pub(crate) const OWNER_PLACED: u8 = 2;
+
+impl StateOps {
+    pub(crate) fn mutating_reads(&self) -> bool {
+        self.flags & MUTATING_READS != 0
+    }
+
+    pub(crate) fn owner_placed(&self) -> bool {
+        self.flags & OWNER_PLACED != 0
+    }
 }
 
 const MAGIC: [u64; 2] = [0x4752_414e_554c_4521, 0x7368_6970_7065_6421];
@@ -422,11 +442,12 @@ where
     };
 }
 
-/// Descriptors of state types (encode/decode for moves, footprint for accounting).
-pub(crate) struct DescState<S>(Mark<S>);
+/// Descriptors of state types (encode/decode for moves, footprint for accounting), one
+/// per combination of state flags.
+pub(crate) struct DescState<S, const FLAGS: u8>(Mark<S>);
 
-/// The descriptor of state type `S`, with the given footprint function.
-const fn state_descriptor<S>(footprint: FootprintFn) -> Descriptor
+/// The descriptor of state type `S`, with the given footprint function and flags.
+const fn state_descriptor<S>(footprint: FootprintFn, flags: u8) -> Descriptor
 where
     S: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
@@ -444,23 +465,24 @@ where
             into_raw: into_raw::<S>,
             from_raw: from_raw::<S>,
             footprint,
+            flags,
         }),
     }
 }
 
-impl<S> DescState<S>
+impl<S, const FLAGS: u8> DescState<S, FLAGS>
 where
     S: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    const STATE: Descriptor = state_descriptor::<S>(estimated_footprint::<S>);
+    const STATE: Descriptor = state_descriptor::<S>(estimated_footprint::<S>, FLAGS);
 }
 
-impl<S> DescState<S>
+impl<S, const FLAGS: u8> DescState<S, FLAGS>
 where
     S: Serialize + DeserializeOwned + crate::footprint::Footprint + Send + Sync + 'static,
 {
     /// Same as `STATE`, but accounted with the state's own `Footprint`.
-    const EXACT: Descriptor = state_descriptor::<S>(exact_footprint::<S>);
+    const EXACT: Descriptor = state_descriptor::<S>(exact_footprint::<S>, FLAGS);
 }
 
 /// Descriptor of an exclusive call of `F` on `S`.
@@ -495,20 +517,30 @@ where
     &DescCtor::<F, S, A>::CTOR
 }
 
-/// Descriptor of the state type `S`.
-pub(crate) fn state_desc<S>() -> &'static Descriptor
+/// Descriptor of the state type `S` with `flags` ([`MUTATING_READS`], [`OWNER_PLACED`]).
+pub(crate) fn state_desc<S>(flags: u8) -> &'static Descriptor
 where
     S: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    &DescState::<S>::STATE
+    match flags & (MUTATING_READS | OWNER_PLACED) {
+        0 => &DescState::<S, 0>::STATE,
+        1 => &DescState::<S, 1>::STATE,
+        2 => &DescState::<S, 2>::STATE,
+        _ => &DescState::<S, 3>::STATE,
+    }
 }
 
-/// Descriptor of the state type `S`, accounted with its own `Footprint`.
-pub(crate) fn exact_state_desc<S>() -> &'static Descriptor
+/// Descriptor of the state type `S` with `flags`, accounted with its own `Footprint`.
+pub(crate) fn exact_state_desc<S>(flags: u8) -> &'static Descriptor
 where
     S: Serialize + DeserializeOwned + crate::footprint::Footprint + Send + Sync + 'static,
 {
-    &DescState::<S>::EXACT
+    match flags & (MUTATING_READS | OWNER_PLACED) {
+        0 => &DescState::<S, 0>::EXACT,
+        1 => &DescState::<S, 1>::EXACT,
+        2 => &DescState::<S, 2>::EXACT,
+        _ => &DescState::<S, 3>::EXACT,
+    }
 }
 
 impl Descriptor {

@@ -497,7 +497,7 @@ mod tests {
         Slot::new(
             ProcletId(1),
             Kind::Memory,
-            state_desc::<u64>(),
+            state_desc::<u64>(0),
             1,
             Box::new(0u64),
             None,

@@ -4,10 +4,11 @@
 //! A move of proclet P from source S to destination D:
 //! 1. S marks P moving and asks code running on P to yield at its next item boundary
 //!    (`should_yield`; only long-running closures look), then takes P's lock: exclusively
-//!    for a byte-vector state (taken out to be sent as is), shared for any other (encoded
-//!    in place). Calls in flight that change the state finish first; from now on calls
-//!    that would change it queue on the lock: they are *held*. With a shared lock,
-//!    read-only calls keep being served at S meanwhile — nothing can change the state.
+//!    for a byte-vector state (taken out to be sent as is) and for a state whose reads
+//!    change it (`ProcletBuilder::mutating_reads`), shared for any other (encoded in
+//!    place). Calls in flight that change the state finish first; from now on calls that
+//!    would change it queue on the lock: they are *held*. With a shared lock, read-only
+//!    calls keep being served at S meanwhile — nothing can change the state.
 //! 2. S streams P's state to D in `Transfer` chunks over their connection. D appends the
 //!    chunks and, at the last one, decodes the state and installs P with the next epoch —
 //!    *provisionally*: its lock is held, so calls reaching D wait — and confirms.
@@ -210,7 +211,10 @@ impl NodeInner {
         // (`run_ref`) keep being served here while it streams — nothing can change it —
         // and calls that would change it are held, then bounced to the new home.
         let raw = (ops.from_raw)(Vec::new()).is_some();
-        let mode = if raw {
+        // A state whose reads change it (`ProcletBuilder::mutating_reads`) is encoded
+        // under the exclusive lock too: a read served here while it streams would change
+        // the copy that is about to be dropped.
+        let mode = if raw || ops.mutating_reads() {
             CallMode::Exclusive
         } else {
             CallMode::Shared
