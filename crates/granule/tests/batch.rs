@@ -667,7 +667,11 @@ fn every_policy() -> Vec<(&'static str, Batch)> {
     let mut tick = 0u64;
     let swinging = batch::MinimizeQueue::with_len(move || {
         tick += 1;
-        Some(if (tick / 50) % 2 == 0 { 0 } else { 10_000 })
+        Some(if (tick / 50).is_multiple_of(2) {
+            0
+        } else {
+            10_000
+        })
     });
     vec![
         ("greedy", Batch::new()),
@@ -885,8 +889,10 @@ fn kill_at(seed: u64, job: u64) -> u64 {
 fn a_node_that_only_runs_workers_can_die_at_any_moment_of_a_sink_job() {
     for seed in kill_seeds() {
         bounded(Duration::from_secs(240), move || {
+            // The victims have the most memory: where new memory proclets go unless told
+            // otherwise (split-off shards of a map holding staged output must not).
             let c = Cluster::builder()
-                .nodes("cpu=1,mem=1GiB;cpu=1,mem=1GiB;cpu=1,mem=1GiB;cpu=1,mem=1GiB")
+                .nodes("cpu=1,mem=1GiB;cpu=1,mem=1GiB;cpu=1,mem=3GiB;cpu=1,mem=3GiB")
                 .expect("node specs")
                 .shed(false)
                 .faults(true)
@@ -897,12 +903,25 @@ fn a_node_that_only_runs_workers_can_die_at_any_moment_of_a_sink_job() {
                 .expect("setting")
                 .start()
                 .expect("cluster starts");
-            let nodes = c.worker_nodes().expect("nodes");
-            let (home, victims) = (&nodes[..2], &nodes[2..]);
+            let infos = granule::cluster_nodes().expect("nodes");
+            let workers = c.worker_nodes().expect("nodes");
+            let with_mem = |big: bool| -> Vec<NodeId> {
+                let mut v: Vec<NodeId> = infos
+                    .iter()
+                    .filter(|n| workers.contains(&n.id))
+                    .filter(|n| (n.spec.mem_bytes > (2 << 30)) == big)
+                    .map(|n| n.id)
+                    .collect();
+                v.sort();
+                v
+            };
+            let (home, victims) = (with_mem(false), with_mem(true));
+            assert_eq!((home.len(), victims.len()), (2, 2), "{infos:?}");
+            let nodes: Vec<NodeId> = home.iter().chain(&victims).copied().collect();
             let n = 12_000u64;
             let input = sealed(&(0..n).collect::<Vec<_>>());
-            // An index from 3,000 keys to the items that map to them (a few MiB of
-            // staged values: the target's shards split under staging).
+            // An index from 3,000 keys to the items that map to them, each 32 times
+            // (about 4 MiB of staged values: the target's shards split under staging).
             let index: ShardedMap<u64, Vec<u64>> = ShardedMap::new().expect("map");
             index.insert(7, vec![u64::MAX]).expect("insert");
             let out: ShardedVec<u64> = ShardedVec::new().expect("vec");
@@ -937,9 +956,15 @@ fn a_node_that_only_runs_workers_can_die_at_any_moment_of_a_sink_job() {
             ] {
                 keep.extend(shards);
             }
-            for (i, id) in keep.into_iter().enumerate() {
-                c.move_proclet(id, home[i % 2]).expect("move home");
+            for (i, id) in keep.iter().enumerate() {
+                c.move_proclet(*id, home[i % 2]).expect("move home");
             }
+            eprintln!(
+                "seed {seed}: nodes {nodes:?}; before the jobs: {:?}",
+                keep.iter()
+                    .map(|id| (*id, c.locate(*id)))
+                    .collect::<Vec<_>>()
+            );
             let job = |victim: NodeId, k: u64| {
                 c.faults()
                     .failpoints(victim, &format!("call.before_reply={k}*off->crash"))
@@ -956,18 +981,25 @@ fn a_node_that_only_runs_workers_can_die_at_any_moment_of_a_sink_job() {
                     (),
                     |_: &(), x: &u64| {
                         spin(60);
-                        vec![(x % 3000, vec![*x])]
+                        vec![(x % 3000, vec![*x; 32])]
                     },
                     |ids: &mut Vec<u64>, more: Vec<u64>| ids.extend(more),
                     &index,
                 )
-                .unwrap_or_else(|e| panic!("seed {seed} (victim's call {k}): {e}"));
+                .unwrap_or_else(|e| {
+                    let at: Vec<_> = index
+                        .sharder()
+                        .shards()
+                        .map(|v| v.iter().map(|(_, s)| (s.id(), s.location())).collect())
+                        .unwrap_or_default();
+                    panic!("seed {seed} (victim's call {k}): {e}; the index's shards: {at:?}")
+                });
             assert_eq!(done.items, n);
             let got = index.range(None, None, usize::MAX).expect("range");
             let want: Vec<(u64, Vec<u64>)> = (0..3000)
                 .map(|key| {
                     let mut ids: Vec<u64> = if key == 7 { vec![u64::MAX] } else { vec![] };
-                    ids.extend((key..n).step_by(3000));
+                    ids.extend((key..n).step_by(3000).flat_map(|x| [x; 32]));
                     (key, ids)
                 })
                 .collect();

@@ -288,6 +288,69 @@ fn reads_that_change_the_state_are_held_during_a_move_and_lose_nothing() {
     });
 }
 
+/// A proclet moved off a node that died afterwards is still reached through handles and
+/// caches that name the dead node (its creation hint, a location learned before the
+/// move): the caller asks the controller where it went instead of failing with "node
+/// unreachable" (a batch job's target map once failed so after its worker-only node
+/// was killed).
+#[test]
+fn a_proclet_that_left_a_node_before_it_died_is_still_reached() {
+    bounded(Duration::from_secs(90), || {
+        let cluster = Cluster::builder()
+            .nodes("cpu=1,mem=512MiB;cpu=1,mem=512MiB;cpu=1,mem=512MiB")
+            .unwrap()
+            .shed(false)
+            .set("cluster.replace_dead", "off")
+            .unwrap()
+            .failure_timeout(Duration::from_secs(3))
+            .start()
+            .unwrap();
+        let nodes = cluster.worker_nodes().unwrap();
+        let (first, then, caller) = (nodes[0], nodes[1], nodes[2]);
+        let p = map_on(first);
+        // A client on another node learns where it lives (and caches it) before it moves.
+        #[derive(serde::Serialize, serde::Deserialize)]
+        struct Client;
+        let client = Proclet::builder(Kind::Compute)
+            .on(caller)
+            .create((), |()| Client)
+            .unwrap();
+        let size = |c: &Proclet<Client>, p: &Proclet<Map>| {
+            c.run_ref(p.clone(), |_: &Client, p: Proclet<Map>| {
+                p.run_ref((), |m: &Map, ()| m.len())
+                    .map_err(|e| e.to_string())
+            })
+            .unwrap()
+        };
+        assert_eq!(size(&client, &p), Ok(4000));
+        cluster.move_proclet(p.id(), then).unwrap();
+        cluster.kill_node(first).unwrap();
+        let t = Instant::now();
+        while cluster
+            .nodes()
+            .unwrap()
+            .iter()
+            .any(|n| n.id == first && n.state == granule::NodeState::Alive)
+        {
+            assert!(t.elapsed() < Duration::from_secs(20), "never declared dead");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The handle's hint names the dead node; the client's cache does too.
+        assert_eq!(
+            size(&client, &p),
+            Ok(4000),
+            "from a node that cached the old place"
+        );
+        let fresh: Proclet<Map> =
+            serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(
+            fresh.run_ref((), |m: &Map, ()| m.len()).unwrap(),
+            4000,
+            "from the driver"
+        );
+    });
+}
+
 /// The destination refuses the state once it has it all (before installing), or drops
 /// its copy at the last moment (installed, before confirming): either way the move
 /// fails, nothing is hosted twice, and the proclet serves on at its source.

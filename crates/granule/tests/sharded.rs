@@ -650,6 +650,221 @@ fn a_merge_the_map_never_recorded_is_finished_by_the_next_client() {
     });
 }
 
+/// Put `p` on `node` (if it is not there already) and check that it is there.
+fn place<S>(cluster: &Cluster, p: &Proclet<S>, node: NodeId)
+where
+    S: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    if p.location().expect("location") != node {
+        cluster.move_proclet(p.id(), node).expect("move");
+    }
+    assert_eq!(p.location().expect("location"), node);
+}
+
+/// A merge whose left shard never hears the right shard's answer to the hand-over (the
+/// `call.before_reply` failpoint on the right shard's node: the closure ran, its answer is
+/// lost, as with a connection cut right after it) must lose nothing: the right shard
+/// keeps its data until the merge is known to be complete, and the next client that
+/// meets it finishes or undoes the merge. The map has two shards: the first (the merge's
+/// left shard, and the mapping proclet) on one node, the second alone on the other, so
+/// the hand-over is the first call that node serves once the failpoint is armed, just
+/// before the remove that takes the first shard under its lower bound.
+#[test]
+fn a_merge_whose_hand_over_answer_is_lost_loses_no_data() {
+    const FP: &str = "call.before_reply";
+    bounded(Duration::from_secs(240), || {
+        let (cluster, workers) = cluster_with_faults(2, true);
+        let (left_node, right_node) = (workers[0], workers[1]);
+        let b = Bounds::new(2 << 10, 8 << 10).expect("bounds");
+        let map: ShardedMap<u64, Vec<u8>> = ShardedMap::with_bounds(b).expect("map");
+        // Insert until the one shard splits in two (halves of about 4 KiB).
+        let mut n = 0u64;
+        while map.sharder().shards().expect("shards").len() < 2 {
+            assert!(n < 1_000, "the shard never split");
+            map.insert(n, value(n, 200)).expect("insert");
+            n += 1;
+        }
+        let shards = map.sharder().shards().expect("shards");
+        assert_eq!(shards.len(), 2, "{:?}", map.sharder().describe());
+        let (first, (second_lo, second)) = (shards[0].1.clone(), shards[1].clone());
+        let second_lo = second_lo.expect("the second shard starts at a key");
+        place(&cluster, map.sharder().map_proclet(), left_node);
+        place(&cluster, &first, left_node);
+        place(&cluster, &second, right_node);
+        // Remove the first shard's keys from the bottom while it stays within its
+        // bounds; the next remove takes it under the lower bound and merges the pair.
+        let mut live: BTreeSet<u64> = (0..n).collect();
+        let mut next = 0u64;
+        let entry = {
+            let before = map.sharder().shard_sizes().expect("sizes")[0];
+            assert_eq!(map.remove(&next).expect("remove"), Some(value(next, 200)));
+            live.remove(&next);
+            next += 1;
+            before - map.sharder().shard_sizes().expect("sizes")[0]
+        };
+        loop {
+            let sizes = map.sharder().shard_sizes().expect("sizes");
+            assert_eq!(sizes.len(), 2, "merged too early: {sizes:?}");
+            assert!(
+                next < second_lo,
+                "the first shard ran out of keys: {sizes:?}"
+            );
+            if sizes[0] < b.lower + entry {
+                break;
+            }
+            assert_eq!(map.remove(&next).expect("remove"), Some(value(next, 200)));
+            live.remove(&next);
+            next += 1;
+        }
+        // The hand-over is the next call the right shard's node serves: its answer is
+        // lost.
+        cluster
+            .faults()
+            .failpoints(right_node, &format!("{FP}=1*error"))
+            .expect("arm");
+        assert_eq!(map.remove(&next).expect("remove"), Some(value(next, 200)));
+        live.remove(&next);
+        assert_eq!(
+            errors_fired(&cluster, right_node, FP),
+            1,
+            "the hand-over's answer was not lost"
+        );
+        cluster.faults().clear().expect("clear");
+        eprintln!(
+            "after the lost answer:\n  {}",
+            map.sharder().describe().expect("describe").join("\n  ")
+        );
+        // Every key is there with its value; none is stuck.
+        for k in &live {
+            assert_eq!(map.get(k).expect("get"), Some(value(*k, 200)), "key {k}");
+        }
+        // Writes to both ranges work and are read back.
+        for k in [next + 1, second_lo, second_lo + 1, n - 1, n + 10] {
+            map.insert(k, value(k, 50))
+                .expect("write after the lost answer");
+            live.insert(k);
+        }
+        // The merge the first shard failed is tried again (its client owes it).
+        map.sharder()
+            .settle(Duration::from_secs(10))
+            .expect("the failed merge is done");
+        let described = map.sharder().describe().expect("describe").join("\n  ");
+        eprintln!("settled:\n  {described}");
+        assert_eq!(
+            map.sharder().shards().expect("shards").len(),
+            1,
+            "the pair did not merge:\n  {described}"
+        );
+        assert!(
+            !described.contains("=Some"),
+            "a step left undone:\n  {described}"
+        );
+        for k in &live {
+            let want = if [next + 1, second_lo, second_lo + 1, n - 1, n + 10].contains(k) {
+                value(*k, 50)
+            } else {
+                value(*k, 200)
+            };
+            assert_eq!(map.get(k).expect("get"), Some(want), "key {k}");
+        }
+        assert_eq!(map.len().expect("len"), live.len() as u64);
+        map.destroy().expect("destroy");
+        cluster.shutdown();
+    });
+}
+
+/// The same for the empty first shard handing its range to its right neighbour
+/// (`drop_empty_first`, what a queue does with its drained head): the neighbour's
+/// answer to "take my range" is lost. The range must stay served, and the drop must be
+/// finished by the next try (a queue's consumer tries until the head is gone).
+#[test]
+fn a_dropped_first_shard_whose_hand_over_answer_is_lost_is_finished() {
+    use granule::sharded::{AutoSharder, Hint};
+    const FP: &str = "call.before_reply";
+    bounded(Duration::from_secs(240), || {
+        let (cluster, workers) = cluster_with_faults(2, true);
+        let (left_node, right_node) = (workers[0], workers[1]);
+        let s: AutoSharder<SetShard> =
+            AutoSharder::new(Bounds::new(1 << 10, 4 << 10).expect("bounds")).expect("set");
+        // 120 keys (~5.8 KB) with no resizing, then one split: halves of 60 keys.
+        for k in 0..120u64 {
+            s.route(&k, Hint::Same, k, |s: &mut SetShard, k: u64| {
+                s.keys.insert(k)
+            })
+            .expect("insert");
+        }
+        let (_, only) = s.shards().expect("shards").remove(0);
+        s.split(&only).expect("split");
+        let shards = s.shards().expect("shards");
+        assert_eq!(shards.len(), 2, "{:?}", s.describe());
+        let (first, (second_lo, second)) = (shards[0].1.clone(), shards[1].clone());
+        let second_lo = second_lo.expect("the second shard starts at a key");
+        place(&cluster, s.map_proclet(), left_node);
+        place(&cluster, &first, left_node);
+        place(&cluster, &second, right_node);
+        // Empty the first shard.
+        for k in 0..second_lo {
+            assert!(s
+                .route(&k, Hint::Same, k, |s: &mut SetShard, k: u64| s
+                    .keys
+                    .remove(&k))
+                .expect("remove"));
+        }
+        // The drop checks the second shard for a split in progress (a call its node
+        // serves), then the first shard asks it to take its range: that answer is lost.
+        cluster
+            .faults()
+            .failpoints(right_node, &format!("{FP}=1*off->1*error"))
+            .expect("arm");
+        let r = s.drop_empty_first();
+        assert_eq!(
+            errors_fired(&cluster, right_node, FP),
+            1,
+            "the answer was not lost ({r:?})"
+        );
+        cluster.faults().clear().expect("clear");
+        eprintln!(
+            "the drop answered {r:?}; then:\n  {}",
+            s.describe().expect("describe").join("\n  ")
+        );
+        // Every key is there; none is stuck.
+        for k in second_lo..120 {
+            assert!(
+                s.route_ref(&k, k, |s: &SetShard, k: u64| s.keys.contains(&k))
+                    .expect("read"),
+                "key {k}"
+            );
+        }
+        // The drop is finished by the next try: one shard is left.
+        let dropped = s.drop_empty_first().expect("drop again");
+        let described = s.describe().expect("describe").join("\n  ");
+        assert!(dropped, "the first shard stayed:\n  {described}");
+        assert_eq!(s.shards().expect("shards").len(), 1, "{described}");
+        assert!(
+            !described.contains("=Some"),
+            "a step left undone:\n  {described}"
+        );
+        // Writes to the dropped shard's range land in its successor.
+        assert!(s
+            .route(&5, Hint::Same, 5u64, |s: &mut SetShard, k: u64| s
+                .keys
+                .insert(k))
+            .expect("write to the dropped range"));
+        let all: Vec<u64> = s
+            .map_shards((), |s: &SetShard, ()| {
+                s.keys.iter().copied().collect::<Vec<_>>()
+            })
+            .expect("keys")
+            .into_iter()
+            .flatten()
+            .collect();
+        let expected: Vec<u64> = std::iter::once(5).chain(second_lo..120).collect();
+        assert_eq!(all, expected);
+        s.destroy().expect("destroy");
+        cluster.shutdown();
+    });
+}
+
 /// A split whose client failed after the parent dropped its copy of the split-off part
 /// but before the new shard thawed (the `sharded.split.before_thaw` failpoint, on the
 /// node where the split's client runs) leaves the new shard frozen; its parent, with

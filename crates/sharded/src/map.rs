@@ -226,6 +226,11 @@ impl<K: MapKey, V: MapValue> Shard for MapShard<K, V> {
     fn footprint(&self) -> u64 {
         self.bytes
     }
+
+    fn splits_stay_home(&self) -> bool {
+        // Staged output of a job in flight: see `granule::batch`'s map sinks.
+        !self.staged.is_empty()
+    }
 }
 
 /// Batching mode's writer for a [`ShardedMap`]: see [`Pusher`].
@@ -247,7 +252,10 @@ impl<K: MapKey, V: MapValue> Clone for ShardedMap<K, V> {
     }
 }
 
-impl<K: MapKey, V: MapValue + Clone> ShardedMap<K, V> {
+// What needs no copy of a value lives in blocks without `V: Clone`, usable in code
+// generic over any map value. Writes need it (a routed call's argument is kept to send
+// again after a stale route), and so do the reads that hand out copies.
+impl<K: MapKey, V: MapValue> ShardedMap<K, V> {
     /// An empty map in low-latency mode (shards of at most 2 MiB).
     pub fn new() -> Result<Self, ShardError> {
         Self::with_bounds(Bounds::LOW_LATENCY)
@@ -264,7 +272,9 @@ impl<K: MapKey, V: MapValue + Clone> ShardedMap<K, V> {
     pub fn sharder(&self) -> &AutoSharder<MapShard<K, V>> {
         &self.sharder
     }
+}
 
+impl<K: MapKey, V: MapValue + Clone> ShardedMap<K, V> {
     /// Insert, returning the previous value.
     pub fn insert(&self, k: K, v: V) -> Result<Option<V>, ShardError> {
         self.sharder.route(
@@ -447,15 +457,9 @@ impl<K: MapKey, V: MapValue + Clone> ShardedMap<K, V> {
         }
         Ok(out)
     }
+}
 
-    /// The value of `k`.
-    pub fn get(&self, k: &K) -> Result<Option<V>, ShardError> {
-        self.sharder
-            .route_ref(k, k.clone(), |s: &MapShard<K, V>, k: K| {
-                s.entries.get(&k).cloned()
-            })
-    }
-
+impl<K: MapKey, V: MapValue> ShardedMap<K, V> {
     /// Remove `k`, returning its value.
     pub fn remove(&self, k: &K) -> Result<Option<V>, ShardError> {
         self.sharder.route(
@@ -488,6 +492,16 @@ impl<K: MapKey, V: MapValue + Clone> ShardedMap<K, V> {
                 r
             },
         )
+    }
+}
+
+impl<K: MapKey, V: MapValue + Clone> ShardedMap<K, V> {
+    /// The value of `k`.
+    pub fn get(&self, k: &K) -> Result<Option<V>, ShardError> {
+        self.sharder
+            .route_ref(k, k.clone(), |s: &MapShard<K, V>, k: K| {
+                s.entries.get(&k).cloned()
+            })
     }
 
     /// Entries with keys in `[from, to)` (`None`: open end), in key order, at most
@@ -525,7 +539,9 @@ impl<K: MapKey, V: MapValue + Clone> ShardedMap<K, V> {
         }
         Ok(out)
     }
+}
 
+impl<K: MapKey, V: MapValue> ShardedMap<K, V> {
     /// The smallest key present.
     fn first_key(&self) -> Result<Option<K>, ShardError> {
         let firsts = self.sharder.map_shards((), |s: &MapShard<K, V>, ()| {

@@ -28,11 +28,32 @@
 //!    that keeps getting busy finishes the steps itself (every step is idempotent).
 //!
 //! **Merging** (a shard under its lower bound) always runs on the left shard of a pair,
-//! which takes the right one's data with a nested call, extends its range, records the
-//! removal in the map and destroys the right shard (a shard merged away but not yet
-//! removed from the map forwards callers to the one it went into). Lock order is always
-//! left then right, so concurrent merges cannot deadlock. Readers of the two shards wait
-//! for a merge (milliseconds; merges happen only to shards smaller than the lower bound).
+//! in one exclusive call, and hands data over so that a lost answer loses nothing:
+//! 1. *Hand over* (a nested call on the right shard): the right shard marks itself as
+//!    handing its range over to the left one — from then on it serves nothing and sends
+//!    callers there — and answers with a *copy* of its data (encoded: `Shard` needs no
+//!    `Clone`), keeping the data itself. Repeatable: asked again by the same left shard,
+//!    it hands the same copy.
+//! 2. *Take*: the left shard adds the copy, extends its range, and notes which shard it
+//!    took (`took_from`).
+//! 3. *Complete*: the map forgets the right shard, which is then freed; then the note
+//!    goes. Until the note goes the left shard takes no other merge and is not merged
+//!    or dropped itself.
+//!
+//! A merge whose author fails, or never hears an answer (a connection cut, the
+//! `call.before_reply` failpoint), leaves a right shard handing over. Whoever meets it
+//! (a routed call sent on to the left shard, a scan, a resize, a seal) settles it by
+//! asking the left shard, in an exclusive call there — so after the merge call and
+//! before any later one, and its answer is final: if its note names the right shard, it
+//! took it, and the merge is completed; if not, it did not and cannot while the call
+//! holds it, and the right shard thaws and serves its range again. A left shard gone
+//! (freed only once its notes are cleared, so it took nothing, or lost with its node)
+//! is settled from the map. The empty first shard's *drop* into its right neighbour
+//! ([`AutoSharder::drop_empty_first`], no data moves) is made repeatable the same way:
+//! the first shard stops serving before it asks its neighbour to take its range, and a
+//! lost answer is settled by asking again. Lock order is always left then right, so
+//! concurrent merges and settlements cannot deadlock. Readers of the two shards wait for
+//! a merge (milliseconds; merges happen only to shards smaller than the lower bound).
 //!
 //! Shards are ordinary proclets: the controller places them and the pressure policy moves
 //! them; a moved shard is reached through the runtime's forwarding, without the map.
@@ -45,7 +66,10 @@
 //! the nodes that have room rather than piling up where the first one was, and losing one
 //! node loses only the shards it held (nothing is replicated yet). A split's new half is
 //! therefore usually created on another node: its bytes cross the network once, during
-//! the split. Under memory pressure the pressure policy moves shards on from there.
+//! the split. Under memory pressure the pressure policy moves shards on from there. One
+//! exception: a shard whose data asks for it ([`Shard::splits_stay_home`]: a map shard
+//! holding a batch job's staged output) splits on its own node, so that a job's staging
+//! never spreads the structure to nodes that held none of it.
 
 use crate::ShardError;
 pub use granule_router::Bounds;
@@ -79,6 +103,15 @@ pub trait Shard: ProcletState + Default {
     /// moving data: see [`AutoSharder::drop_empty_first`]).
     fn is_empty(&self) -> bool {
         self.footprint() == 0
+    }
+
+    /// Whether a part split off this shard must stay on the shard's node rather than go
+    /// where the controller places new proclets: a map shard holding a batch job's
+    /// staged output says so, so that staging never spreads the structure to nodes that
+    /// held none of it (a node that only ran the job's workers must be able to die
+    /// without taking any of the target along).
+    fn splits_stay_home(&self) -> bool {
+        false
     }
 }
 
@@ -121,8 +154,18 @@ pub struct Cell<S: Shard> {
     pending: Option<Pending<S>>,
     /// Set on a shard just split off while its parent may still hold a copy: no writes.
     frozen_by: Option<Proclet<Cell<S>>>,
-    /// Merged into that shard (its range is there now).
-    merged_into: Option<Proclet<Cell<S>>>,
+    /// Handing its range over to that neighbour: into its left one (a merge; this shard's
+    /// range starts at a key) or, the empty first shard, into its right one (a drop; its
+    /// range starts at −∞). It serves nothing and sends callers there, but keeps its data
+    /// until the hand-over is known to be complete, so one whose answer was lost can be
+    /// repeated, finished or undone ([`AutoSharder::settle_handover`]).
+    handing_to: Option<Proclet<Cell<S>>>,
+    /// Took a copy of that right neighbour's data and range (which started at that key)
+    /// in a merge that is complete once the map no longer names it and it is freed
+    /// ([`finish_took`]). Until then this shard takes no other, nor hands itself over:
+    /// this is what tells whoever meets the right shard, still handing over, that its
+    /// range was taken.
+    took_from: Option<(S::Key, Proclet<Cell<S>>)>,
     /// No writes, no splits, no merges (a sealed structure).
     sealed: bool,
 }
@@ -135,13 +178,14 @@ impl<S: Shard> Cell<S> {
             data,
             pending: None,
             frozen_by: None,
-            merged_into: None,
+            handing_to: None,
+            took_from: None,
             sealed: false,
         }
     }
 
     fn covers(&self, k: &S::Key) -> bool {
-        self.merged_into.is_none() && in_range(k, &self.lo, &self.hi)
+        self.handing_to.is_none() && in_range(k, &self.lo, &self.hi)
     }
 
     fn pending_covers(&self, k: &S::Key) -> bool {
@@ -149,7 +193,87 @@ impl<S: Shard> Cell<S> {
             .as_ref()
             .is_some_and(|p| in_range(k, &Some(p.lo.clone()), &p.hi))
     }
+
+    /// A merge's first step, on its right shard: if its range still starts at `lo` (the
+    /// left shard's end) and it is in the middle of no other change, it hands its range
+    /// over to `into` — it serves nothing from now on — and a copy of its data, keeping
+    /// the data itself. Repeatable: a second call for the same `into` (the first one's
+    /// answer lost) hands the same copy again, since nothing was written meanwhile.
+    /// `None`: it cannot now. A merge of its own not yet complete (`took_from`) is
+    /// finished by the caller first ([`finish_took`]).
+    fn hand_over(
+        &mut self,
+        lo: &S::Key,
+        into: &Proclet<Cell<S>>,
+    ) -> Result<Option<Handed<S::Key>>, String> {
+        if self.lo.as_ref() != Some(lo)
+            || self.pending.is_some()
+            || self.frozen_by.is_some()
+            || self.took_from.is_some()
+            || self.sealed
+            || self.handing_to.as_ref().is_some_and(|t| t != into)
+        {
+            return Ok(None);
+        }
+        // `Shard` needs no `Clone`: its serialized form is the copy (as for a split).
+        let bytes = postcard::to_allocvec(&self.data)
+            .map_err(|e| format!("encoding the right shard's data: {e}"))?;
+        self.handing_to = Some(into.clone());
+        Ok(Some((self.hi.clone(), bytes)))
+    }
+
+    /// A merge's second step, on its left shard: take the copy `right` handed over, which
+    /// begins where this shard's range ends, and remember the merge until it is complete
+    /// ([`finish_took`]).
+    fn take_handed(
+        &mut self,
+        right: Proclet<Cell<S>>,
+        (hi, bytes): Handed<S::Key>,
+    ) -> Result<(), String> {
+        let Some(lo) = self.hi.clone() else {
+            return Err("the last shard has no right neighbour to take".into());
+        };
+        // Decoded before anything changes: should it fail, this shard took nothing and
+        // the right shard's hand-over is undone by the next client that meets it.
+        let data: S = postcard::from_bytes(&bytes)
+            .map_err(|e| format!("decoding the right shard's data: {e}"))?;
+        self.data.merge(data);
+        self.hi = hi;
+        self.took_from = Some((lo, right));
+        Ok(())
+    }
+
+    /// Undo a hand-over to `to` that nobody took: serve the range again. Whether it was
+    /// handing over to `to`.
+    fn thaw(&mut self, to: &Proclet<Cell<S>>) -> bool {
+        if self.handing_to.as_ref() == Some(to) {
+            self.handing_to = None;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A drop's step on the right neighbour of the empty first shard, whose range ends
+    /// at `lo`: take over that range too (no data moves). Whether this shard's range now
+    /// starts at −∞: extended now, or by an earlier try of the same drop whose answer
+    /// was lost (nothing else extends a shard downwards, and the first shard takes
+    /// nothing while it drops).
+    fn extend_down(&mut self, lo: &S::Key) -> bool {
+        if self.lo.is_none() {
+            return true;
+        }
+        if self.lo.as_ref() != Some(lo) || self.handing_to.is_some() || self.frozen_by.is_some() {
+            return false;
+        }
+        self.lo = None;
+        true
+    }
 }
+
+/// What a merge's right shard hands its left one: where its range ends, and a copy of
+/// its data, encoded.
+type Handed<K> = (Option<K>, Vec<u8>);
 
 impl<S: Shard> Footprint for Cell<S> {
     fn footprint(&self) -> u64 {
@@ -456,7 +580,7 @@ impl<S: Shard> AutoSharder<S> {
             |shard: &Proclet<Cell<S>>, a| {
                 let r = shard.run_with(a, (f, via), route_mut::<S, A, R, F, W>);
                 if let Ok(Answer::Moved(..)) = &r {
-                    self.settle_merged(shard);
+                    self.settle_handover(shard);
                 }
                 r
             },
@@ -470,7 +594,8 @@ impl<S: Shard> AutoSharder<S> {
 
     /// Drop the first shard if it holds nothing and is not the last: its right
     /// neighbour takes over its range, no data moves (a queue's drained head). A split of
-    /// either shard still in progress is finished first. Returns whether the first
+    /// either shard still in progress is finished first, and so is a drop left half done
+    /// (its answer lost: see the module doc's "Merging"). Returns whether the first
     /// shard is gone (dropped by this call or another).
     pub fn drop_empty_first(&self) -> Result<bool, ShardError> {
         self.refresh()?;
@@ -496,7 +621,7 @@ impl<S: Shard> AutoSharder<S> {
             }
         }
         let r = first.run(
-            (second.clone(), lo, self.map().clone()),
+            (first.clone(), second.clone(), lo, self.map().clone()),
             |c: &mut Cell<S>, a: DropArgs<S>| drop_into_right(c, a),
         );
         match r {
@@ -539,7 +664,7 @@ impl<S: Shard> AutoSharder<S> {
         F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
     {
         let r = shard.run_ref_with(arg, f, |c: &Cell<S>, a: A, f: &F| -> Option<R> {
-            if c.pending.is_some() || c.frozen_by.is_some() || c.merged_into.is_some() {
+            if c.pending.is_some() || c.frozen_by.is_some() || c.handing_to.is_some() {
                 return None;
             }
             Some(f(&c.data, a))
@@ -611,7 +736,7 @@ impl<S: Shard> AutoSharder<S> {
                     Ok(RoutedMany::Sealed) => return Err(ShardError::Sealed),
                     // Nothing ran: send the whole group again.
                     Ok(RoutedMany::Moved(group)) => {
-                        self.settle_merged_async(&shard).await;
+                        self.settle_handover_async(&shard).await;
                         busy.push(shard);
                         todo.extend(group);
                     }
@@ -674,7 +799,7 @@ impl<S: Shard> AutoSharder<S> {
             |shard: &Proclet<Cell<S>>, a| {
                 let r = shard.run_ref_with(a, f, route_ref::<S, A, R, F>);
                 if let Ok(Answer::Moved(..)) = &r {
-                    self.settle_merged(shard);
+                    self.settle_handover(shard);
                 }
                 r
             },
@@ -713,7 +838,7 @@ impl<S: Shard> AutoSharder<S> {
                             .run_ref_with_async(a, f, route_ref::<S, A, R, F>)
                             .await;
                         if let Ok(Answer::Moved(..)) = &r {
-                            self.settle_merged_async(&shard).await;
+                            self.settle_handover_async(&shard).await;
                         }
                         r
                     }
@@ -755,7 +880,7 @@ impl<S: Shard> AutoSharder<S> {
                             .run_with_async(a, (f, via), route_mut::<S, A, R, F, _>)
                             .await;
                         if let Ok(Answer::Moved(..)) = &r {
-                            self.settle_merged_async(&shard).await;
+                            self.settle_handover_async(&shard).await;
                         }
                         r
                     }
@@ -839,15 +964,16 @@ impl<S: Shard> AutoSharder<S> {
                         if c.pending.is_some() || c.frozen_by.is_some() {
                             return None;
                         }
-                        Some(c.merged_into.is_none().then(|| f(&c.data, a)))
+                        Some(c.handing_to.is_none().then(|| f(&c.data, a)))
                     },
                 );
                 match r {
                     Ok(Some(Some(r))) => out.push(r),
-                    // Merged away since the map was read (its merge maybe unrecorded),
-                    // or destroyed: read the map again.
+                    // Handing its range over since the map was read (a merge or drop
+                    // in progress, or one left half done), or destroyed: read the map
+                    // again.
                     Ok(Some(None)) => {
-                        self.settle_merged(&s);
+                        self.settle_handover(&s);
                         restart = true;
                     }
                     Err(CallError::ProcletGone(_)) => restart = true,
@@ -949,23 +1075,38 @@ impl<S: Shard> AutoSharder<S> {
 
     /// Resize `shard` (holding `key`, as far as this client knew) as its size now calls
     /// for: split it if it is over its upper bound or in the middle of a split (which
-    /// may be a failed one of this client's), merge it if it is under its lower one.
+    /// may be a failed one of this client's), merge it if it is under its lower one. A
+    /// hand-over of its left half done (a merge of this client's that failed midway) is
+    /// settled first.
     fn resize_now(&self, key: &S::Key, shard: &Proclet<Cell<S>>) -> Result<(), ShardError> {
-        let seen = shard.run_ref((), |c: &Cell<S>, ()| {
-            (
-                c.pending.is_some() || c.frozen_by.is_some(),
-                c.merged_into.is_some() || c.sealed,
-                c.data.footprint(),
-            )
-        });
-        let (splitting, settled, fp) = match seen {
-            Ok(s) => s,
-            // Merged away and freed: its keys are in a neighbour, which its merge sized.
-            Err(CallError::ProcletGone(_)) => return Ok(()),
-            Err(e) => return Err(e.into()),
+        let mut settled_once = false;
+        let (splitting, settled, fp) = loop {
+            let seen = shard.run_ref((), |c: &Cell<S>, ()| {
+                (
+                    c.pending.is_some() || c.frozen_by.is_some(),
+                    c.handing_to.is_some() || c.took_from.is_some(),
+                    c.handing_to.is_some() || c.sealed,
+                    c.data.footprint(),
+                )
+            });
+            let (splitting, half_done, settled, fp) = match seen {
+                Ok(s) => s,
+                // Merged away and freed: its keys are in a neighbour, which its merge
+                // sized.
+                Err(CallError::ProcletGone(_)) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            if half_done && !settled_once {
+                // Finished (then the shard is freed, or took its neighbour in) or undone
+                // (then it serves its range again, maybe still under its lower bound).
+                self.try_settle_handover(shard)?;
+                settled_once = true;
+                continue;
+            }
+            break (splitting, settled, fp);
         };
         if settled {
-            // Merged away (its merger sizes the result) or sealed (shards stay put).
+            // Handed over (its taker sizes the result) or sealed (shards stay put).
             Ok(())
         } else if splitting || self.bounds.should_split(fp) {
             self.split(shard)
@@ -1106,7 +1247,7 @@ impl<S: Shard> AutoSharder<S> {
             if c.frozen_by.is_some() {
                 return Begin::Busy(None);
             }
-            if c.merged_into.is_some() || c.sealed || !bounds.should_split(c.data.footprint()) {
+            if c.handing_to.is_some() || c.sealed || !bounds.should_split(c.data.footprint()) {
                 return Begin::No;
             }
             let Some((k, right)) = c.data.split() else {
@@ -1122,32 +1263,137 @@ impl<S: Shard> AutoSharder<S> {
         })?)
     }
 
-    /// `shard` answered that it was merged away. Its merger records the merge in the map
-    /// and then frees it; a merger cut off from the mapping proclet (a partition) cannot,
-    /// and leaves the map naming a shard that only forwards — to a shard that may itself
-    /// be merged on and freed later, a dead end. So whoever meets a merged-away shard
-    /// finishes the merge: the map's entry for its range goes if it still names it, and
-    /// the shard, named by the map no more, is freed. Idempotent; what fails is left for
-    /// the next client that meets it.
-    fn settle_merged(&self, shard: &Proclet<Cell<S>>) {
-        granule_runtime::block_on(self.settle_merged_async(shard))
+    /// `shard` answered that it hands its range over to a neighbour (a merge or a drop in
+    /// progress, or one left half done: its author failed, never heard an answer, or was
+    /// cut off from the mapping proclet), or it is a merge's left shard whose merge is not
+    /// complete. Finish or undo that, so the range is served again; failures are logged
+    /// and left for the next client that meets the shard.
+    fn settle_handover(&self, shard: &Proclet<Cell<S>>) {
+        granule_runtime::block_on(self.settle_handover_async(shard))
     }
 
-    /// [`AutoSharder::settle_merged`] as a future.
-    async fn settle_merged_async(&self, shard: &Proclet<Cell<S>>) {
-        let lo = shard
+    /// [`AutoSharder::settle_handover`] as a future.
+    async fn settle_handover_async(&self, shard: &Proclet<Cell<S>>) {
+        if let Err(e) = self.try_settle_handover_async(shard).await {
+            // Left for the next client that meets the shard.
+            tracing::debug!(shard = %shard.id(), "settling a hand-over failed: {e}");
+        }
+    }
+
+    /// [`AutoSharder::settle_handover`], saying whether it failed.
+    fn try_settle_handover(&self, shard: &Proclet<Cell<S>>) -> Result<(), ShardError> {
+        granule_runtime::block_on(self.try_settle_handover_async(shard))
+    }
+
+    /// Settle what `shard` is in the middle of. Every step is idempotent and asks the
+    /// shard that decides, under its exclusive lock (so after any merge or drop call of
+    /// its own: its answer is final), so clients settling the same shard at once, or
+    /// settling it while its author tries again, agree:
+    /// - a merge `shard` took a copy for is completed ([`finish_took`]);
+    /// - `shard` handing its range to its left neighbour (a merge): that neighbour says
+    ///   whether it took it, and finishes the merge or thaws `shard` ([`settle_on_left`]);
+    /// - the empty first shard handing its range to its right neighbour (a drop): it
+    ///   finishes or undoes the drop itself ([`drop_into_right`]), and is freed if done.
+    async fn try_settle_handover_async(&self, shard: &Proclet<Cell<S>>) -> Result<(), ShardError> {
+        let seen = shard
             .run_ref_async((), |c: &Cell<S>, ()| {
-                c.merged_into.as_ref().and(c.lo.clone())
+                (
+                    c.handing_to.clone(),
+                    c.lo.clone(),
+                    c.hi.clone(),
+                    c.took_from.is_some(),
+                )
             })
             .await;
-        // Not merged (or the first shard, whose handover is its own step) or gone.
-        let Ok(Some(lo)) = lo else { return };
-        let unnamed = self
-            .map()
-            .run_async((lo, shard.clone()), forget_merged::<S>)
+        let (to, lo, hi, took) = match seen {
+            Ok(s) => s,
+            // Freed: whatever it was in the middle of is complete.
+            Err(CallError::ProcletGone(_)) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let map = self.map().clone();
+        if took {
+            shard
+                .run_async(map.clone(), |c: &mut Cell<S>, map: Proclet<MapLog<S>>| {
+                    finish_took(c, &map)
+                })
+                .await?
+                .map_err(ShardError::Step)?;
+        }
+        let Some(to) = to else { return Ok(()) };
+        match (lo, hi) {
+            (Some(lo), _) => self.settle_merge_async(shard, &to, lo).await,
+            (None, Some(hi)) => {
+                let dropped = shard
+                    .run_async(
+                        (shard.clone(), to, hi, map),
+                        |c: &mut Cell<S>, a: DropArgs<S>| drop_into_right(c, a),
+                    )
+                    .await;
+                match dropped {
+                    Ok(Ok(true)) => match shard.destroy_async().await {
+                        Ok(()) | Err(CallError::ProcletGone(_)) => Ok(()),
+                        Err(e) => Err(e.into()),
+                    },
+                    Ok(Ok(false)) | Err(CallError::ProcletGone(_)) => Ok(()),
+                    Ok(Err(e)) => Err(ShardError::Step(e)),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            // The last shard of a structure of one: it has no neighbour to hand to.
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// Settle the hand-over `right` (its range starting at `right_lo`) began towards its
+    /// left neighbour `left` in a merge.
+    async fn settle_merge_async(
+        &self,
+        right: &Proclet<Cell<S>>,
+        left: &Proclet<Cell<S>>,
+        right_lo: S::Key,
+    ) -> Result<(), ShardError> {
+        let settled = left
+            .run_async(
+                (left.clone(), right.clone(), self.map().clone()),
+                |c: &mut Cell<S>, a: SettleArgs<S>| settle_on_left(c, a),
+            )
             .await;
-        if let Ok(true) = unnamed {
-            let _ = shard.destroy_async().await;
+        match settled {
+            Ok(r) => r.map_err(ShardError::Step),
+            Err(CallError::ProcletGone(_)) => {
+                // The left shard is gone. It is freed (merged on, or dropped) only once a
+                // merge it took a copy for is complete, its right shard freed: this one
+                // being here, it took nothing, and the map still names this one. Else
+                // its node was lost with the range: the map says whether the merge was
+                // recorded. Not recorded: this shard's copy is the range's only one, and
+                // it serves it again; recorded: the range is the lost shard's, and this
+                // shard, named by the map no more, is freed.
+                let named = self
+                    .map()
+                    .run_ref_async(
+                        (right_lo, right.clone()),
+                        |m: &MapLog<S>, (lo, r): (S::Key, Proclet<Cell<S>>)| {
+                            m.log.table().get(&Some(lo)) == Some(&r)
+                        },
+                    )
+                    .await?;
+                let done = if named {
+                    right
+                        .run_async(left.clone(), |c: &mut Cell<S>, to: Proclet<Cell<S>>| {
+                            c.thaw(&to)
+                        })
+                        .await
+                        .map(|_| ())
+                } else {
+                    right.destroy_async().await
+                };
+                match done {
+                    Ok(()) | Err(CallError::ProcletGone(_)) => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -1297,19 +1543,47 @@ impl<S: Shard> AutoSharder<S> {
     fn set_sealed(&self, sealed: bool) -> Result<(), ShardError> {
         self.map()
             .run(sealed, |m: &mut MapLog<S>, s: bool| m.sealed = s)?;
-        // A split in progress must end first: its new shard would come in unsealed.
-        for (_, s) in self.shards()? {
-            let busy = s.run_ref((), |c: &Cell<S>, ()| {
-                c.pending.is_some() || c.frozen_by.is_some()
-            })?;
-            if busy {
-                self.finish_split_of(&s)?;
+        // A shard gets the flag only in the middle of no change: a split in progress
+        // ends first (its new shard would come in unsealed), and so does a hand-over (a
+        // merge's right shard keeps a copy of what its left shard took until the merge is
+        // complete: named by the map still, a sealed structure's readers would see it
+        // twice). Flagged, a shard starts no split or merge, but one begun before may
+        // still change the map: passes go on until one finds every shard the map names
+        // flagged and settled.
+        let mut retry = Retry::new(ROUTE, Instant::now());
+        loop {
+            let mut clean = true;
+            for (_, s) in self.shards()? {
+                let seen = s.run(sealed, |c: &mut Cell<S>, sealed: bool| {
+                    let splitting = c.pending.is_some() || c.frozen_by.is_some();
+                    let handing = c.handing_to.is_some() || c.took_from.is_some();
+                    if !splitting && !handing {
+                        c.sealed = sealed;
+                    }
+                    (splitting, handing)
+                });
+                match seen {
+                    Ok((false, false)) => {}
+                    Ok((true, _)) => {
+                        self.finish_split_of(&s)?;
+                        clean = false;
+                    }
+                    Ok((false, true)) => {
+                        self.try_settle_handover(&s)?;
+                        clean = false;
+                    }
+                    // Merged away and freed since the map was read.
+                    Err(CallError::ProcletGone(_)) => clean = false,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if clean {
+                return Ok(());
+            }
+            if let Step::Return | Step::GiveUp = retry.step(Outcome::Stale, Instant::now()) {
+                return Err(ShardError::Stuck("sealing every shard".into()));
             }
         }
-        for (_, s) in self.shards()? {
-            s.run(sealed, |c: &mut Cell<S>, sealed: bool| c.sealed = sealed)?;
-        }
-        Ok(())
     }
 
     /// Whether the structure is sealed.
@@ -1318,19 +1592,21 @@ impl<S: Shard> AutoSharder<S> {
     }
 
     /// Every shard in the map, in key order, as it sees itself: its range, a split it
-    /// is in the middle of, whether it is frozen, merged away or sealed, and its bytes.
+    /// is in the middle of, whether it is frozen, handing its range over, in the middle
+    /// of a merge it took a neighbour's copy for, or sealed, and its bytes.
     /// For diagnosing a structure that does not answer (tests, operators).
     pub fn describe(&self) -> Result<Vec<String>, ShardError> {
         let mut out = Vec::new();
         for (lo, s) in self.shards()? {
             let seen = s.run_ref((), |c: &Cell<S>, ()| {
                 format!(
-                    "[{:?}, {:?}) pending={:?} frozen_by={:?} merged_into={:?} sealed={} bytes={}",
+                    "[{:?}, {:?}) pending={:?} frozen_by={:?} handing_to={:?} took_from={:?} sealed={} bytes={}",
                     c.lo,
                     c.hi,
                     c.pending.as_ref().map(|p| (p.lo.clone(), p.hi.clone())),
                     c.frozen_by.as_ref().map(|p| p.id()),
-                    c.merged_into.as_ref().map(|p| p.id()),
+                    c.handing_to.as_ref().map(|p| p.id()),
+                    c.took_from.as_ref().map(|(lo, p)| (lo.clone(), p.id())),
                     c.sealed,
                     c.data.footprint()
                 )
@@ -1368,7 +1644,7 @@ fn route_mut<S: Shard, A, R, F, W: Fn(&mut S, A, &F) -> R>(
     (key, arg, want): Keyed<S::Key, A>,
     (f, via): &(F, W),
 ) -> Routed<R, Keyed<S::Key, A>, S> {
-    if let Some(to) = &c.merged_into {
+    if let Some(to) = &c.handing_to {
         return Answer::Moved((key, arg, want), to.clone());
     }
     if !c.covers(&key) {
@@ -1402,7 +1678,8 @@ enum RoutedMany<I> {
         fp: u64,
         applied: bool,
     },
-    /// Nothing applied: merged away, or frozen after a split.
+    /// Nothing applied: handing its range over (a merge or a drop), or frozen after a
+    /// split.
     Moved(Vec<I>),
     /// The structure is sealed.
     Sealed,
@@ -1414,7 +1691,7 @@ fn route_many_mut<S: Shard, I, K: Fn(&I) -> S::Key, F: Fn(&mut S, Vec<I>)>(
     items: Vec<I>,
     (key_of, apply): &(K, F),
 ) -> RoutedMany<I> {
-    if c.merged_into.is_some() || c.frozen_by.is_some() {
+    if c.handing_to.is_some() || c.frozen_by.is_some() {
         return RoutedMany::Moved(items);
     }
     if c.sealed {
@@ -1439,7 +1716,7 @@ fn route_ref<S: Shard, A, R, F: Fn(&S, A) -> R>(
     (key, arg, want): Keyed<S::Key, A>,
     f: &F,
 ) -> Routed<(R, Option<S::Key>), Keyed<S::Key, A>, S> {
-    if let Some(to) = &c.merged_into {
+    if let Some(to) = &c.handing_to {
         return Answer::Moved((key, arg, want), to.clone());
     }
     if c.covers(&key) {
@@ -1484,9 +1761,15 @@ fn publish_pending<S: Shard>(
     // "Placement"): not next to its parent by default, so that a structure's shards
     // spread over the nodes with room and one node's loss does not take all of it. The
     // part's bytes cross the network once, inside this split.
-    let child = Proclet::builder(kind)
+    let builder = Proclet::builder(kind)
         .footprint()
-        .group(label_of::<S>(map.id()))
+        .group(label_of::<S>(map.id()));
+    // Unless the shard says its parts stay home (see `Shard::splits_stay_home`).
+    let builder = match granule_runtime::here() {
+        Some(here) if c.data.splits_stay_home() || p.data.splits_stay_home() => builder.on(here),
+        _ => builder,
+    };
+    let child = builder
         .create(
             (p.lo.clone(), p.hi.clone(), bytes, me),
             |(lo, hi, bytes, parent): (S::Key, Option<S::Key>, Vec<u8>, Proclet<Cell<S>>)| {
@@ -1513,9 +1796,11 @@ fn publish_pending<S: Shard>(
     let mut winner = winner;
     if winner != child {
         // Another client's copy of this very split — or a shard merged away whose merge
-        // was never recorded (see `settle_merged`), still named at this key: no split at
+        // was never recorded (see `finish_took`), still named at this key: no split at
         // all. Taking that one for the new shard would drop the pending part's elements.
-        let stale = match winner.run_ref((), |c: &Cell<S>, ()| c.merged_into.is_some()) {
+        // (A shard handing over at a key inside the splitting shard's range was taken by
+        // it: only a shard's left neighbour takes its range.)
+        let stale = match winner.run_ref((), |c: &Cell<S>, ()| c.handing_to.is_some()) {
             Ok(merged) => merged,
             Err(CallError::ProcletGone(_)) => true,
             Err(e) => {
@@ -1553,7 +1838,8 @@ fn publish_pending<S: Shard>(
 }
 
 /// On the mapping proclet: drop the entry at `lo` if it names `shard` (merged away), and
-/// say whether the map names it no more.
+/// say whether the map names it no more. Conditional, so that a late repeat cannot drop
+/// the entry of a shard that a split created at the same key since.
 fn forget_merged<S: Shard>(m: &mut MapLog<S>, (lo, shard): (S::Key, Proclet<Cell<S>>)) -> bool {
     let lo = Some(lo);
     if m.log.table().get(&lo) == Some(&shard) {
@@ -1562,52 +1848,116 @@ fn forget_merged<S: Shard>(m: &mut MapLog<S>, (lo, shard): (S::Key, Proclet<Cell
     !m.log.table().iter().any(|(_, s)| *s == shard)
 }
 
-/// (the right neighbour, where its range starts, the map)
-type DropArgs<S> = (Proclet<Cell<S>>, <S as Shard>::Key, Proclet<MapLog<S>>);
+/// (the first shard, where its right neighbour's range starts, that neighbour)
+type DropRecord<S> = (Proclet<Cell<S>>, <S as Shard>::Key, Proclet<Cell<S>>);
+
+/// On the mapping proclet: record that the first shard's range is its right
+/// neighbour's. Each half only if not done yet, so a repeat (a drop settled by a client
+/// after its author's record was lost) changes nothing.
+fn record_drop<S: Shard>(m: &mut MapLog<S>, (first, lo, right): DropRecord<S>) {
+    if m.log.table().get(&None) == Some(&first) {
+        m.log.apply(Change::Set {
+            lo: None,
+            target: right.clone(),
+        });
+    }
+    let lo = Some(lo);
+    if m.log.table().get(&lo) == Some(&right) {
+        m.log.remove_if_present(lo);
+    }
+}
+
+/// (the first shard itself, its right neighbour, where that one's range starts, the map)
+type DropArgs<S> = (
+    Proclet<Cell<S>>,
+    Proclet<Cell<S>>,
+    <S as Shard>::Key,
+    Proclet<MapLog<S>>,
+);
 
 /// Hand the empty first shard `c`'s range to its right neighbour (running on `c`,
-/// exclusively; lock order left then right, as for merges). Returns whether it did.
+/// exclusively; lock order left then right, as for merges), or finish or undo such a
+/// hand-over begun before. Returns whether it is done (the caller frees `c`).
+///
+/// `c` stops serving before it asks its neighbour to take the range: should that answer
+/// be lost, it cannot know whether the neighbour covers the range now, and must not
+/// serve it meanwhile (callers are sent to the neighbour). The next try — a client that
+/// meets `c` ([`AutoSharder::settle_handover`]) or drops the first shard again — asks
+/// again; the neighbour's answer is the same whether it took the range now or before.
 fn drop_into_right<S: Shard>(
     c: &mut Cell<S>,
-    (right, right_lo, map): DropArgs<S>,
+    (me, right, right_lo, map): DropArgs<S>,
 ) -> Result<bool, String> {
+    // A merge of its own not yet complete first: freed, it would leave its right shard
+    // handing over to a shard that is gone.
+    finish_took(c, &map)?;
+    let again = c.handing_to.as_ref() == Some(&right);
     if c.lo.is_some()
         || c.hi.as_ref() != Some(&right_lo)
         || c.pending.is_some()
         || c.frozen_by.is_some()
-        || c.merged_into.is_some()
-        || c.sealed
-        || !c.data.is_empty()
+        || (!again && (c.handing_to.is_some() || c.sealed || !c.data.is_empty()))
     {
         return Ok(false);
     }
-    let took = right
-        .run(right_lo.clone(), |r: &mut Cell<S>, lo: S::Key| {
-            if r.lo.as_ref() != Some(&lo) || r.merged_into.is_some() || r.frozen_by.is_some() {
-                return false;
+    c.handing_to = Some(right.clone());
+    let took = match right.run(right_lo.clone(), |r: &mut Cell<S>, lo: S::Key| {
+        r.extend_down(&lo)
+    }) {
+        Ok(took) => took,
+        Err(CallError::ProcletGone(_)) => {
+            // The neighbour is gone: freed only once it is the first shard in the map
+            // (this drop recorded), or lost with its node. The map says which.
+            let first = map
+                .run_ref(me, |m: &MapLog<S>, first: Proclet<Cell<S>>| {
+                    m.log.table().get(&None) == Some(&first)
+                })
+                .map_err(|e| format!("reading the map after a lost neighbour: {e}"))?;
+            if first {
+                c.handing_to = None;
             }
-            // Nobody routes keys below `lo` here until the map says so, and the first
-            // shard forwards its callers from now on.
-            r.lo = None;
-            true
-        })
-        .map_err(|e| format!("extending the second shard's range: {e}"))?;
+            return Ok(!first);
+        }
+        Err(e) => return Err(format!("extending the second shard's range: {e}")),
+    };
     if !took {
+        // The neighbour does not cover this range (it would have said so): serve it.
+        c.handing_to = None;
         return Ok(false);
     }
-    c.merged_into = Some(right.clone());
-    map.run(
-        (right_lo, right),
-        |m: &mut MapLog<S>, (lo, shard): (S::Key, Proclet<Cell<S>>)| {
-            m.log.apply(Change::Set {
-                lo: None,
-                target: shard,
-            });
-            m.log.remove_if_present(Some(lo));
-        },
-    )
-    .map_err(|e| format!("recording a dropped first shard: {e}"))?;
+    map.run((me, right_lo, right), record_drop::<S>)
+        .map_err(|e| format!("recording a dropped first shard: {e}"))?;
     Ok(true)
+}
+
+/// Complete the merge `c` took a copy for, if any: the map forgets its right shard,
+/// which is then freed (each step idempotent). Until then the right shard keeps its data
+/// and sends callers to `c`; should a step fail, `took_from` stays, and the next client
+/// that meets the right shard ([`AutoSharder::settle_handover`]) or `c`'s next merge,
+/// hand-over or drop completes it.
+fn finish_took<S: Shard>(c: &mut Cell<S>, map: &Proclet<MapLog<S>>) -> Result<(), String> {
+    let Some((lo, right)) = c.took_from.clone() else {
+        return Ok(());
+    };
+    granule_failpoints::hit_blocking("sharded.merge.before_record")
+        .map_err(|f| format!("recording a merge: {f}"))?;
+    let unnamed = map
+        .run((lo, right.clone()), forget_merged::<S>)
+        .map_err(|e| format!("recording a merge: {e}"))?;
+    if !unnamed {
+        return Err(format!(
+            "the map still names {} after its merge",
+            right.id()
+        ));
+    }
+    // Freed only once the map no longer names it: callers holding it are sent here
+    // until then, and told it is gone after (they read the map again).
+    match right.destroy() {
+        Ok(()) | Err(CallError::ProcletGone(_)) => {}
+        Err(e) => return Err(format!("freeing a merged-away shard: {e}")),
+    }
+    c.took_from = None;
+    Ok(())
 }
 
 /// (left itself, right, map, right's footprint as the client saw it, the bounds)
@@ -1619,16 +1969,23 @@ type MergeArgs<S> = (
     Bounds,
 );
 
-/// Merge `right` into the left shard `c` (running on the left shard, exclusively).
+/// Merge `right` into the left shard `c` (running on the left shard, exclusively), in
+/// three steps: the right shard hands its range over with a copy of its data, keeping
+/// the data ([`Cell::hand_over`]); this shard takes the copy and extends its range
+/// ([`Cell::take_handed`]); the map forgets the right shard, which is freed
+/// ([`finish_took`]). Should a step's answer be lost, what was done stays visible in the
+/// two shards and the rest is done, or undone, by whoever meets them next.
 fn merge_right_into<S: Shard>(
     c: &mut Cell<S>,
     (me, right, map, right_fp, bounds): MergeArgs<S>,
 ) -> Result<bool, String> {
+    // One merge at a time: an earlier one not complete first.
+    finish_took(c, &map)?;
     // Two shards over the upper bound together may still merge (a rebalance: the client
     // splits the result in halves): the trigger says how far (see `Bounds::may_merge`).
     if c.pending.is_some()
         || c.frozen_by.is_some()
-        || c.merged_into.is_some()
+        || c.handing_to.is_some()
         || c.sealed
         || !bounds.may_merge(c.data.footprint(), right_fp)
     {
@@ -1637,41 +1994,46 @@ fn merge_right_into<S: Shard>(
     let Some(my_hi) = c.hi.clone() else {
         return Ok(false);
     };
-    // Take the right shard's data, if it still starts where this one ends.
-    let taken = right
+    // A lost answer leaves the right shard handing over to this one, which took nothing:
+    // trying this merge again takes the same copy; a client that meets the right shard
+    // first thaws it ([`settle_on_left`]).
+    let handed = right
         .run(
-            (my_hi, me),
-            |r: &mut Cell<S>, (lo, into): (S::Key, Proclet<Cell<S>>)| {
-                if r.lo.as_ref() != Some(&lo)
-                    || r.pending.is_some()
-                    || r.frozen_by.is_some()
-                    || r.merged_into.is_some()
-                    || r.sealed
-                {
-                    return None;
-                }
-                r.merged_into = Some(into);
-                Some((r.hi.clone(), std::mem::take(&mut r.data)))
+            (my_hi, me, map.clone()),
+            |r: &mut Cell<S>, (lo, into, map): (S::Key, Proclet<Cell<S>>, Proclet<MapLog<S>>)| {
+                finish_took(r, &map)?;
+                r.hand_over(&lo, &into)
             },
         )
-        .map_err(|e| format!("taking the right shard's data: {e}"))?;
-    let Some((hi, data)) = taken else {
+        .map_err(|e| format!("taking the right shard's data: {e}"))??;
+    let Some(handed) = handed else {
         return Ok(false);
     };
-    let lo = c.hi.clone();
-    c.data.merge(data);
-    c.hi = hi;
-    // The map next; the right shard forwards callers until then, and is freed after.
-    // Should recording fail, the next client that meets the right shard finishes it
-    // (`AutoSharder::settle_merged`).
-    granule_failpoints::hit_blocking("sharded.merge.before_record")
-        .map_err(|f| format!("recording a merge: {f}"))?;
-    map.run(lo, |m: &mut MapLog<S>, lo: Option<S::Key>| {
-        m.log.remove_if_present(lo);
-    })
-    .map_err(|e| format!("recording a merge: {e}"))?;
-    let _ = right.destroy();
+    c.take_handed(right, handed)?;
+    finish_took(c, &map)?;
     Ok(true)
+}
+
+/// (the left shard itself, the right shard handing its range over to it, the map)
+type SettleArgs<S> = (Proclet<Cell<S>>, Proclet<Cell<S>>, Proclet<MapLog<S>>);
+
+/// Settle the hand-over `right` began towards the left shard `c` in a merge (running on
+/// `c`, exclusively: after any merge call of its own, and before any later one, so what
+/// it says is final). If `c` took the copy (`took_from` names `right`, until `right` is
+/// freed), the merge is completed; else `c` did not take it and cannot until this call
+/// ends: `right` serves its range again.
+fn settle_on_left<S: Shard>(
+    c: &mut Cell<S>,
+    (me, right, map): SettleArgs<S>,
+) -> Result<(), String> {
+    if c.took_from.as_ref().is_some_and(|(_, r)| *r == right) {
+        return finish_took(c, &map);
+    }
+    match right.run(me, |r: &mut Cell<S>, to: Proclet<Cell<S>>| r.thaw(&to)) {
+        // Freed: its merge was completed (by this shard, before this call).
+        Ok(_) | Err(CallError::ProcletGone(_)) => Ok(()),
+        Err(e) => Err(format!("thawing the right shard: {e}")),
+    }
 }
 
 // ---- calls to one shard of a sealed structure (see `parts`) ----------------------------
@@ -1696,5 +2058,219 @@ impl<S: Shard> AutoSharder<S> {
             .into_iter()
             .map(|(_, p)| crate::SealedShard::new(p))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The steps' pure halves: what a shard does with its own state when asked to hand
+    //! over, take, thaw or extend, what it answers callers meanwhile, and the map's
+    //! records. The calls between shards are tested on a cluster
+    //! (`crates/granule/tests/sharded.rs`).
+    use super::*;
+    use granule_runtime::ProcletId;
+    use std::collections::BTreeSet;
+
+    #[derive(Default, Serialize, Deserialize)]
+    struct Keys(BTreeSet<u64>);
+
+    impl Shard for Keys {
+        type Key = u64;
+        fn split(&mut self) -> Option<(u64, Self)> {
+            let mid = *self.0.iter().nth(self.0.len() / 2)?;
+            Some((mid, Keys(self.0.split_off(&mid))))
+        }
+        fn merge(&mut self, mut right: Self) {
+            self.0.append(&mut right.0)
+        }
+        fn footprint(&self) -> u64 {
+            8 * self.0.len() as u64
+        }
+    }
+
+    /// A handle to proclet `id` as a process without a cluster decodes one (no calls).
+    fn handle<T>(id: u64) -> Proclet<T> {
+        let bytes = postcard::to_allocvec(&(ProcletId(id), None::<()>)).expect("encode");
+        postcard::from_bytes(&bytes).expect("decode")
+    }
+
+    fn cell(lo: Option<u64>, hi: Option<u64>, keys: impl IntoIterator<Item = u64>) -> Cell<Keys> {
+        Cell::new(lo, hi, Keys(keys.into_iter().collect()))
+    }
+
+    fn insert(s: &mut Keys, k: u64, _: &()) -> bool {
+        s.0.insert(k)
+    }
+
+    fn contains(s: &Keys, k: u64) -> bool {
+        s.0.contains(&k)
+    }
+
+    /// What a routed write of `k` gets from `c`: moved (and where), served, or neither.
+    fn write(c: &mut Cell<Keys>, k: u64) -> Result<Option<ProcletId>, ()> {
+        match route_mut(c, (k, k, false), &((), insert)) {
+            Answer::Moved(_, to) => Ok(Some(to.id())),
+            Answer::Served(_) => Ok(None),
+            _ => Err(()),
+        }
+    }
+
+    fn read(c: &Cell<Keys>, k: u64) -> Result<Option<ProcletId>, ()> {
+        match route_ref(c, (k, k, false), &contains) {
+            Answer::Moved(_, to) => Ok(Some(to.id())),
+            Answer::Served(_) => Ok(None),
+            _ => Err(()),
+        }
+    }
+
+    #[test]
+    fn a_right_shard_hands_over_a_copy_and_keeps_its_data_until_freed() {
+        let left = handle::<Cell<Keys>>(1);
+        let mut r = cell(Some(10), Some(20), [10, 12, 15]);
+        assert_eq!(write(&mut r, 11), Ok(None));
+        let (hi, bytes) = r.hand_over(&10, &left).expect("encode").expect("handed");
+        assert_eq!(hi, Some(20));
+        // It keeps its data, serves nothing, and sends callers to the left shard.
+        assert_eq!(r.data.0, BTreeSet::from([10, 11, 12, 15]));
+        assert_eq!(write(&mut r, 13), Ok(Some(ProcletId(1))));
+        assert_eq!(read(&r, 12), Ok(Some(ProcletId(1))));
+        assert!(!r.data.0.contains(&13));
+        let mut batch = route_many_mut(
+            &mut r,
+            vec![14u64],
+            &(|k: &u64| *k, |_: &mut Keys, _: Vec<u64>| {}),
+        );
+        assert!(matches!(&mut batch, RoutedMany::Moved(v) if *v == vec![14]));
+        // Asked again (the first answer lost), it hands the same copy.
+        let again = r
+            .hand_over(&10, &left)
+            .expect("encode")
+            .expect("handed again");
+        assert_eq!(again, (hi, bytes));
+        // To another shard it does not, nor at another key.
+        assert_eq!(r.hand_over(&10, &handle(2)), Ok(None));
+        let mut other = cell(Some(10), Some(20), [10]);
+        assert_eq!(other.hand_over(&9, &left), Ok(None));
+    }
+
+    #[test]
+    fn a_shard_in_the_middle_of_another_change_does_not_hand_over() {
+        let left = handle::<Cell<Keys>>(1);
+        let mut splitting = cell(Some(10), Some(15), [10]);
+        splitting.pending = Some(Pending {
+            lo: 15,
+            hi: None,
+            data: Keys::default(),
+        });
+        let mut frozen = cell(Some(10), None, [10]);
+        frozen.frozen_by = Some(handle(3));
+        let mut sealed = cell(Some(10), None, [10]);
+        sealed.sealed = true;
+        // A merge of its own not complete: its caller finishes it first.
+        let mut taker = cell(Some(10), None, [10]);
+        taker.took_from = Some((20, handle(4)));
+        for mut c in [splitting, frozen, sealed, taker] {
+            assert_eq!(c.hand_over(&10, &left), Ok(None));
+            assert!(c.handing_to.is_none());
+        }
+    }
+
+    #[test]
+    fn the_left_shard_takes_the_copy_and_notes_the_merge() {
+        let right = handle::<Cell<Keys>>(2);
+        let mut r = cell(Some(10), Some(20), [10, 15]);
+        let handed = r
+            .hand_over(&10, &handle(1))
+            .expect("encode")
+            .expect("handed");
+        let mut l = cell(None, Some(10), [1, 5]);
+        l.take_handed(right.clone(), handed).expect("take");
+        assert_eq!((l.lo, l.hi), (None, Some(20)));
+        assert_eq!(l.data.0, BTreeSet::from([1, 5, 10, 15]));
+        assert_eq!(l.took_from, Some((10, right)));
+        assert_eq!(write(&mut l, 17), Ok(None));
+        // A copy that does not decode changes nothing.
+        let mut l2 = cell(None, Some(10), [1]);
+        assert!(l2.take_handed(handle(2), (None, vec![0xff; 3])).is_err());
+        assert_eq!((l2.hi, l2.took_from.is_none()), (Some(10), true));
+        assert_eq!(l2.data.0, BTreeSet::from([1]));
+    }
+
+    #[test]
+    fn an_untaken_hand_over_thaws_only_for_its_own_left_shard() {
+        let left = handle::<Cell<Keys>>(1);
+        let mut r = cell(Some(10), None, [10]);
+        r.hand_over(&10, &left).expect("encode").expect("handed");
+        assert!(!r.thaw(&handle(7)));
+        assert_eq!(read(&r, 10), Ok(Some(ProcletId(1))));
+        assert!(r.thaw(&left));
+        assert_eq!(read(&r, 10), Ok(None));
+        assert_eq!(write(&mut r, 11), Ok(None));
+        // Thawing twice (two clients settling at once) is the same as once.
+        assert!(!r.thaw(&left));
+        assert_eq!(r.data.0, BTreeSet::from([10, 11]));
+    }
+
+    #[test]
+    fn the_right_neighbour_of_a_drop_extends_once_and_says_so_again() {
+        let mut r = cell(Some(10), None, [10]);
+        assert!(!r.extend_down(&9));
+        assert!(r.extend_down(&10));
+        assert_eq!(r.lo, None);
+        // The answer lost, the first shard asks again: the same answer.
+        assert!(r.extend_down(&10));
+        let mut frozen = cell(Some(10), None, []);
+        frozen.frozen_by = Some(handle(3));
+        assert!(!frozen.extend_down(&10));
+        let mut handing = cell(Some(10), None, []);
+        handing.handing_to = Some(handle(3));
+        assert!(!handing.extend_down(&10));
+    }
+
+    fn map_of(entries: &[(Option<u64>, u64)]) -> MapLog<Keys> {
+        let mut m = MapLog {
+            log: ChangeLog::new(),
+            sealed: false,
+        };
+        for (lo, id) in entries {
+            m.log.apply(Change::Set {
+                lo: *lo,
+                target: handle(*id),
+            });
+        }
+        m
+    }
+
+    fn table(m: &MapLog<Keys>) -> Vec<(Option<u64>, u64)> {
+        m.log
+            .table()
+            .iter()
+            .map(|(lo, s)| (*lo, s.id().0))
+            .collect()
+    }
+
+    #[test]
+    fn recording_a_merge_is_conditional_and_repeatable() {
+        let mut m = map_of(&[(None, 1), (Some(10), 2), (Some(20), 3)]);
+        assert!(forget_merged(&mut m, (10, handle(2))));
+        assert_eq!(table(&m), vec![(None, 1), (Some(20), 3)]);
+        let v = m.log.version();
+        assert!(forget_merged(&mut m, (10, handle(2))));
+        assert_eq!(m.log.version(), v, "a repeat changed the map");
+        // A shard a split created since at that key keeps its entry.
+        let mut m = map_of(&[(None, 1), (Some(10), 5)]);
+        assert!(forget_merged(&mut m, (10, handle(2))));
+        assert_eq!(table(&m), vec![(None, 1), (Some(10), 5)]);
+    }
+
+    #[test]
+    fn recording_a_drop_is_conditional_and_repeatable() {
+        let mut m = map_of(&[(None, 1), (Some(10), 2), (Some(20), 3)]);
+        record_drop(&mut m, (handle(1), 10, handle(2)));
+        assert_eq!(table(&m), vec![(None, 2), (Some(20), 3)]);
+        let v = m.log.version();
+        record_drop(&mut m, (handle(1), 10, handle(2)));
+        assert_eq!(m.log.version(), v, "a repeat changed the map");
+        assert_eq!(table(&m), vec![(None, 2), (Some(20), 3)]);
     }
 }

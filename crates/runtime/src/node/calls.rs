@@ -34,6 +34,7 @@ impl NodeInner {
     ) -> Result<Remote, CallError> {
         let mut chase = Chase::new();
         let mut loc = self.locate(id, hint).await?;
+        let mut asked_controller = false;
         loop {
             if loc.node == self.id {
                 if self.hosting.contains(id) {
@@ -45,7 +46,16 @@ impl NodeInner {
                 loc = self.relocate(id, &loc, None, chase.hops).await?;
                 continue;
             }
-            let conn = self.peers.connect(loc.node, &loc.addr).await?;
+            let conn = match self.peers.connect(loc.node, &loc.addr).await {
+                Ok(c) => c,
+                Err(e) => match self.moved_off(id, &loc, &mut asked_controller).await {
+                    Some(l) => {
+                        loc = l;
+                        continue;
+                    }
+                    None => return Err(e),
+                },
+            };
             let msg = Msg::Call {
                 proclet: id,
                 code,
@@ -188,6 +198,7 @@ impl NodeInner {
     ) -> Result<(), CallError> {
         let mut chase = Chase::new();
         let mut next: Option<Location> = None;
+        let mut asked_controller = false;
         loop {
             if let Some(slot) = self.hosting.get(id) {
                 return self.destroy_local(&slot, chain).await.map_err(|e| match e {
@@ -206,7 +217,16 @@ impl NodeInner {
                 next = Some(self.relocate(id, &loc, None, chase.hops).await?);
                 continue;
             }
-            let conn = self.peers.connect(loc.node, &loc.addr).await?;
+            let conn = match self.peers.connect(loc.node, &loc.addr).await {
+                Ok(c) => c,
+                Err(e) => match self.moved_off(id, &loc, &mut asked_controller).await {
+                    Some(l) => {
+                        next = Some(l);
+                        continue;
+                    }
+                    None => return Err(e),
+                },
+            };
             match conn.request(&Msg::Destroy { proclet: id }, &[]).await {
                 Ok(Frame { msg: Msg::Done, .. }) => {
                     self.locations.forget(id);
@@ -261,6 +281,29 @@ impl NodeInner {
                 "the controller declared it dead; its proclets are lost",
             )),
             None => Err(CallError::ProcletGone(id)),
+        }
+    }
+
+    /// The node at `stale` cannot be reached (nothing was sent). A cached location, or
+    /// the handle's hint, may name a node the proclet left before that node went away:
+    /// ask the controller once per call, and go on where it says if that is elsewhere.
+    /// `None`: the proclet is (as far as anyone knows) on that node, and the caller gets
+    /// the connection's error.
+    async fn moved_off(
+        &self,
+        id: ProcletId,
+        stale: &Location,
+        asked: &mut bool,
+    ) -> Option<Location> {
+        if std::mem::replace(asked, true) {
+            return None;
+        }
+        match self.controller.locate(id).await {
+            Ok(Some((loc, true))) if loc.node != stale.node => {
+                self.locations.learn(id, &loc);
+                Some(loc)
+            }
+            _ => None,
         }
     }
 
