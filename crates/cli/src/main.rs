@@ -217,6 +217,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let config = granule_controller::ControllerConfig {
                 failure_timeout: c.cluster.failure_timeout,
+                forget_dead_after: c.cluster.forget_dead_after,
                 heartbeat: c.cluster.heartbeat,
                 dashboard: c.cluster.dashboard.clone(),
                 http: granule_http::Limits::from_config(&c),

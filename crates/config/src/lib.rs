@@ -86,6 +86,11 @@ pub struct Cluster {
     /// it finds out; off: it exits. Applies to nodes no driver replaces: hand-started
     /// ones, and embedded ones when `replace_dead` is off.
     pub rejoin: bool,
+    /// How long a dead or departed node stays in the node list (`Cluster::nodes`,
+    /// `granule status`, the dashboard) after it died or left; then the list forgets it.
+    /// The controller keeps what it needs longer: calls to the proclets the node held
+    /// still fail as unreachable rather than unknown, and its id is never given again.
+    pub forget_dead_after: Duration,
     /// Whether node processes run in cgroup v1 groups limited to their spec.
     pub cgroups: CgroupsMode,
     /// The CFS period of the node groups Granule creates: a group that used its quota
@@ -115,6 +120,7 @@ impl Default for Cluster {
             start_timeout: Duration::from_secs(30),
             replace_dead: true,
             rejoin: true,
+            forget_dead_after: Duration::from_secs(60),
             cgroups: CgroupsMode::Auto,
             cfs_period: Duration::from_millis(20),
             dashboard: Some("127.0.0.1:0".into()),

@@ -248,6 +248,15 @@ pub static SETTINGS: &[Setting] = &[
         |b: &bool| switch_text(*b),
     ),
     setting!(
+        "cluster.forget_dead_after",
+        "GRANULE_FORGET_DEAD_AFTER",
+        "a duration such as 60s (0s: at once)",
+        "how long a dead or departed node stays in the node list (Cluster::nodes, granule status, the dashboard) after it died or left; calls to the proclets it held still fail as unreachable after that, and its id is never reused",
+        cluster.forget_dead_after,
+        dur,
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
         "cluster.cgroups",
         "GRANULE_CGROUPS",
         "auto or off",

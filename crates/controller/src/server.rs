@@ -49,8 +49,9 @@ pub trait Extension: Send + Sync + 'static {
     fn refresh_metrics(&self) {}
 }
 
-/// How long a dead node that had proclets stays listed (so calls to its proclets report
-/// it unreachable rather than the proclets unknown).
+/// How long the controller remembers a dead node that had proclets (so calls to its
+/// proclets report it unreachable rather than the proclets unknown), listed or not
+/// (`ControllerConfig::forget_dead_after` bounds the listing).
 const DEAD_NODE_RETENTION: std::time::Duration = std::time::Duration::from_secs(600);
 
 fn conn_key(c: &Arc<Connection>) -> u64 {
@@ -67,8 +68,9 @@ impl Inner {
         let mut newly = Vec::new();
         {
             let mut st = self.state.lock();
+            let now = Instant::now();
             for n in dead {
-                if st.mark_dead(*n) {
+                if st.mark_dead(*n, now) {
                     newly.push(*n);
                 }
             }
@@ -112,7 +114,7 @@ impl Inner {
     /// A node leaves on purpose: record the departure (not a failure) and tell the other
     /// hosts, whose calls to its proclets then fail at once as for a dead node.
     fn depart(&self, node: NodeId, why: &str) {
-        if !self.state.lock().mark_left(node) {
+        if !self.state.lock().mark_left(node, Instant::now()) {
             return;
         }
         tracing::info!(node = %node, "node left the cluster: {why}");

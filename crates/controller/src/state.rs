@@ -40,6 +40,10 @@ pub struct ControllerConfig {
     pub heartbeat: Duration,
     /// A node silent for longer is declared dead.
     pub failure_timeout: Duration,
+    /// How long a dead or departed node stays in the node list after it died or left
+    /// (`cluster.forget_dead_after`). Only the list: see [`State::prune_dead`] for what
+    /// the state keeps longer.
+    pub forget_dead_after: Duration,
     /// Largest id block handed out at once.
     pub max_id_block: u32,
     /// Where to serve the dashboard, `/api/cluster` and the controller's `/metrics`
@@ -56,6 +60,7 @@ impl Default for ControllerConfig {
         ControllerConfig {
             heartbeat: Duration::from_millis(100),
             failure_timeout: Duration::from_millis(1000),
+            forget_dead_after: Duration::from_secs(60),
             max_id_block: 1 << 16,
             dashboard: Some("127.0.0.1:0".into()),
             http: granule_http::Limits::default(),
@@ -88,6 +93,15 @@ struct NodeEntry {
     provisional_mem: u64,
     /// Proclets placed on the node by kind (placements minus forgets seen here).
     placed: [u32; 3],
+    /// When it was declared dead or left (`None` while alive).
+    gone_at: Option<Instant>,
+}
+
+impl NodeEntry {
+    /// How long ago it died or left (`None` while alive).
+    fn gone_for(&self, now: Instant) -> Option<Duration> {
+        self.gone_at.map(|t| now.saturating_duration_since(t))
+    }
 }
 
 /// Why a registration was refused.
@@ -207,6 +221,7 @@ impl State {
                 provisional_cores: 0.0,
                 provisional_mem: 0,
                 placed: [0; 3],
+                gone_at: None,
             },
         );
         self.members_version += 1;
@@ -521,10 +536,16 @@ impl State {
         self.nodes.get(&id).map(|e| &e.info)
     }
 
-    /// Every node the controller knows (alive and dead), with its age.
+    /// The node list: every live node, and the dead or departed ones for
+    /// `config.forget_dead_after` after they died or left (a user sees what happened, and
+    /// a long-running cluster's list does not fill with the dead), each with its age.
     pub fn list(&self, now: Instant) -> Vec<NodeInfo> {
         self.nodes
             .values()
+            .filter(|e| {
+                e.gone_for(now)
+                    .is_none_or(|d| d <= self.config.forget_dead_after)
+            })
             .map(|e| {
                 let mut i = e.info.clone();
                 i.last_seen_ms = now.saturating_duration_since(e.last_seen).as_millis() as u64;
@@ -533,11 +554,12 @@ impl State {
             .collect()
     }
 
-    /// Declare a node dead. Returns true if it was alive.
-    pub fn mark_dead(&mut self, node: NodeId) -> bool {
+    /// Declare a node dead at `now`. Returns true if it was alive.
+    pub fn mark_dead(&mut self, node: NodeId, now: Instant) -> bool {
         match self.nodes.get_mut(&node) {
             Some(e) if e.info.state == NodeState::Alive => {
                 e.info.state = NodeState::Dead;
+                e.gone_at = Some(now);
                 self.members_version += 1;
                 let subject = format!("{:?} {node}", e.info.role);
                 self.record(ClusterEvent::now(EventKind::NodeDown, node, subject));
@@ -547,11 +569,12 @@ impl State {
         }
     }
 
-    /// Record that a node left on purpose. Returns true if it was alive.
-    pub fn mark_left(&mut self, node: NodeId) -> bool {
+    /// Record that a node left on purpose at `now`. Returns true if it was alive.
+    pub fn mark_left(&mut self, node: NodeId, now: Instant) -> bool {
         match self.nodes.get_mut(&node) {
             Some(e) if e.info.state == NodeState::Alive => {
                 e.info.state = NodeState::Left;
+                e.gone_at = Some(now);
                 self.members_version += 1;
                 let subject = format!("{:?} {node}", e.info.role);
                 self.record(ClusterEvent::now(EventKind::NodeLeft, node, subject));
@@ -561,18 +584,22 @@ impl State {
         }
     }
 
-    /// Forget dead (and departed) nodes: at once if no proclet was located on them, else after
-    /// `retention` (their proclets are lost; from then on calls to them find them gone
-    /// rather than unreachable). Keeps the node list from growing under churn.
+    /// Forget dead (and departed) nodes for good, keeping the state from growing under
+    /// churn: one no proclet was located on once the list no longer shows it
+    /// (`config.forget_dead_after`); one that held proclets after `retention` as well —
+    /// until then a call to one of its proclets is answered "node unreachable" (the
+    /// proclet was lost with it), afterwards "gone". The list itself forgets a node after
+    /// `forget_dead_after` whatever it held ([`State::list`]). Node ids are never given
+    /// again, and a forgotten node's heartbeats are refused like a dead one's.
     pub fn prune_dead(&mut self, now: Instant, retention: Duration) {
+        let listed_for = self.config.forget_dead_after;
         let mut with_proclets = std::collections::HashSet::new();
         let doomed: Vec<NodeId> = self
             .nodes
             .values()
-            .filter(|e| e.info.state != NodeState::Alive)
-            .filter(|e| {
-                e.placed == [0; 3] || now.saturating_duration_since(e.last_seen) > retention
-            })
+            .filter_map(|e| Some((e, e.gone_for(now)?)))
+            .filter(|(e, gone)| *gone > listed_for && (e.placed == [0; 3] || *gone > retention))
+            .map(|(e, _)| e)
             .map(|e| {
                 if e.placed != [0; 3] {
                     with_proclets.insert(e.info.id);
@@ -753,9 +780,12 @@ mod tests {
         let (mut s, now) = st();
         let a = reg(&mut s, Role::Node, 1.0, GIB, now);
         let b = reg(&mut s, Role::Node, 1.0, GIB, now);
-        assert!(s.mark_left(a));
-        assert!(!s.mark_left(a), "only once");
-        assert!(!s.mark_dead(a), "a departed node does not die afterwards");
+        assert!(s.mark_left(a, now));
+        assert!(!s.mark_left(a, now), "only once");
+        assert!(
+            !s.mark_dead(a, now),
+            "a departed node does not die afterwards"
+        );
         assert_eq!(s.node(a).unwrap().state, NodeState::Left);
         let kinds: Vec<EventKind> = s.events_after(0, 100).iter().map(|e| e.kind).collect();
         assert_eq!(kinds.last(), Some(&EventKind::NodeLeft));
@@ -764,7 +794,8 @@ mod tests {
         for i in 0..4 {
             assert_eq!(s.place(ProcletId(i), Kind::Memory, 0).unwrap().node, b);
         }
-        s.prune_dead(now, Duration::from_secs(600));
+        let later = now + s.config.forget_dead_after + Duration::from_millis(1);
+        s.prune_dead(later, Duration::from_secs(600));
         assert!(s.node(a).is_none());
     }
 
@@ -794,7 +825,7 @@ mod tests {
         let a = reg(&mut s, Role::Node, 1.0, GIB, now);
         let b = reg(&mut s, Role::Node, 1.0, GIB, now);
         let l = s.place(ProcletId(7), Kind::Memory, 0).unwrap();
-        assert!(s.mark_dead(l.node));
+        assert!(s.mark_dead(l.node, now));
         let other = if l.node == a { b } else { a };
         assert_eq!(s.place(ProcletId(8), Kind::Memory, 0).unwrap().node, other);
         let (_, alive) = s.locate(ProcletId(7)).unwrap();
@@ -827,16 +858,22 @@ mod tests {
         let a = reg(&mut s, Role::Node, 1.0, GIB, now);
         let b = reg(&mut s, Role::Node, 1.0, GIB, now);
         assert!(s.set_location(ProcletId(1), b, 1, Kind::Memory));
-        s.mark_dead(a);
-        s.mark_dead(b);
+        s.mark_dead(a, now);
+        s.mark_dead(b, now);
         s.prune_dead(now, Duration::from_secs(600));
         assert!(
+            s.node(a).is_some() && s.node(b).is_some(),
+            "both still listed"
+        );
+        let unlisted = now + s.config.forget_dead_after + Duration::from_millis(1);
+        s.prune_dead(unlisted, Duration::from_secs(600));
+        assert!(
             s.node(a).is_none(),
-            "a dead node without proclets goes at once"
+            "a dead node without proclets goes once it is no longer listed"
         );
         assert!(
             s.node(b).is_some(),
-            "one with proclets stays listed for a while"
+            "one with proclets stays known for a while"
         );
         assert!(matches!(s.locate(ProcletId(1)), Some((_, false))));
         s.prune_dead(now + Duration::from_secs(601), Duration::from_secs(600));
@@ -880,10 +917,86 @@ mod tests {
         assert_eq!(all.last().unwrap().seq + 1, s.next_event_seq());
         let tail = s.events_after(all.last().unwrap().seq - 2, 100);
         assert_eq!(tail.len(), 2);
-        assert!(s.mark_dead(a));
+        assert!(s.mark_dead(a, now));
         assert_eq!(
             s.events_after(0, usize::MAX).last().unwrap().kind,
             EventKind::NodeDown
+        );
+    }
+
+    /// The node list shows a dead or departed node for `forget_dead_after` after it died
+    /// or left, then no more; the controller still answers for the dead node's proclets
+    /// (lost, not unknown) and still fences it, and no id comes back.
+    #[test]
+    fn the_list_forgets_dead_and_departed_nodes_after_a_while() {
+        let config = ControllerConfig {
+            forget_dead_after: Duration::from_secs(60),
+            ..ControllerConfig::default()
+        };
+        let mut s = State::new(config);
+        let t0 = Instant::now();
+        let [a, b, c] = [(); 3].map(|()| reg(&mut s, Role::Node, 1.0, GIB, t0));
+        assert!(s.set_location(ProcletId(1), a, 1, Kind::Memory));
+        let died = t0 + Duration::from_secs(5);
+        assert!(s.mark_dead(a, died));
+        assert!(s.mark_left(b, died + Duration::from_secs(10)));
+        let listed = |s: &State, at: Instant| -> Vec<(NodeId, NodeState)> {
+            s.list(at).iter().map(|n| (n.id, n.state)).collect()
+        };
+        // Listed, with what happened to them, while the sweeps run.
+        for later in [0, 30, 60] {
+            let at = died + Duration::from_secs(later);
+            s.prune_dead(at, Duration::from_secs(600));
+            assert_eq!(
+                listed(&s, at),
+                [
+                    (a, NodeState::Dead),
+                    (b, NodeState::Left),
+                    (c, NodeState::Alive)
+                ],
+                "{later} s after the death"
+            );
+        }
+        // A minute after its death the dead node is no longer listed; the departed one
+        // (which left ten seconds later) still is, for ten more seconds.
+        let at = died + Duration::from_secs(61);
+        s.prune_dead(at, Duration::from_secs(600));
+        assert_eq!(
+            listed(&s, at),
+            [(b, NodeState::Left), (c, NodeState::Alive)]
+        );
+        let at = died + Duration::from_secs(71);
+        s.prune_dead(at, Duration::from_secs(600));
+        assert_eq!(listed(&s, at), [(c, NodeState::Alive)]);
+        assert!(
+            s.node(b).is_none(),
+            "nothing left to keep of the departed node"
+        );
+        // What the controller still needs of the dead node: its proclet is lost with it
+        // (not gone), and its heartbeats are refused.
+        assert!(matches!(s.locate(ProcletId(1)), Some((l, false)) if l.node == a));
+        assert!(!s.heartbeat(a, Usage::default(), Vec::new(), at));
+        assert!(!s.heartbeat(b, Usage::default(), Vec::new(), at));
+        // A new node gets a new id.
+        let d = reg(&mut s, Role::Node, 1.0, GIB, at);
+        assert!(d > c, "{d:?} after {c:?}");
+        // After the retention, the dead node is forgotten for good; still no id reused.
+        let at = died + Duration::from_secs(601);
+        s.prune_dead(at, Duration::from_secs(600));
+        assert!(s.node(a).is_none() && s.locate(ProcletId(1)).is_none());
+        assert!(!s.heartbeat(a, Usage::default(), Vec::new(), at));
+        assert!(reg(&mut s, Role::Node, 1.0, GIB, at) > d);
+        // With 0 s, the list shows only the living.
+        let mut s = State::new(ControllerConfig {
+            forget_dead_after: Duration::ZERO,
+            ..ControllerConfig::default()
+        });
+        let a = reg(&mut s, Role::Node, 1.0, GIB, t0);
+        let b = reg(&mut s, Role::Node, 1.0, GIB, t0);
+        assert!(s.mark_dead(a, t0));
+        assert_eq!(
+            listed(&s, t0 + Duration::from_millis(1)),
+            [(b, NodeState::Alive)]
         );
     }
 }

@@ -2,12 +2,14 @@
 //! processes at once, kills the ones declared dead that still run, and replaces them
 //! (`cluster.replace_dead`), so the cluster returns to its configured size; without a
 //! replacing driver, a node declared dead rejoins as a new node when it wakes up
-//! (`cluster.rejoin`), or exits.
+//! (`cluster.rejoin`), or exits. A dead node stays in the node list for
+//! `cluster.forget_dead_after`, then the list forgets it while the controller still
+//! answers for the proclets it held.
 
 mod common;
 
 use common::bounded;
-use granule::{Cluster, Kind, NodeId, NodeState, Proclet};
+use granule::{CallError, Cluster, Kind, NodeId, NodeState, Proclet};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::time::{Duration, Instant};
@@ -181,5 +183,60 @@ fn dead_node_processes_are_reaped_without_replacement() {
         assert!(cluster.spawned_nodes().is_empty());
         assert_eq!(cluster.replacements(), 0);
         assert!(cluster.worker_nodes().unwrap().is_empty());
+    });
+}
+
+/// A killed node is listed as dead, for `cluster.forget_dead_after` after it was declared
+/// dead, and then no more (the list does not keep the dead for ever); calls to the
+/// proclet it held still fail as unreachable, naming it — the controller keeps what it
+/// needs to answer for it.
+#[test]
+fn a_dead_node_is_listed_for_a_while_then_forgotten() {
+    bounded(LIMIT, || {
+        const LISTED: Duration = Duration::from_secs(5);
+        let cluster = Cluster::builder()
+            .nodes("cpu=1,mem=256MiB;cpu=1,mem=256MiB")
+            .unwrap()
+            .shed(false)
+            .failure_timeout(FAILURE_TIMEOUT)
+            .set("cluster.replace_dead", "off")
+            .unwrap()
+            .set("cluster.forget_dead_after", "5s")
+            .unwrap()
+            .start()
+            .unwrap();
+        let (victim, _) = cluster.spawned_nodes()[0];
+        let lost = Proclet::builder(Kind::Memory)
+            .on(victim)
+            .create(1u64, |x: u64| x)
+            .unwrap();
+        let listed_as = |c: &Cluster| {
+            c.nodes()
+                .unwrap()
+                .into_iter()
+                .find(|n| n.id == victim)
+                .map(|n| n.state)
+        };
+        let killed = Instant::now();
+        cluster.kill_node(victim).unwrap();
+        wait_until(Duration::from_secs(20), "declared dead", || {
+            !alive(&cluster, victim)
+        });
+        assert_eq!(listed_as(&cluster), Some(NodeState::Dead), "listed as dead");
+        wait_until(Duration::from_secs(30), "forgotten by the list", || {
+            listed_as(&cluster).is_none()
+        });
+        // Declared dead after the kill, and listed for LISTED from then on.
+        assert!(
+            killed.elapsed() >= LISTED,
+            "forgotten {:?} after the kill",
+            killed.elapsed()
+        );
+        let r = lost.run_ref((), |x: &u64, ()| *x);
+        assert!(
+            matches!(r, Err(CallError::NodeUnreachable { node, .. }) if node == victim),
+            "{r:?}"
+        );
+        assert_eq!(cluster.worker_nodes().unwrap().len(), 1);
     });
 }

@@ -4,14 +4,15 @@
 //! heal when a node holding their proclets is killed or frozen (every call still
 //! answered; a stateful pair's lost clients start again empty, and the metrics say so),
 //! and a service started with a context, stateless or stateful, takes plain JSON over
-//! HTTP.
+//! HTTP. A handler whose read of a sharded structure failed (its shard's node killed)
+//! answers 503 with the error's text through every front door, never an empty 200.
 
 use granule::service::client::HttpClient;
 use granule::service::{
     routing_key, Clients, ScaleConfig, ServiceBuilder, ServiceState, StatefulService,
     StatelessService,
 };
-use granule::sharded::ShardedMap;
+use granule::sharded::{MapKey, MapValue, ShardedMap};
 use granule::{Cluster, Kind, NodeId, Proclet};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -1043,9 +1044,12 @@ fn stateful_service_recreates_a_lost_shard_empty_and_counts_it() {
 
 // ----- context -------------------------------------------------------------------------
 
-/// The context test's handler: a word's count in the map the service was started with.
-fn count_of(map: &ShardedMap<String, u64>, word: String) -> u64 {
-    map.get(&word).ok().flatten().unwrap_or(0)
+/// The context test's handler: a word's count in the map the service was started with
+/// (0 for a word not in it; a shard that cannot be reached is an error).
+fn count_of(map: &ShardedMap<String, u64>, word: String) -> Result<u64, String> {
+    map.get(&word)
+        .map(|n| n.unwrap_or(0))
+        .map_err(|e| e.to_string())
 }
 
 /// A service started with a `ShardedMap` handle as its context answers plain JSON (a
@@ -1060,7 +1064,7 @@ fn stateless_service_with_context_takes_plain_json_over_http() {
         freq.insert("dog".into(), 7).expect("insert");
         let svc = StatelessService::start_with_context("wordfreq", freq.clone(), count_of)
             .expect("service starts");
-        assert_eq!(svc.call("fox".into()).expect("call"), 3);
+        assert_eq!(svc.call("fox".into()).expect("call"), Ok(3));
         let doors = svc.http_addrs();
         assert_eq!(doors.len(), 3, "a front door on the driver and both nodes");
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -1099,7 +1103,113 @@ fn stateless_service_with_context_takes_plain_json_over_http() {
             }
         }
         for i in 0..64 {
-            assert_eq!(svc.call("dog".into()).expect("call"), 7, "call {i}");
+            assert_eq!(svc.call("dog".into()).expect("call"), Ok(7), "call {i}");
+        }
+        svc.destroy().expect("destroy");
+        c.shutdown();
+    });
+}
+
+/// The search handler of the guide's tutorial: the documents that hold a word (none for
+/// a word not in the index); a shard that cannot be reached is an error, not "none".
+fn search(index: &ShardedMap<String, Vec<u64>>, word: String) -> Result<Vec<u64>, String> {
+    index
+        .get(&word)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| e.to_string())
+}
+
+/// The nodes holding a map's shards, in key order. Generic over the value type without
+/// `V: Clone`: reaching the sharder needs none.
+fn shard_nodes<K: MapKey, V: MapValue>(m: &ShardedMap<K, V>) -> Vec<NodeId> {
+    m.sharder()
+        .shards()
+        .expect("shards")
+        .into_iter()
+        .map(|(_, shard)| shard.location().expect("a shard's node"))
+        .collect()
+}
+
+/// A handler reads a `ShardedMap` whose only shard is on a node that is then killed: its
+/// read fails, and it propagates the error, so every front door left answers 503 with
+/// the error's text naming the unreachable node — for a word that was there and for one
+/// that never was — and Rust callers get the error; never a 200 with an empty answer.
+/// The handler's compute proclet is on the node that stays, so the service itself runs.
+#[test]
+fn a_handler_whose_shard_was_lost_answers_503_naming_the_node() {
+    bounded(Duration::from_secs(90), || {
+        let (c, nodes) = fragile_cluster(2);
+        let (victim, keeper) = (nodes[0], nodes[1]);
+        let index: ShardedMap<String, Vec<u64>> = ShardedMap::new().expect("map");
+        index.insert("dog".into(), vec![2, 3]).expect("insert");
+        index.insert("fox".into(), vec![1]).expect("insert");
+        let shards = index.sharder().shards().expect("shards");
+        assert_eq!(shards.len(), 1, "one shard");
+        let shard = &shards[0].1;
+        if shard.location().expect("located") != victim {
+            c.move_proclet(shard.id(), victim).expect("move the shard");
+        }
+        assert_eq!(shard_nodes(&index), vec![victim]);
+        let svc: StatelessService<String, Result<Vec<u64>, String>, _> =
+            ServiceBuilder::new("search")
+                .scale(manual())
+                .stateless_with_context(index.clone(), search)
+                .expect("service starts");
+        let worker = svc.proclets()[0].id;
+        c.move_proclet(worker, keeper)
+            .expect("move the compute proclet");
+        let doors: Vec<SocketAddr> = svc
+            .http_addrs()
+            .into_iter()
+            .filter(|(n, _)| *n != victim)
+            .map(|(_, a)| a)
+            .collect();
+        assert_eq!(doors.len(), 2, "the driver's and the keeper's front doors");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio");
+        // Every door's answer to `word`: the status and the body.
+        let ask = |word: &str| -> Vec<(u16, String)> {
+            rt.block_on(async {
+                let mut out = Vec::new();
+                for addr in &doors {
+                    let mut cl = HttpClient::connect(*addr).await.expect("connect");
+                    let body = serde_json::to_vec(word).expect("json");
+                    let (st, b) = cl
+                        .post("/v1/services/search", &body)
+                        .await
+                        .expect("http call");
+                    out.push((st, String::from_utf8_lossy(&b).into_owned()));
+                }
+                out
+            })
+        };
+        // Before: an answer is the result alone.
+        for (word, want) in [("dog", "[2,3]"), ("cat", "[]")] {
+            for (st, b) in ask(word) {
+                assert_eq!((st, b.as_str()), (200, want), "{word}");
+            }
+        }
+        assert_eq!(svc.call("dog".into()).expect("call"), Ok(vec![2, 3]));
+
+        c.kill_node(victim).expect("kill the shard's node");
+        let unreachable = format!("node {victim} is unreachable");
+        for word in ["dog", "cat"] {
+            for (st, b) in ask(word) {
+                assert_eq!(st, 503, "{word}: {b}");
+                let e: serde_json::Value = serde_json::from_str(&b).expect("a JSON error");
+                let text = e["error"].as_str().expect("an error's text");
+                assert!(text.contains(&unreachable), "{word}: {text}");
+                eprintln!("{word}: {st} {b}");
+            }
+        }
+        match svc
+            .call("dog".into())
+            .expect("the service runs the handler")
+        {
+            Err(e) => assert!(e.contains(&unreachable), "{e}"),
+            Ok(ids) => panic!("an answer from a lost shard: {ids:?}"),
         }
         svc.destroy().expect("destroy");
         c.shutdown();

@@ -247,6 +247,7 @@ impl Cluster {
                     ControllerConfig {
                         heartbeat: cl.heartbeat,
                         failure_timeout: cl.failure_timeout,
+                        forget_dead_after: cl.forget_dead_after,
                         dashboard: cl.dashboard.clone(),
                         http: granule_http::Limits::from_config(&config),
                         ..ControllerConfig::default()
@@ -409,7 +410,10 @@ impl Cluster {
         }
     }
 
-    /// Every node the controller knows, with spec, reported use and liveness.
+    /// The cluster's nodes, with spec, reported use and liveness: every live node, and
+    /// each dead or departed one for `cluster.forget_dead_after` after it died or left
+    /// (then the list forgets it; calls to the proclets it held still fail as
+    /// unreachable, and its id is never given to another node).
     pub fn nodes(&self) -> Result<Vec<NodeInfo>, CallError> {
         let inner = self.inner()?;
         let n = inner.clone();

@@ -1,5 +1,6 @@
 //! Typed errors of the proclet API and of starting a cluster.
 
+use granule_config::ConfigError;
 use granule_controller::ControllerError;
 use granule_wire::{NodeId, ProcletId, RemoteError};
 use serde::{Deserialize, Serialize};
@@ -102,6 +103,9 @@ impl CallError {
 /// Why a cluster (or a node) could not start.
 #[derive(Debug, Error)]
 pub enum ClusterError {
+    /// A setting, node spec or other configuration the cluster cannot start with; the
+    /// text says which and why (a [`ConfigError`] converts into this, so `?` works on
+    /// `granule_config` calls in a function returning `ClusterError`).
     #[error("bad configuration: {0}")]
     Config(String),
     #[error(transparent)]
@@ -112,4 +116,43 @@ pub enum ClusterError {
     Startup(String),
     #[error("{0}")]
     Io(String),
+}
+
+// The variant keeps the text rather than the typed error: it also carries node specs
+// and fleet refusals that are not `ConfigError`s, and callers already match on it.
+impl From<ConfigError> for ClusterError {
+    fn from(e: ConfigError) -> ClusterError {
+        ClusterError::Config(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use granule_config::Config;
+
+    /// A program's `main` returning `ClusterError` applies its settings with `?`.
+    fn configure(key: &str, value: &str) -> Result<Config, ClusterError> {
+        let mut c = Config::default();
+        c.set(key, value)?;
+        Ok(c)
+    }
+
+    #[test]
+    fn config_errors_convert_for_question_mark() {
+        assert!(configure("cluster.failure_timeout", "3s").is_ok());
+        match configure("cluster.failure_timeout", "soon") {
+            Err(ClusterError::Config(m)) => {
+                assert!(m.contains("cluster.failure_timeout"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match configure("cluster.no_such_setting", "1") {
+            Err(e @ ClusterError::Config(_)) => {
+                let m = e.to_string();
+                assert!(m.starts_with("bad configuration: unknown setting"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -16,9 +16,18 @@
 //! - `POST /v1/services/{name}/clients/{id}`: call a stateful service for client `id`
 //!   (JSON, or a bare string).
 //!
-//! Errors: 404 for an unknown service (or the wrong route for its kind), 400 for a body or
-//! client id that does not parse (with serde's message), 503 when the call itself failed.
-//! Bad input never panics, and the server keeps serving.
+//! Answers: 200 with the handler's response as JSON. A handler whose response is a
+//! `Result<T, E>` answers by its outcome: `Ok(v)` is 200 with `v` alone, `Err(e)` is 503
+//! with `e`'s text — the way a handler reports that it could not answer (a sharded
+//! structure it reads lost a shard with its node, say), which must never look like an
+//! answer: not a 200 with `{"Err": ..}` in it, nor an empty result.
+//!
+//! Errors, each as `{"error": "<text>"}`: 404 for an unknown service (or the wrong route
+//! for its kind), 400 for a body or client id that does not parse (with serde's message),
+//! 503 when the call failed — the handler's `Err`, or the service could not run the
+//! handler (a panic in it, its proclets unreachable or lost for longer than the service
+//! waits for a replacement), with the error's text. Bad input never panics, and the
+//! server keeps serving.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -247,9 +256,179 @@ pub(crate) fn parse_id<T: serde::de::DeserializeOwned>(id: &str) -> Result<T, Ht
         .map_err(|e| HttpError::BadRequest(format!("malformed client id '{id}': {e}")))
 }
 
-/// Encode a response.
+/// Encode a handler's response: its JSON, or for a `Result`, `Ok(v)` as `v`'s JSON and
+/// `Err(e)` as a 503 with `e`'s text (see the module docs).
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, HttpError> {
-    serde_json::to_vec(v).map_err(|e| HttpError::Unavailable(format!("encoding the response: {e}")))
+    let failed =
+        |e: &dyn std::fmt::Display| HttpError::Unavailable(format!("encoding the response: {e}"));
+    match v.serialize(ResultProbe) {
+        Ok(Outcome::Ok(body)) => Ok(body),
+        Ok(Outcome::Err(text)) => Err(HttpError::Unavailable(text)),
+        Err(Probe::Failed(e)) => Err(failed(&e)),
+        Err(Probe::NotAResult) => serde_json::to_vec(v).map_err(|e| failed(&e)),
+    }
+}
+
+// ----- telling a `Result` response apart ------------------------------------------------
+//
+// Handlers are plain functions returning any serializable `Resp`, so the front door
+// cannot ask the type system whether `Resp` is a `Result` (that would take
+// specialization). It asks serde instead: `Result` serializes as the newtype variant
+// `Ok` or `Err` of an enum named `Result`, and `ResultProbe` accepts exactly that shape
+// and refuses everything else at its first step, so the probe costs nothing for other
+// responses.
+
+/// What a `Result` response comes to.
+enum Outcome {
+    /// `Ok(v)`: `v`'s JSON.
+    Ok(Vec<u8>),
+    /// `Err(e)`: `e`'s text (a string as it is, anything else as its JSON).
+    Err(String),
+}
+
+/// Why the probe did not produce an [`Outcome`].
+#[derive(Debug)]
+enum Probe {
+    /// The response is not a `Result`: encode it as it is.
+    NotAResult,
+    /// It is one, and its value could not be encoded.
+    Failed(String),
+}
+
+impl std::fmt::Display for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Probe::NotAResult => f.write_str("not a Result"),
+            Probe::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for Probe {}
+
+impl serde::ser::Error for Probe {
+    fn custom<M: std::fmt::Display>(msg: M) -> Self {
+        Probe::Failed(msg.to_string())
+    }
+}
+
+/// The serializer that recognizes a `Result` (see above).
+struct ResultProbe;
+
+/// Every other shape of value is not a `Result`.
+macro_rules! not_a_result {
+    ($($method:ident($($arg:ty),*);)*) => {
+        $(fn $method(self, $(_: $arg),*) -> Result<Outcome, Probe> {
+            Err(Probe::NotAResult)
+        })*
+    };
+}
+
+impl serde::Serializer for ResultProbe {
+    type Ok = Outcome;
+    type Error = Probe;
+    type SerializeSeq = serde::ser::Impossible<Outcome, Probe>;
+    type SerializeTuple = serde::ser::Impossible<Outcome, Probe>;
+    type SerializeTupleStruct = serde::ser::Impossible<Outcome, Probe>;
+    type SerializeTupleVariant = serde::ser::Impossible<Outcome, Probe>;
+    type SerializeMap = serde::ser::Impossible<Outcome, Probe>;
+    type SerializeStruct = serde::ser::Impossible<Outcome, Probe>;
+    type SerializeStructVariant = serde::ser::Impossible<Outcome, Probe>;
+
+    fn serialize_newtype_variant<V: ?Sized + Serialize>(
+        self,
+        name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        value: &V,
+    ) -> Result<Outcome, Probe> {
+        let failed = |e: serde_json::Error| Probe::Failed(e.to_string());
+        match (name, variant) {
+            ("Result", "Ok") => serde_json::to_vec(value).map(Outcome::Ok).map_err(failed),
+            ("Result", "Err") => match serde_json::to_value(value).map_err(failed)? {
+                serde_json::Value::String(text) => Ok(Outcome::Err(text)),
+                other => Ok(Outcome::Err(other.to_string())),
+            },
+            _ => Err(Probe::NotAResult),
+        }
+    }
+
+    not_a_result! {
+        serialize_bool(bool);
+        serialize_i8(i8);
+        serialize_i16(i16);
+        serialize_i32(i32);
+        serialize_i64(i64);
+        serialize_u8(u8);
+        serialize_u16(u16);
+        serialize_u32(u32);
+        serialize_u64(u64);
+        serialize_f32(f32);
+        serialize_f64(f64);
+        serialize_char(char);
+        serialize_str(&str);
+        serialize_bytes(&[u8]);
+        serialize_none();
+        serialize_unit();
+        serialize_unit_struct(&'static str);
+        serialize_unit_variant(&'static str, u32, &'static str);
+    }
+
+    fn serialize_some<V: ?Sized + Serialize>(self, _: &V) -> Result<Outcome, Probe> {
+        Err(Probe::NotAResult)
+    }
+
+    fn serialize_newtype_struct<V: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        _: &V,
+    ) -> Result<Outcome, Probe> {
+        Err(Probe::NotAResult)
+    }
+
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, Probe> {
+        Err(Probe::NotAResult)
+    }
+
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, Probe> {
+        Err(Probe::NotAResult)
+    }
+
+    fn serialize_tuple_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleStruct, Probe> {
+        Err(Probe::NotAResult)
+    }
+
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleVariant, Probe> {
+        Err(Probe::NotAResult)
+    }
+
+    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, Probe> {
+        Err(Probe::NotAResult)
+    }
+
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, Probe> {
+        Err(Probe::NotAResult)
+    }
+
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStructVariant, Probe> {
+        Err(Probe::NotAResult)
+    }
 }
 
 #[cfg(test)]
@@ -266,6 +445,49 @@ mod tests {
             Err(HttpError::BadRequest(m)) => assert!(m.contains("malformed client id 'bob'")),
             other => panic!("{other:?}"),
         }
+    }
+
+    fn body(r: Result<Vec<u8>, HttpError>) -> String {
+        String::from_utf8(r.expect("a 200")).expect("UTF-8")
+    }
+
+    #[test]
+    fn responses_are_their_json_and_results_answer_by_their_outcome() {
+        assert_eq!(body(encode(&vec![2u64, 3])), "[2,3]");
+        assert_eq!(body(encode(&Some("a"))), "\"a\"");
+        assert_eq!(body(encode(&())), "null");
+        // A result: its value alone, or a 503 with the error's text.
+        assert_eq!(body(encode(&Ok::<Vec<u64>, String>(vec![2, 3]))), "[2,3]");
+        assert_eq!(body(encode(&Ok::<(), String>(()))), "null");
+        match encode(&Err::<Vec<u64>, String>(
+            "node n2 is unreachable: gone".into(),
+        )) {
+            Err(HttpError::Unavailable(m)) => assert_eq!(m, "node n2 is unreachable: gone"),
+            other => panic!("{other:?}"),
+        }
+        // An error that is not a string: its JSON.
+        #[derive(Serialize)]
+        enum Why {
+            Missing { key: u32 },
+        }
+        match encode(&Err::<u8, Why>(Why::Missing { key: 7 })) {
+            Err(HttpError::Unavailable(m)) => assert_eq!(m, r#"{"Missing":{"key":7}}"#),
+            other => panic!("{other:?}"),
+        }
+        // Results inside other values, and look-alike shapes, are plain data.
+        assert_eq!(
+            body(encode(&vec![Ok::<u8, String>(1), Err("x".into())])),
+            r#"[{"Ok":1},{"Err":"x"}]"#
+        );
+        assert_eq!(body(encode(&Some(Err::<u8, u8>(1)))), r#"{"Err":1}"#);
+        #[derive(Serialize)]
+        struct Wrapped(Result<u8, String>);
+        assert_eq!(body(encode(&Wrapped(Err("x".into())))), r#"{"Err":"x"}"#);
+        #[derive(Serialize)]
+        enum Answer {
+            Err(String),
+        }
+        assert_eq!(body(encode(&Answer::Err("x".into()))), r#"{"Err":"x"}"#);
     }
 
     #[test]

@@ -20,6 +20,12 @@
 //!   pair holds a copy of `C` — the pairs that splits and healing create get theirs from
 //!   an existing one — so calls, and the bodies of
 //!   `POST /v1/services/{name}/clients/{id}`, carry only the user's own fields.
+//! - **Handlers that can fail** — one that reads a sharded structure, whose shard may be
+//!   lost with its node — return a `Result<T, E>` (`E` serializable: the error's text
+//!   will do) and propagate the error with `?` instead of turning it into an empty answer
+//!   (`.ok()`, `unwrap_or_default()`), which no caller could tell from a real one. Rust
+//!   callers get the `Result` inside the call's own; the front door answers `Ok(v)` as
+//!   `v` (200) and `Err(e)` as 503 with `e`'s text, as it answers a call that failed.
 //!
 //! What this crate owns:
 //! - `pool`: the compute proclets of a service, their key ranges (a table of
@@ -43,7 +49,8 @@
 //!   state splits and merges.
 //! - `http`: the front door, an axum server per node process on the node's own worker
 //!   runtime: `POST /v1/services/{name}`, `POST /v1/services/{name}/clients/{id}`,
-//!   `GET /v1/services`.
+//!   `GET /v1/services`; 503 with the error's text for a call that failed or a handler's
+//!   `Err`, never a 200 that hides it.
 //! - `client`: a minimal keep-alive HTTP/1.1 client for tests and benchmarks.
 //!
 //! It does not touch placement, migration, failure detection or transport: its proclets

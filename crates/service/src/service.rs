@@ -139,13 +139,16 @@ impl ServiceBuilder {
     /// let svc = ServiceBuilder::new("price").stateless_with_context(
     ///     prices,
     ///     |prices: &Proclet<BTreeMap<String, u64>>, item: String| {
-    ///         prices.run_ref(item, |m: &BTreeMap<String, u64>, item: String| m.get(&item).copied())
-    ///             .ok()
-    ///             .flatten()
+    ///         // A price list that cannot be reached is an error, not "no price": the
+    ///         // caller gets it (over HTTP: 503 with its text).
+    ///         prices
+    ///             .run_ref(item, |m: &BTreeMap<String, u64>, item: String| m.get(&item).copied())
+    ///             .map_err(|e| e.to_string())
     ///     },
     /// )?;
-    /// assert_eq!(svc.call("pear".into())?, Some(5));
+    /// assert_eq!(svc.call("pear".into())??, Some(5));
     /// // Over HTTP the body is the request alone: curl -d '"pear"' http://ADDR/v1/services/price
+    /// // answers 5 (and `null` for "kiwi").
     /// svc.destroy()?;
     /// # Ok(()) }
     /// ```
@@ -257,18 +260,19 @@ impl ServiceBuilder {
     /// // Each client's state is its cart's total; a request adds one item to it.
     /// let svc = ServiceBuilder::new("cart").stateful_with_context(
     ///     prices,
-    ///     |prices: &Proclet<BTreeMap<String, u64>>, total: &mut u64, item: String| {
+    ///     |prices: &Proclet<BTreeMap<String, u64>>, total: &mut u64, item: String|
+    ///      -> Result<u64, String> {
+    ///         // A price list that cannot be reached fails the call (over HTTP: 503 with
+    ///         // the error's text) and leaves the cart as it was.
     ///         let price = prices
     ///             .run_ref(item, |m: &BTreeMap<String, u64>, item: String| m.get(&item).copied())
-    ///             .ok()
-    ///             .flatten()
-    ///             .unwrap_or(0);
-    ///         *total += price;
-    ///         *total
+    ///             .map_err(|e| e.to_string())?;
+    ///         *total += price.unwrap_or(0);
+    ///         Ok(*total)
     ///     },
     /// )?;
-    /// assert_eq!(svc.call("alice".to_string(), "pear".into())?, 5);
-    /// assert_eq!(svc.call("alice".to_string(), "apple".into())?, 8);
+    /// assert_eq!(svc.call("alice".to_string(), "pear".into())??, 5);
+    /// assert_eq!(svc.call("alice".to_string(), "apple".into())??, 8);
     /// // Over HTTP the body is the request alone:
     /// //   curl -d '"pear"' http://ADDR/v1/services/cart/clients/alice
     /// svc.destroy()?;

@@ -31,13 +31,6 @@ impl Identity {
     }
 }
 
-fn short(h: &Option<BinaryHash>) -> String {
-    match h {
-        Some(h) => h[..6].iter().map(|b| format!("{b:02x}")).collect(),
-        None => "none".into(),
-    }
-}
-
 /// Decide whether a peer that sent (`role`, `binary`, `program`) may talk to `local`.
 ///
 /// Returns `Ok(verified)`: `verified` is true when both sides host proclets and run the
@@ -54,13 +47,14 @@ pub fn judge_hello(
     }
     match (&local.binary, binary) {
         (Some(a), Some(b)) if a == b => Ok(true),
+        // Worded as the controller words the same refusal at registration (and as the
+        // guide quotes it): which side refuses first depends only on who hosts the
+        // controller, and a user should meet one message.
         _ => Err(format!(
-            "binary mismatch: {program} (blake3 {}) cannot join {} (blake3 {}); every node \
-             of a Granule cluster must run the identical executable, because shipped \
-             closures are offsets into it. Start the node from the same build as the driver.",
-            short(binary),
+            "binary mismatch: {program} is not the executable this cluster runs ({}); \
+             every node must run the identical binary because shipped closures are offsets \
+             into it. Start the node from the driver's build.",
             local.program,
-            short(&local.binary),
         )),
     }
 }
@@ -89,7 +83,14 @@ mod tests {
     #[test]
     fn different_binary_is_refused_with_explanation() {
         let err = judge_hello(&host(Role::Node, 1), Role::Node, &Some([2; 32]), "/y").unwrap_err();
-        assert!(err.contains("binary mismatch"), "{err}");
+        // The controller's wording of the same refusal (`granule-controller`'s state), which
+        // docs/guide/troubleshooting.md quotes.
+        assert_eq!(
+            err,
+            "binary mismatch: /y is not the executable this cluster runs (/x); every node \
+             must run the identical binary because shipped closures are offsets into it. \
+             Start the node from the driver's build."
+        );
         let err = judge_hello(&host(Role::Node, 1), Role::Node, &None, "/y").unwrap_err();
         assert!(err.contains("binary mismatch"), "{err}");
     }

@@ -126,7 +126,7 @@ async fn binary_mismatch_is_refused_with_explanation() {
     .await
     .unwrap_err();
     match err {
-        TransportError::BinaryMismatch(m) => assert!(m.contains("identical executable"), "{m}"),
+        TransportError::BinaryMismatch(m) => assert!(m.contains("identical binary"), "{m}"),
         other => panic!("expected a binary mismatch, got {other:?}"),
     }
     // A tool (no binary) is accepted, unverified.
