@@ -11,7 +11,10 @@
 //! cannot be). Part (c) pins the two nodes one per vCPU (cpusets), sets a 10 ms CFS
 //! period, runs a long job and switches a CPU antagonist on node 2's vCPU on and off:
 //! the time until the job has no worker left there (shrink) and until it has one again
-//! (grow), per trial, and the job's cores over time.
+//! (grow), per trial, and the job's cores over time. Part (d) runs 10 s jobs of ~1 ms
+//! items on an otherwise idle machine under Greedy and Fixed, on two nodes unpinned and
+//! pinned and on four nodes, and counts the workers that stopped by themselves
+//! (contention), the regrowths, and the workers the nodes' pressure policy moved.
 
 use crate::work::{calibrate, iters_for, spin};
 use crate::BenchOpts;
@@ -42,6 +45,8 @@ struct Params {
     on_ms: u64,
     off_ms: u64,
     reaction_work_us: f64,
+    /// Length of each job of part (d).
+    churn_secs: f64,
 }
 
 impl Params {
@@ -59,6 +64,7 @@ impl Params {
                 on_ms: 150,
                 off_ms: 150,
                 reaction_work_us: 10.0,
+                churn_secs: 1.0,
             }
         } else {
             Params {
@@ -73,6 +79,7 @@ impl Params {
                 on_ms: 250,
                 off_ms: 250,
                 reaction_work_us: 10.0,
+                churn_secs: 10.0,
             }
         }
     }
@@ -771,6 +778,107 @@ fn reaction(p: &Params, per_us: f64) -> anyhow::Result<Reaction> {
     Ok(r)
 }
 
+// ---- part (d): workers that stop by themselves on an idle machine ----
+
+/// One job of part (d): how often its workers stopped by themselves.
+struct ChurnRun {
+    setup: String,
+    policy: &'static str,
+    nodes: usize,
+    secs: f64,
+    /// Workers that stopped because their core was contended (`Trigger::Contended`).
+    stops: usize,
+    /// Workers the job started after its first one on each node.
+    regrowths: usize,
+    /// Proclets the nodes' pressure policy moved away during the job.
+    moves: u64,
+    correct: bool,
+    /// Why the job failed, if it did.
+    error: Option<String>,
+}
+
+/// Moves made by every node so far (from the controller's view of the nodes).
+fn moves_so_far(cluster: &Cluster) -> u64 {
+    cluster
+        .nodes()
+        .map(|ns| ns.iter().map(|n| n.usage.moves_out).sum())
+        .unwrap_or(0)
+}
+
+/// Part (d): a job of ~1 ms items lasting about `secs` on an otherwise idle machine,
+/// under Greedy and under Fixed(one per node), on two nodes unpinned and pinned one
+/// per vCPU, and on four nodes (more node cores than the machine has) unpinned; the
+/// clusters shed under pressure, as by default.
+fn churn(secs: f64, per_us: f64) -> anyhow::Result<Vec<ChurnRun>> {
+    let iters = iters_for(1000.0, per_us);
+    let mut out = Vec::new();
+    for (nodes, pinned) in [(2usize, false), (2, true), (4, false)] {
+        let specs = vec!["cpu=1,mem=1GiB"; nodes].join(";");
+        let cluster = Cluster::builder()
+            .nodes(&specs)?
+            .start()
+            .context("starting the cluster")?;
+        let pids: Vec<u32> = cluster.spawned_nodes().iter().map(|(_, p)| *p).collect();
+        let (_cpusets, how) = if pinned {
+            pin_nodes(&pids)?
+        } else {
+            (None, "unpinned".to_string())
+        };
+        let setup = format!("{nodes} nodes × cpu=1, {how}");
+        // The machine's two vCPUs busy for about `secs`.
+        let items = (secs * 2.0 * 1000.0) as u64;
+        let input = fill((0..items).collect::<Vec<u64>>(), 65_536)?;
+        for policy in ["greedy", "fixed"] {
+            let log = JobLog::new();
+            let job = Batch::new().log(log.clone());
+            let job = match policy {
+                "greedy" => job,
+                _ => job.policy(granule::batch::Fixed(nodes)),
+            };
+            let moves_before = moves_so_far(&cluster);
+            let t = Instant::now();
+            let result = job.reduce(
+                &input,
+                iters,
+                |it: &u64, acc: &mut u64, x: &u64| {
+                    std::hint::black_box(spin(*it));
+                    *acc = acc.wrapping_add(*x);
+                },
+                0u64,
+                |a: &mut u64, b| *a = a.wrapping_add(b),
+            );
+            let took = t.elapsed().as_secs_f64();
+            // The nodes report their moves with their heartbeats (every 100 ms).
+            std::thread::sleep(Duration::from_millis(300));
+            let moves = moves_so_far(&cluster).saturating_sub(moves_before);
+            let events = log.events();
+            let mut seen: std::collections::HashSet<NodeId> = Default::default();
+            let regrowths = events
+                .iter()
+                .filter(|e| e.what == Trigger::Grew && !seen.insert(e.node))
+                .count();
+            out.push(ChurnRun {
+                setup: setup.clone(),
+                policy,
+                nodes,
+                secs: took,
+                stops: events
+                    .iter()
+                    .filter(|e| e.what == Trigger::Contended)
+                    .count(),
+                regrowths,
+                moves,
+                correct: result.as_ref().ok()
+                    == Some(&(0..items).fold(0u64, |a, x| a.wrapping_add(x))),
+                error: result.err().map(|e| e.to_string()),
+            });
+        }
+        input.destroy()?;
+        cluster.shutdown();
+    }
+    Ok(out)
+}
+
 /// Run the benchmark and write its report.
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let p = Params::new(opts.quick);
@@ -778,13 +886,16 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let per_us = calibrate();
     let iters = iters_for(p.work_us, per_us);
     let mut rows = Vec::new();
-    let progress = crate::Progress::new(4, "batch");
+    let progress = crate::Progress::new(5, "batch");
     progress.step("throughput: for_all and word count vs a loop and rayon");
     let (words, distinct, checksum, pinning) = throughput(&p, iters, &mut rows)?;
     progress.step("reaction: shrinking from and growing back onto a contended vCPU");
     let reaction = reaction(&p, per_us);
+    progress.step("churn: workers stopping by themselves on an idle machine");
+    let churned = reaction.is_ok().then(|| churn(p.churn_secs, per_us));
     drop(affinity);
     let reaction = reaction?;
+    let churned = churned.unwrap_or_else(|| Ok(Vec::new()))?;
     progress.step("Ray baseline");
     let ray = ray(&p, opts.quick);
     progress.step("measured; writing the report");
@@ -1025,6 +1136,37 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         reaction.missed_grow,
         if reaction.result_ok { "correct" } else { "WRONG" }
     ));
+    let mut churn_table = Table::new(&[
+        "setup",
+        "policy",
+        "seconds",
+        "contended_stops",
+        "stops_per_node_per_10s",
+        "regrowths",
+        "moved_by_pressure_policy",
+        "result_correct",
+    ]);
+    for r in &churned {
+        churn_table.row(vec![
+            Cell::from(r.setup.as_str()),
+            Cell::from(r.policy),
+            Cell::from(r.secs),
+            Cell::from(r.stops as f64),
+            Cell::from(r.stops as f64 / r.nodes as f64 * 10.0 / r.secs.max(1e-9)),
+            Cell::from(r.regrowths as f64),
+            Cell::from(r.moves as f64),
+            Cell::from(if r.correct { 1.0 } else { 0.0 }),
+        ]);
+    }
+    meta.note(format!(
+        "(d) churn: a reduce over ~1 ms items lasting about {} s on an otherwise idle machine, per setup under Greedy \
+         and under Fixed(one worker per node); clusters with default settings (nodes shed under pressure). \
+         contended_stops: workers that stopped because their core was contended (the job log's Contended events); \
+         regrowths: workers started on a node after its first; moved_by_pressure_policy: proclets the nodes moved \
+         away during the job (their moves_out). With 4 nodes × cpu=1 on 2 vCPUs the specs promise more cores than \
+         the machine has: Greedy's stops there are real contention.",
+        p.churn_secs
+    ));
     let mut rep = Report::new("batch", meta);
     rep.title("Benchmark: batch — for_all and word count vs a plain loop, rayon and Ray; reaction to a CPU antagonist");
     rep.table(table);
@@ -1033,6 +1175,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     rep.extra_plot("timeline_whole", whole);
     rep.extra_table("timeline", timeline);
     rep.extra_table("trials", trials);
+    rep.extra_table("churn", churn_table);
     let g_fa = med("for_all", G);
     rep.summary("for_all_vs_rayon", g_fa / med("for_all", RAYON));
     rep.summary("for_all_vs_ray", g_fa / ray_for_all);
@@ -1081,6 +1224,54 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         ray_fig.coarse / (2.0 * ray_fig.python_loop),
     );
     rep.summary("for_all_vs_ray_wall_clock_spin", g_fa / ray_fig.spin);
+    let per_node = |setup_nodes: usize, pinned: bool, policy: &str| {
+        churned
+            .iter()
+            .find(|r| {
+                r.nodes == setup_nodes
+                    && r.policy == policy
+                    && (r.setup.contains("unpinned") != pinned)
+            })
+            .map_or(f64::NAN, |r| {
+                r.stops as f64 / r.nodes as f64 * 10.0 / r.secs.max(1e-9)
+            })
+    };
+    rep.summary(
+        "greedy_stops_per_node_per_10s_unpinned",
+        per_node(2, false, "greedy"),
+    );
+    rep.summary(
+        "greedy_stops_per_node_per_10s_pinned",
+        per_node(2, true, "greedy"),
+    );
+    rep.summary(
+        "greedy_stops_per_node_per_10s_4_nodes",
+        per_node(4, false, "greedy"),
+    );
+    rep.summary(
+        "fixed_self_stops",
+        churned
+            .iter()
+            .filter(|r| r.policy == "fixed")
+            .map(|r| r.stops as f64)
+            .sum::<f64>(),
+    );
+    rep.summary(
+        "fixed_moved_by_pressure_policy",
+        churned
+            .iter()
+            .filter(|r| r.policy == "fixed")
+            .map(|r| r.moves as f64)
+            .sum::<f64>(),
+    );
+    if let Some(r) = churned.iter().find(|r| !r.correct) {
+        bail!(
+            "a churn job ({}, {}) failed or returned a wrong result: {}",
+            r.setup,
+            r.policy,
+            r.error.as_deref().unwrap_or("wrong sum")
+        );
+    }
     if !reaction.result_ok {
         bail!("the job under the antagonist returned a wrong result");
     }
