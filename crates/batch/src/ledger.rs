@@ -639,8 +639,8 @@ mod tests {
     /// A request on its way to a worker.
     #[derive(Debug, Clone)]
     enum Req {
-        Work { assign: Option<Span> },
-        Steal { thief: Thief },
+        Work { assign: Option<Span>, deaf: bool },
+        Steal { thief: Thief, deaf: bool },
         Stop,
         Destroy,
     }
@@ -658,6 +658,8 @@ mod tests {
     struct Running {
         start: u64,
         done_to: u64,
+        /// Its caller gave up on it already (a timeout): its answer goes nowhere.
+        deaf: bool,
     }
 
     /// A worker that follows the real worker's rules (`worker.rs`): a cursor that claims
@@ -727,8 +729,16 @@ mod tests {
                         }));
                         self.to_coord.push(Ans::Created(wid, true));
                     }
-                    Action::Call { wid, assign, .. } => self.send(wid, Req::Work { assign }),
-                    Action::Steal { victim, thief } => self.send(victim, Req::Steal { thief }),
+                    Action::Call { wid, assign, .. } => self.send(
+                        wid,
+                        Req::Work {
+                            assign,
+                            deaf: false,
+                        },
+                    ),
+                    Action::Steal { victim, thief } => {
+                        self.send(victim, Req::Steal { thief, deaf: false })
+                    }
                     Action::AskStop { wid } => self.send(wid, Req::Stop),
                     Action::Destroy { wid } => self.send(wid, Req::Destroy),
                     Action::Note { .. } => {}
@@ -744,9 +754,9 @@ mod tests {
         /// The answer a request to a dead worker gets.
         fn failed(wid: usize, r: &Req) -> Option<Ans> {
             match r {
-                Req::Work { .. } => Some(Ans::Work(wid, Err(()))),
-                Req::Steal { thief } => Some(Ans::Stolen(wid, *thief, Err(()))),
-                Req::Stop | Req::Destroy => None,
+                Req::Work { deaf: false, .. } => Some(Ans::Work(wid, Err(()))),
+                Req::Steal { thief, deaf: false } => Some(Ans::Stolen(wid, *thief, Err(()))),
+                _ => None,
             }
         }
 
@@ -784,7 +794,7 @@ mod tests {
                 return Ok(());
             }
             match r {
-                Req::Work { assign, .. } => {
+                Req::Work { assign, deaf } => {
                     if w.running.is_some() {
                         return Err(format!("worker {wid} got a second work call"));
                     }
@@ -801,16 +811,19 @@ mod tests {
                     w.running = Some(Running {
                         start,
                         done_to: start,
+                        deaf,
                     });
                 }
-                Req::Steal { thief } => {
+                Req::Steal { thief, deaf } => {
                     let got = w.cursor.steal(min);
-                    self.to_coord.push(Ans::Stolen(wid, thief, Ok(got)));
+                    if !deaf {
+                        self.to_coord.push(Ans::Stolen(wid, thief, Ok(got)));
+                    }
                 }
                 Req::Stop => w.stop_flag = true,
                 Req::Destroy => {
                     w.alive = false;
-                    if w.running.take().is_some() {
+                    if w.running.take().is_some_and(|r| !r.deaf) {
                         self.to_coord.push(Ans::Work(wid, Err(())));
                     }
                     let inbox = std::mem::take(&mut w.inbox);
@@ -870,6 +883,9 @@ mod tests {
                 w.cursor.take_rest();
             }
             w.running = None;
+            if run.deaf {
+                return;
+            }
             let out: Vec<u64> = (run.start..run.done_to).collect();
             self.to_coord
                 .push(Ans::Work(wid, Ok((run.start, run.done_to, stop, out))));
@@ -885,7 +901,7 @@ mod tests {
                 return;
             }
             w.alive = false;
-            if w.running.take().is_some() {
+            if w.running.take().is_some_and(|r| !r.deaf) {
                 self.to_coord.push(Ans::Work(wid, Err(())));
             }
             for r in std::mem::take(&mut w.inbox) {
@@ -929,6 +945,31 @@ mod tests {
                     }
                     self.ledger.check()?;
                     self.dispatch();
+                    Ok(())
+                }
+                8 if x & (1 << 40) != 0 => {
+                    // A caller that gives up before its call even ran (a timeout): the
+                    // error comes back now, and the request still runs later, its
+                    // answer going nowhere.
+                    let Some(w) = self.workers.get_mut(wid).and_then(Option::as_mut) else {
+                        return Ok(());
+                    };
+                    if w.inbox.is_empty() {
+                        return Ok(());
+                    }
+                    let i = (x as usize >> 8) % w.inbox.len();
+                    let gave_up = match &mut w.inbox[i] {
+                        Req::Work { deaf, .. } if !*deaf => {
+                            *deaf = true;
+                            Ans::Work(wid, Err(()))
+                        }
+                        Req::Steal { thief, deaf } if !*deaf => {
+                            *deaf = true;
+                            Ans::Stolen(wid, *thief, Err(()))
+                        }
+                        _ => return Ok(()),
+                    };
+                    self.to_coord.push(gave_up);
                     Ok(())
                 }
                 8 => {
