@@ -86,7 +86,10 @@ pub(crate) fn spare_cores(p: &Probe, _: ()) -> f64 {
         Some(s) if s.at.elapsed() <= MAX_AGE && s.at.elapsed() >= MIN_INTERVAL => s,
         Some(s) if s.at.elapsed() < MIN_INTERVAL => {
             // Asked again too soon: wait out the interval (the worker is handed over).
-            granule_runtime::block_on(tokio::time::sleep(MIN_INTERVAL - s.at.elapsed()));
+            // Saturating: the clock moved on since the guard read it (a plain
+            // subtraction panicked when it had passed the interval meanwhile).
+            let rest = MIN_INTERVAL.saturating_sub(s.at.elapsed());
+            granule_runtime::block_on(tokio::time::sleep(rest));
             s
         }
         _ => {
