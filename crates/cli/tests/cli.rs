@@ -334,8 +334,14 @@ fn status_and_top_show_nodes_proclets_and_recent_events() {
     );
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out.matches("granule top — controller").count(), 3, "{out}");
-    // The controller forgets a dead node; its death stays in the events.
-    assert!(out.contains("2 of 2 nodes alive"), "{out}");
+    // A dead node stays listed, marked, for `cluster.forget_dead_after` (60 s); its death
+    // is in the events too.
+    assert!(out.contains("2 of 3 nodes alive"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&workers[1].to_string()) && l.contains("DEAD")),
+        "{out}"
+    );
     assert!(
         out.contains("proclets: 0 compute, 1 memory, 0 hybrid"),
         "{out}"
