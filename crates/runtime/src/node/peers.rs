@@ -24,8 +24,7 @@ pub(crate) struct Peers {
     workers: Handle,
     conns: Mutex<HashMap<NodeId, Arc<OnceCell<Arc<Connection>>>>>,
     dead: Mutex<HashSet<NodeId>>,
-    members: DashMap<NodeId, NodeInfo>,
-    members_version: AtomicU64,
+    members: Members,
     /// The node stopped: no new connections.
     closed: AtomicBool,
 }
@@ -44,8 +43,7 @@ impl Peers {
             workers,
             conns: Mutex::new(HashMap::new()),
             dead: Mutex::new(HashSet::new()),
-            members: DashMap::new(),
-            members_version: AtomicU64::new(0),
+            members: Members::default(),
             closed: AtomicBool::new(false),
         }
     }
@@ -157,27 +155,55 @@ impl Peers {
 
     /// Whether the controller's membership `version` is news to this node.
     pub(super) fn members_changed(&self, version: u64) -> bool {
-        version != self.members_version.load(Ordering::Relaxed)
+        self.members.changed(version)
     }
 
     /// Take the controller's list of nodes (at membership `version`); nodes no longer
     /// alive are declared dead here too.
     pub(super) fn update_members(&self, list: Vec<NodeInfo>, version: u64) -> Vec<NodeId> {
-        self.members.clear();
+        self.members.update(list, version)
+    }
+
+    /// A member's address, if the membership lists it.
+    pub(super) fn addr_of(&self, node: NodeId) -> Option<String> {
+        self.members.addr_of(node)
+    }
+}
+
+/// The controller's membership as this node last saw it: every listed node and the
+/// list's version.
+#[derive(Default)]
+struct Members {
+    nodes: DashMap<NodeId, NodeInfo>,
+    version: AtomicU64,
+}
+
+impl Members {
+    fn changed(&self, version: u64) -> bool {
+        version != self.version.load(Ordering::Relaxed)
+    }
+
+    /// Take a new list; returns the nodes it says are not alive.
+    fn update(&self, list: Vec<NodeInfo>, version: u64) -> Vec<NodeId> {
+        // Entries are replaced in place and those the list no longer has are removed
+        // afterwards: clearing first let a concurrent `addr_of` (another creation on the
+        // same node, say) miss a member listed all along, which then failed with "there
+        // is no node ... in this cluster".
+        let listed: HashSet<NodeId> = list.iter().map(|n| n.id).collect();
         let mut down = Vec::new();
         for n in list {
             if n.state != NodeState::Alive {
                 down.push(n.id);
             }
-            self.members.insert(n.id, n);
+            self.nodes.insert(n.id, n);
         }
-        self.members_version.store(version, Ordering::Relaxed);
+        self.nodes.retain(|id, _| listed.contains(id));
+        self.version.store(version, Ordering::Relaxed);
         down
     }
 
-    /// A member's address, if the membership lists it.
-    pub(super) fn addr_of(&self, node: NodeId) -> Option<String> {
-        self.members.get(&node).map(|n| n.addr.clone())
+    fn addr_of(&self, node: NodeId) -> Option<String> {
+        self.nodes.get(&node).map(|n| n.addr.clone())
     }
 }
 
@@ -185,5 +211,68 @@ pub(crate) fn unreachable(node: NodeId, e: impl std::fmt::Display) -> CallError 
     CallError::NodeUnreachable {
         node,
         reason: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use granule_wire::{NodeSpec, Role, Usage};
+
+    fn info(id: u32) -> NodeInfo {
+        NodeInfo {
+            id: NodeId(id),
+            addr: format!("127.0.0.1:{}", 1000 + id),
+            role: Role::Node,
+            state: NodeState::Alive,
+            spec: NodeSpec {
+                cores: 1.0,
+                mem_bytes: 1 << 30,
+            },
+            usage: Usage::default(),
+            pid: 0,
+            last_seen_ms: 0,
+            cgroups: None,
+            metrics_addr: None,
+        }
+    }
+
+    #[test]
+    fn a_member_listed_all_along_is_never_missing_during_updates() {
+        let m = std::sync::Arc::new(Members::default());
+        m.update(vec![info(1), info(2)], 1);
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let updater = {
+            let (m, stop) = (m.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut v = 1;
+                while !stop.load(Ordering::Relaxed) {
+                    v += 1;
+                    // Node 2 comes and goes; node 1 is in every list.
+                    let list = if v % 2 == 0 {
+                        vec![info(1)]
+                    } else {
+                        vec![info(1), info(2)]
+                    };
+                    m.update(list, v);
+                }
+            })
+        };
+        let mut missed = 0;
+        for _ in 0..200_000 {
+            if m.addr_of(NodeId(1)).is_none() {
+                missed += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        updater.join().unwrap();
+        assert_eq!(missed, 0, "node 1 looked absent {missed} times");
+        m.update(vec![info(1)], 99);
+        assert_eq!(
+            m.addr_of(NodeId(2)),
+            None,
+            "a node no longer listed is forgotten"
+        );
+        assert!(!m.changed(99) && m.changed(100));
     }
 }
