@@ -111,8 +111,20 @@ struct MountProc {
 
 impl MountProc {
     fn start(dir: &Path, controller: &str, args: &[&str], log: PathBuf) -> MountProc {
+        MountProc::start_env(dir, controller, args, log, &[])
+    }
+
+    /// [`MountProc::start`] with environment variables (settings) for the mount.
+    fn start_env(
+        dir: &Path,
+        controller: &str,
+        args: &[&str],
+        log: PathBuf,
+        env: &[(&str, &str)],
+    ) -> MountProc {
         let err = File::create(&log).expect("mount log");
         let mut child = Command::new(GRANULE)
+            .envs(env.iter().copied())
             .args(["fs", "mount"])
             .arg(dir)
             .args(["--controller", controller])
@@ -561,4 +573,66 @@ fn a_dead_mounts_leftovers_are_freed_by_discard() {
         "{}",
         String::from_utf8_lossy(&again.stderr)
     );
+}
+
+#[test]
+fn a_clean_stop_while_the_metadata_copy_is_made_leaves_no_record_and_no_copy() {
+    let Some(Setup {
+        _controller: _ctl,
+        addr,
+        nodes: _nodes,
+        tmp,
+        dir,
+    }) = setup("a_clean_stop_while_the_metadata_copy_is_made_leaves_no_record_and_no_copy")
+    else {
+        return;
+    };
+    let before = proclets(&addr);
+    // The replicator's first turn makes the copy, then holds 5 s before recording it.
+    let m = MountProc::start_env(
+        &dir,
+        &addr,
+        &[],
+        tmp.path().join("1.log"),
+        &[
+            ("GRANULE_FAULTS", "on"),
+            ("GRANULE_FAILPOINTS", "fs.metacopy.made=1*delay(5s)"),
+        ],
+    );
+    // Two own stores and the copy being made.
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while proclets(&addr) < before + 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the metadata copy was never made: {} proclets on the nodes, {before} before the mount",
+            proclets(&addr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A clean stop inside the hold: the copy's turn ends before the record goes, and the
+    // copy goes with the mount. (Before, the turn recorded the copy after the record was
+    // removed, and the copy stayed on its node with nothing pointing the user at it.)
+    m.stop();
+    std::thread::sleep(Duration::from_secs(6));
+    let left = discard(&dir);
+    assert!(
+        !left.status.success()
+            && String::from_utf8_lossy(&left.stderr).contains("nothing to discard"),
+        "a cleanly stopped mount left a record: {}{}",
+        String::from_utf8_lossy(&left.stdout),
+        String::from_utf8_lossy(&left.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let n = proclets(&addr);
+        if n == before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a cleanly stopped mount left {} proclets on the nodes",
+            n - before
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }

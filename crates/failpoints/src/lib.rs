@@ -89,6 +89,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "the file-system mount: a stripe read in place from an own store's shared memory, before the read is answered (delay: the reader holds the stripe while a rewrite may delete it)",
     ),
     (
+        "fs.metacopy.made",
+        "the file-system mount: a new metadata copy was made on an own node, before it is sent the namespace and recorded (delay or pause: a clean stop meets a copy being made; error does nothing more)",
+    ),
+    (
         "sharded.split.before_begin",
         "client splitting a sharded structure's shard that a write grew past its upper bound: before the split's first step (error: this split fails, the shard stays as it is)",
     ),

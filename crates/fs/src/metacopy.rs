@@ -185,6 +185,10 @@ fn retire(retired: &mut Option<Proclet<MetaCopy>>, copy: Proclet<MetaCopy>, unre
     }
 }
 
+/// How long [`Replicator::stop`] waits for a turn in progress (a copy being made on a
+/// slow node, say) to end.
+pub const STOP_PATIENCE: Duration = Duration::from_secs(10);
+
 /// Told each time the copy moves to a new proclet.
 pub type OnNewCopy = Box<dyn Fn(&Proclet<MetaCopy>) + Send + Sync>;
 
@@ -200,6 +204,9 @@ pub struct Replicator {
     /// The mount's own node, which holds the first copy: never the second.
     home: NodeId,
     stop: AtomicBool,
+    /// Held by [`Replicator::run`] while it runs: [`Replicator::stop`] waits on it, so
+    /// no turn (a copy being made, a new copy being recorded) outlives the stop.
+    running: tokio::sync::Mutex<()>,
 }
 
 impl Replicator {
@@ -221,6 +228,7 @@ impl Replicator {
             on_new_copy,
             home,
             stop: AtomicBool::new(false),
+            running: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -279,6 +287,7 @@ impl Replicator {
 
     /// Ship changes until [`Replicator::finish`]; returns then.
     pub async fn run(self: Arc<Self>) {
+        let _running = self.running.lock().await;
         let sync = &self.engine.meta;
         sync.active.store(true, Ordering::Release);
         // An adopted copy already holds what the namespace was restored from.
@@ -304,10 +313,17 @@ impl Replicator {
                 None => {
                     match self.make_copy().await {
                         Some(c) => {
+                            // (Only its delay and pause mean something here: they hold
+                            // the turn where a stop used to miss the copy being made.)
+                            let _ = granule_failpoints::hit("fs.metacopy.made").await;
                             *self.copy.lock() = Some(c.clone());
                             full = true;
                             unrecorded = true;
                             alone_said = false;
+                            if self.stop.load(Ordering::Acquire) {
+                                // Not recorded: `finish` destroys it.
+                                break;
+                            }
                             c
                         }
                         None => {
@@ -390,11 +406,25 @@ impl Replicator {
         }
     }
 
-    /// End [`Replicator::run`] (after its current turn) and destroy the copy: the mount
-    /// ended cleanly, and its files with it.
-    pub async fn finish(&self) {
+    /// End [`Replicator::run`] and wait until its current turn is over (at most
+    /// [`STOP_PATIENCE`]): after this, the record is never written again. Copies stay.
+    pub async fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.engine.meta.poke.notify_one();
+        if tokio::time::timeout(STOP_PATIENCE, self.running.lock())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the metadata replicator did not end within {STOP_PATIENCE:?} of the stop"
+            );
+        }
+    }
+
+    /// [`Replicator::stop`], then destroy the copy: the mount ended cleanly, and its
+    /// files with it.
+    pub async fn finish(&self) {
+        self.stop().await;
         let copy = self.copy.lock().take();
         if let Some(c) = copy {
             let _ = c.destroy_async().await;

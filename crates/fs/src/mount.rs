@@ -561,6 +561,9 @@ fn serve(
         tracing::warn!("the FUSE session did not end within 10 s of the unmount");
         std::mem::forget(bg);
     }
+    // The replicator's turns end first: one still making a copy would record it (and
+    // bring the record back) after the removal, and the copy would leak on its node.
+    rt.block_on(replicator.stop());
     let _ = std::fs::remove_file(&record_file);
     if let Some(l) = &leases {
         let ids: Vec<u64> = l.stores.lock().iter().map(|(lease, _, _)| *lease).collect();
