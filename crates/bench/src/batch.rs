@@ -627,16 +627,7 @@ fn reaction(p: &Params, per_us: f64) -> anyhow::Result<Reaction> {
         let ctx = granule::thread_context();
         std::thread::spawn(move || {
             ctx.enter();
-            let r = Batch::new().log(log).reduce(
-                &input,
-                iters,
-                |it: &u64, acc: &mut u64, x: &u64| {
-                    std::hint::black_box(spin(*it));
-                    *acc = acc.wrapping_add(*x);
-                },
-                0u64,
-                |a: &mut u64, b| *a = a.wrapping_add(b),
-            );
+            let r = spin_sum(Batch::new().log(log), &input, iters);
             done.store(true, Ordering::Release);
             r
         })
@@ -706,7 +697,7 @@ fn reaction(p: &Params, per_us: f64) -> anyhow::Result<Reaction> {
     input.destroy()?;
     crate::print_cluster_usage(&cluster);
     cluster.shutdown();
-    let want = (0..items).fold(0u64, |a, x| a.wrapping_add(x));
+    let want = spin_sum_want(items);
 
     let events = log.events();
     let mut r = Reaction {
@@ -785,6 +776,8 @@ struct ChurnRun {
     setup: String,
     policy: &'static str,
     nodes: usize,
+    /// Each node in a cpuset of its own vCPU.
+    pinned: bool,
     secs: f64,
     /// Workers that stopped because their core was contended (`Trigger::Contended`).
     stops: usize,
@@ -795,6 +788,12 @@ struct ChurnRun {
     correct: bool,
     /// Why the job failed, if it did.
     error: Option<String>,
+}
+
+impl ChurnRun {
+    fn stops_per_node_per_10s(&self) -> f64 {
+        self.stops as f64 / self.nodes as f64 * 10.0 / self.secs.max(1e-9)
+    }
 }
 
 /// Moves made by every node so far (from the controller's view of the nodes).
@@ -837,16 +836,7 @@ fn churn(secs: f64, per_us: f64) -> anyhow::Result<Vec<ChurnRun>> {
             };
             let moves_before = moves_so_far(&cluster);
             let t = Instant::now();
-            let result = job.reduce(
-                &input,
-                iters,
-                |it: &u64, acc: &mut u64, x: &u64| {
-                    std::hint::black_box(spin(*it));
-                    *acc = acc.wrapping_add(*x);
-                },
-                0u64,
-                |a: &mut u64, b| *a = a.wrapping_add(b),
-            );
+            let result = spin_sum(job, &input, iters);
             let took = t.elapsed().as_secs_f64();
             // The nodes report their moves with their heartbeats (every 100 ms).
             std::thread::sleep(Duration::from_millis(300));
@@ -861,6 +851,7 @@ fn churn(secs: f64, per_us: f64) -> anyhow::Result<Vec<ChurnRun>> {
                 setup: setup.clone(),
                 policy,
                 nodes,
+                pinned,
                 secs: took,
                 stops: events
                     .iter()
@@ -868,8 +859,7 @@ fn churn(secs: f64, per_us: f64) -> anyhow::Result<Vec<ChurnRun>> {
                     .count(),
                 regrowths,
                 moves,
-                correct: result.as_ref().ok()
-                    == Some(&(0..items).fold(0u64, |a, x| a.wrapping_add(x))),
+                correct: result.as_ref().ok() == Some(&spin_sum_want(items)),
                 error: result.err().map(|e| e.to_string()),
             });
         }
@@ -1152,7 +1142,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
             Cell::from(r.policy),
             Cell::from(r.secs),
             Cell::from(r.stops as f64),
-            Cell::from(r.stops as f64 / r.nodes as f64 * 10.0 / r.secs.max(1e-9)),
+            Cell::from(r.stops_per_node_per_10s()),
             Cell::from(r.regrowths as f64),
             Cell::from(r.moves as f64),
             Cell::from(if r.correct { 1.0 } else { 0.0 }),
@@ -1227,14 +1217,8 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let per_node = |setup_nodes: usize, pinned: bool, policy: &str| {
         churned
             .iter()
-            .find(|r| {
-                r.nodes == setup_nodes
-                    && r.policy == policy
-                    && (r.setup.contains("unpinned") != pinned)
-            })
-            .map_or(f64::NAN, |r| {
-                r.stops as f64 / r.nodes as f64 * 10.0 / r.secs.max(1e-9)
-            })
+            .find(|r| r.nodes == setup_nodes && r.policy == policy && r.pinned == pinned)
+            .map_or(f64::NAN, ChurnRun::stops_per_node_per_10s)
     };
     rep.summary(
         "greedy_stops_per_node_per_10s_unpinned",
@@ -1276,4 +1260,28 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         bail!("the job under the antagonist returned a wrong result");
     }
     Ok(rep.write(&opts.out)?)
+}
+
+/// The CPU-bound job of the reaction and churn parts: `input` summed (wrapping) while
+/// each item spins `iters` iterations.
+fn spin_sum(
+    job: Batch,
+    input: &ShardedVec<u64>,
+    iters: u64,
+) -> Result<u64, granule::batch::BatchError> {
+    job.reduce(
+        input,
+        iters,
+        |it: &u64, acc: &mut u64, x: &u64| {
+            std::hint::black_box(spin(*it));
+            *acc = acc.wrapping_add(*x);
+        },
+        0u64,
+        |a: &mut u64, b| *a = a.wrapping_add(b),
+    )
+}
+
+/// What [`spin_sum`] over `0..items` must return.
+fn spin_sum_want(items: u64) -> u64 {
+    (0..items).fold(0u64, |a, x| a.wrapping_add(x))
 }

@@ -491,6 +491,28 @@ fn proclets(controller: &str) -> u32 {
         .sum()
 }
 
+/// Wait (at most `within`) until the count of proclets on the controller's nodes is
+/// `want`ed; that count. Fails the test with `what` otherwise.
+fn wait_proclets(
+    controller: &str,
+    within: Duration,
+    want: &dyn Fn(u32) -> bool,
+    what: &str,
+) -> u32 {
+    let deadline = Instant::now() + within;
+    loop {
+        let n = proclets(controller);
+        if want(n) {
+            return n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {n} proclets on the nodes"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn discard(dir: &Path) -> std::process::Output {
     run_bounded(
         Command::new(GRANULE).args(["fs", "discard"]).arg(dir),
@@ -517,18 +539,7 @@ fn a_dead_mounts_leftovers_are_freed_by_discard() {
     wait_copy_on(&dir, None);
     // Its stores (one per node) and its metadata copy live on the outside nodes.
     let wait_for = |want: &dyn Fn(u32) -> bool, what: &str| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let n = proclets(&addr);
-            if want(n) {
-                return n;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {n} proclets on the nodes"
-            );
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        wait_proclets(&addr, Duration::from_secs(30), want, what)
     };
     let during = wait_for(
         &|n| n >= before + 3,
@@ -600,15 +611,12 @@ fn a_clean_stop_while_the_metadata_copy_is_made_leaves_no_record_and_no_copy() {
         ],
     );
     // Two own stores and the copy being made.
-    let deadline = Instant::now() + Duration::from_secs(4);
-    while proclets(&addr) < before + 3 {
-        assert!(
-            Instant::now() < deadline,
-            "the metadata copy was never made: {} proclets on the nodes, {before} before the mount",
-            proclets(&addr)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_proclets(
+        &addr,
+        Duration::from_secs(4),
+        &|n| n >= before + 3,
+        &format!("the metadata copy was never made ({before} before the mount)"),
+    );
     // A clean stop inside the hold: the copy's turn ends before the record goes, and the
     // copy goes with the mount. (Before, the turn recorded the copy after the record was
     // removed, and the copy stayed on its node with nothing pointing the user at it.)
@@ -622,17 +630,10 @@ fn a_clean_stop_while_the_metadata_copy_is_made_leaves_no_record_and_no_copy() {
         String::from_utf8_lossy(&left.stdout),
         String::from_utf8_lossy(&left.stderr)
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let n = proclets(&addr);
-        if n == before {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a cleanly stopped mount left {} proclets on the nodes",
-            n - before
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    wait_proclets(
+        &addr,
+        Duration::from_secs(20),
+        &|n| n == before,
+        &format!("a cleanly stopped mount left proclets ({before} before the mount)"),
+    );
 }
