@@ -121,6 +121,76 @@ fn killing_a_victim_with_two_replicas_loses_nothing() {
     all_identical(&files, "after the new writes");
 }
 
+/// A victim that dies while nobody touches the mount is noticed by its probes alone:
+/// within a few seconds it is gone from the status and what it held has its second copy
+/// again, though no read or write went near it.
+#[test]
+fn a_dead_victim_is_noticed_and_re_replicated_without_io_to_it() {
+    if !fuse_usable("a_dead_victim_is_noticed_and_re_replicated_without_io_to_it") {
+        return;
+    }
+    let _one = serial();
+    let mut a = Store::start(STORE_BYTES, "secret-a");
+    let mut b = Store::start(STORE_BYTES, "secret-b");
+    let m = mount(&[a.victim_arg(), b.victim_arg()], &["--replicas", "2"]);
+    let files = write_files(&m.dir, 3, &sizes(3, 12));
+    let status = fs_status_json(&m.dir);
+    let on_a = stripes_on(&status, &a.addr);
+    assert!(on_a > 0, "no stripe on victim {}: {status:#}", a.addr);
+    assert_eq!(status["replicas_missing"].as_u64(), Some(0), "{status:#}");
+    eprintln!(
+        "victim {} holds {on_a} stripes; SIGKILL, then no I/O",
+        a.addr
+    );
+    a.kill();
+    let killed = Instant::now();
+    // The default probes: one a second, three missed in a row make a store lost.
+    let deadline = killed + Duration::from_secs(20);
+    let status = loop {
+        let s = fs_status_json(&m.dir);
+        let gone = s["stores"]
+            .as_array()
+            .expect("status.stores")
+            .iter()
+            .any(|st| st["name"].as_str() == Some(&a.addr) && st["state"] == "Gone");
+        if gone && s["replicas_missing"].as_u64() == Some(0) && s["draining_stripes"] == 0 {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "20 s after the SIGKILL, with no I/O, the dead victim is not noticed and re-replicated: {s:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!(
+        "noticed and re-replicated {:.1} s after the SIGKILL",
+        killed.elapsed().as_secs_f64()
+    );
+    assert_eq!(status["stripes_lost"].as_u64(), Some(0), "{status:#}");
+    // The live victim answered every probe.
+    assert_eq!(
+        store_field(&status, &b.addr, "probes_missed"),
+        0,
+        "{status:#}"
+    );
+    assert!(
+        store_field(&status, &a.addr, "probes_missed") >= 3,
+        "the status does not show the missed probes: {status:#}"
+    );
+    let log = m.log_text();
+    assert!(
+        log.contains("probes in a row") && log.contains(&a.addr),
+        "the mount's log does not say why the victim counts as lost:\n{log}"
+    );
+    // Every stripe has two live copies again: the other victim can go too, and
+    // nothing is lost.
+    b.kill();
+    all_identical(
+        &files,
+        "after the probes re-replicated the dead victim's stripes",
+    );
+}
+
 #[test]
 fn draining_a_victim_loses_nothing_under_concurrent_io() {
     if !fuse_usable("draining_a_victim_loses_nothing_under_concurrent_io") {

@@ -532,6 +532,13 @@ pub struct Fs {
     pub readahead: u32,
     /// Stripe writes in flight at once (write-behind).
     pub write_behind: u32,
+    /// How often the mount probes each store it keeps stripes on (a victim with a
+    /// `PING`, an own store with a no-op call), so a dead store is noticed without I/O
+    /// to it.
+    pub probe_every: Duration,
+    /// Probes in a row a store may miss before it counts as lost (its stripes are then
+    /// re-replicated from the copies that remain).
+    pub probe_misses: u32,
     /// Where mounts record their status address (`granule fs status` reads it).
     pub state_dir: String,
 }
@@ -547,6 +554,8 @@ impl Default for Fs {
             cache: 64 << 20,
             readahead: 8,
             write_behind: 8,
+            probe_every: Duration::from_secs(1),
+            probe_misses: 3,
             state_dir: "/run/granule/fs".into(),
         }
     }

@@ -13,6 +13,8 @@
 //!   with the lease's secret; stripes sealed as the market's consumer seals values);
 //! - [`engine`]: write-behind, the read cache and readahead, placement onto stores,
 //!   replicas, draining and repairing;
+//! - [`watch`]: probing the stores, so a dead one is noticed (and its stripes
+//!   re-replicated) without I/O to it;
 //! - [`fuse`]: the kernel's requests mapped onto the engine (through `fuser`);
 //! - [`mount`]: one mount's life (own cluster, victims, leases, status door, unmount);
 //! - [`status`]: what a mount reports (`granule fs status`, `/metrics`);
@@ -32,6 +34,7 @@ pub mod panel;
 pub mod placement;
 pub mod status;
 pub mod stores;
+pub mod watch;
 
 pub use mount::{
     discard, is_mounted, preflight, run, unmount, Discarded, MountError, MountOptions,

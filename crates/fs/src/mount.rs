@@ -503,6 +503,15 @@ fn serve(
         let (l, engine, cfg) = (l.clone(), engine.clone(), cfg.clone());
         rt.spawn(async move { maintain_leases(l, engine, cfg).await });
     }
+    // Every store is probed, so a dead one is noticed without I/O to it (see crate::watch).
+    rt.spawn(crate::watch::watch_stores(
+        engine.clone(),
+        crate::watch::Watch {
+            every: fs_cfg.probe_every,
+            within: fs_cfg.probe_every.max(timeout),
+            misses: fs_cfg.probe_misses,
+        },
+    ));
     // The mount's panel on its controller's dashboard (see crate::panel).
     rt.spawn(crate::panel::publish_loop(
         engine.clone(),

@@ -28,6 +28,11 @@ pub struct StoreStatus {
     pub in_place: bool,
     #[serde(default)]
     pub in_place_reads: u64,
+    /// Probes the store missed in a row now (0: it answered the last one), and in all.
+    #[serde(default)]
+    pub probes_missed_in_row: u32,
+    #[serde(default)]
+    pub probes_missed: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -90,6 +95,8 @@ pub fn status(e: &Engine, dir: &Path) -> Status {
             tampered: s.tampered.load(Ordering::Relaxed),
             in_place: s.reads_in_place(),
             in_place_reads: s.in_place_reads.load(Ordering::Relaxed),
+            probes_missed_in_row: s.misses.load(Ordering::Relaxed),
+            probes_missed: s.probes_missed.load(Ordering::Relaxed),
         })
         .collect();
     let classes = layout
@@ -192,6 +199,11 @@ pub fn prometheus(s: &Status) -> String {
         "Stripe reads answered in place from the store's shared memory (own stores on this machine).",
         per_store(&|st| st.in_place_reads as f64),
     );
+    gauge(
+        "granule_fs_store_probes_missed",
+        "Probes the store left unanswered, in all (three in a row make it lost by default).",
+        per_store(&|st| st.probes_missed as f64),
+    );
     let per_class = |f: &dyn Fn(&ClassStatus) -> f64| {
         s.classes
             .iter()
@@ -293,6 +305,15 @@ pub fn lines(s: &Status) -> Vec<String> {
             "read in place (shared memory on this machine): {}",
             in_place.join(", ")
         ));
+    }
+    let silent: Vec<String> = s
+        .stores
+        .iter()
+        .filter(|st| st.probes_missed_in_row > 0 && st.state != StoreState::Gone)
+        .map(|st| format!("{} ({} in a row)", st.name, st.probes_missed_in_row))
+        .collect();
+    if !silent.is_empty() {
+        out.push(format!("not answering probes: {}", silent.join(", ")));
     }
     out.push(format!(
         "stripes draining: {}   replicas missing: {}   stripes lost: {}   verification failures: {}",

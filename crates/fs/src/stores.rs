@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -213,6 +213,10 @@ pub struct Store {
     in_place: Mutex<Option<Arc<InPlace>>>,
     /// Stripe reads answered in place.
     pub in_place_reads: AtomicU64,
+    /// Probes missed in a row (see `watch`); 0 after any answer.
+    pub misses: AtomicU32,
+    /// Probes missed in all (status, metrics).
+    pub probes_missed: AtomicU64,
 }
 
 /// The store key of a stripe version: 8 bytes, big-endian (binary-safe in RESP).
@@ -409,6 +413,8 @@ impl Store {
             tampered: AtomicU64::new(0),
             in_place: Mutex::new(None),
             in_place_reads: AtomicU64::new(0),
+            misses: AtomicU32::new(0),
+            probes_missed: AtomicU64::new(0),
         }
     }
 
@@ -599,6 +605,28 @@ impl Store {
         }
     }
 
+    /// Ask the store whether it is there, cheaply: a victim answers a `PING` (one
+    /// round trip of a few bytes, far inside any rate limit), an own store a call that
+    /// reads nothing. `Ok` when it answered in time, whatever it said.
+    pub async fn probe(&self, within: Duration) -> Result<(), StoreError> {
+        let asked = async {
+            match &self.backend {
+                Backend::Own(_, p) => p
+                    .run_ref_async((), |_: &StripeStore, (): ()| ())
+                    .await
+                    .map_err(call_error),
+                Backend::Victim(v) => v.ping().await,
+            }
+        };
+        match tokio::time::timeout(within, asked).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Other(format!(
+                "{}: no answer to a probe within {within:?}",
+                self.name
+            ))),
+        }
+    }
+
     /// Free the store's resources when the mount ends (own proclets are destroyed).
     pub async fn close(&self) {
         self.in_place.lock().take();
@@ -699,6 +727,24 @@ impl Victim {
                     }
                     return Err(err);
                 }
+            }
+        }
+    }
+
+    /// One `PING`, not retried: a store that refuses it for its rate limit answered,
+    /// so it is there; a dropped connection is dropped here too, so the next probe
+    /// connects afresh (and fails at once against a dead process).
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut c = self.conn().await?;
+        match redis::cmd("PING").query_async::<String>(&mut c).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("rate limit") => Ok(()),
+            Err(e) => {
+                let err = redis_error(e);
+                if matches!(err, StoreError::Lost(_)) {
+                    self.drop_conn().await;
+                }
+                Err(err)
             }
         }
     }
