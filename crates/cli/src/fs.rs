@@ -230,9 +230,24 @@ fn get(cfg: &granule::Config, dir: &Path, method: &str, path: &str) -> anyhow::R
     })?;
     let rec: Record =
         serde_json::from_str(&text).with_context(|| format!("reading {}", file.display()))?;
+    if !granule::fs::liveness::held(&file) {
+        let adopt = match &rec.controller {
+            Some(c) => format!(
+                "mount {} again with `--controller {c}` to adopt its files, or ",
+                dir.display()
+            ),
+            None => String::new(),
+        };
+        bail!(
+            "the mount of {} (pid {}) is not running: it died. {adopt}run `granule fs discard {}` to free what it left and remove its record",
+            dir.display(),
+            rec.pid,
+            dir.display()
+        );
+    }
     let mut s = std::net::TcpStream::connect(&rec.http).with_context(|| {
         format!(
-            "the mount of {} (pid {}) does not answer at {}; if it died, run `granule fs umount {}`",
+            "the mount of {} (pid {}) does not answer at {}: it may be hung; `granule fs umount {}` unmounts it",
             dir.display(),
             rec.pid,
             rec.http,

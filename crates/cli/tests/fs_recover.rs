@@ -189,6 +189,33 @@ impl MountProc {
         );
     }
 
+    /// SIGKILL without reaping: the dead mount's pid stays taken (a zombie) while the
+    /// returned child lives; clear the dead mount point.
+    fn crash_unreaped(mut self) -> Child {
+        let c = self.child.take().expect("a running mount");
+        let _ = Command::new("kill")
+            .args(["-9", &c.id().to_string()])
+            .status();
+        // Dead, not reaped: the kernel released its files (and their locks) already.
+        let t = Instant::now();
+        while !fs::read_to_string(format!("/proc/{}/stat", c.id()))
+            .is_ok_and(|st| st.split(' ').nth(2) == Some("Z"))
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the mount did not die"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        c
+    }
+
     /// SIGTERM, and wait for it to unmount and exit.
     fn stop(mut self) {
         if let Some(mut c) = self.child.take() {
@@ -636,4 +663,140 @@ fn a_clean_stop_while_the_metadata_copy_is_made_leaves_no_record_and_no_copy() {
         &|n| n == before,
         &format!("a cleanly stopped mount left proclets ({before} before the mount)"),
     );
+}
+
+/// The record of the mount of `dir` (in the default state directory).
+fn record_of(dir: &Path) -> (PathBuf, serde_json::Value) {
+    for e in fs::read_dir("/run/granule/fs").expect("the mounts' state directory") {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "json") {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&fs::read(&p).unwrap()) {
+                if v["dir"].as_str() == Some(dir.to_str().unwrap()) {
+                    return (p, v);
+                }
+            }
+        }
+    }
+    panic!("no record of the mount of {}", dir.display());
+}
+
+/// A mount SIGKILLed and not yet reaped (its pid still exists, as a zombie) is dead:
+/// the next mount adopts its files instead of starting empty over its record.
+#[test]
+fn a_killed_mount_whose_pid_is_still_taken_is_adopted() {
+    let Some(Setup {
+        _controller: _ctl,
+        addr,
+        nodes: _nodes,
+        tmp,
+        dir,
+    }) = setup("a_killed_mount_whose_pid_is_still_taken_is_adopted")
+    else {
+        return;
+    };
+    let t = tree();
+    let m = MountProc::start(&dir, &addr, &[], tmp.path().join("1.log"));
+    write_tree(&dir, &t);
+    wait_copy_on(&dir, None);
+    let mut zombie = m.crash_unreaped();
+    let m = MountProc::start(&dir, &addr, &[], tmp.path().join("2.log"));
+    assert!(
+        m.log_text().contains("adopted the"),
+        "with the dead mount's pid still taken (zombie {}), the next mount did not adopt its files:\n{}",
+        zombie.id(),
+        m.log_text()
+    );
+    drop_cache_tree(&dir);
+    check_tree(&dir, &t, "adopted while the dead mount was a zombie");
+    let _ = zombie.wait();
+
+    // The pid of a dead mount reused by an unrelated live process: adopted all the same.
+    m.crash();
+    let mut unrelated = Command::new("sleep").arg("600").spawn().unwrap();
+    let (file, mut rec) = record_of(&dir);
+    rec["pid"] = serde_json::json!(unrelated.id());
+    fs::write(&file, serde_json::to_vec(&rec).unwrap()).unwrap();
+    let m = MountProc::start(&dir, &addr, &[], tmp.path().join("3.log"));
+    assert!(
+        m.log_text().contains("adopted the"),
+        "with the dead mount's pid reused by a live process, the next mount did not adopt:\n{}",
+        m.log_text()
+    );
+    drop_cache_tree(&dir);
+    check_tree(&dir, &t, "adopted over a reused pid");
+    let _ = unrelated.kill();
+    let _ = unrelated.wait();
+
+    // A second mount of the directory while one lives is refused, whatever it is given.
+    let out = run_bounded(
+        Command::new(GRANULE)
+            .args(["fs", "mount"])
+            .arg(&dir)
+            .args(["--controller", &addr]),
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && (err.contains("is running") || err.contains("already mounted")),
+        "a second mount of a live mount's directory: {:?} {err}",
+        out.status
+    );
+    check_tree(&dir, &t, "after the refused second mount");
+    m.stop();
+}
+
+/// A dead mount's record whose data lives on on its controller's nodes is never
+/// overwritten by a mount that cannot adopt it: that mount is refused, says what to do,
+/// and a mount on the right controller still adopts.
+#[test]
+fn a_mount_that_cannot_adopt_a_dead_mounts_data_refuses_to_start_over_it() {
+    let Some(Setup {
+        _controller: _ctl,
+        addr,
+        nodes: _nodes,
+        tmp,
+        dir,
+    }) = setup("a_mount_that_cannot_adopt_a_dead_mounts_data_refuses_to_start_over_it")
+    else {
+        return;
+    };
+    let t = tree();
+    let m = MountProc::start(&dir, &addr, &[], tmp.path().join("1.log"));
+    write_tree(&dir, &t);
+    wait_copy_on(&dir, None);
+    m.crash();
+    let (file, before) = record_of(&dir);
+    // Embedded nodes this time: they cannot hold the dead mount's data.
+    let out = run_bounded(
+        Command::new(GRANULE)
+            .args(["fs", "mount"])
+            .arg(&dir)
+            .args(["--nodes", "cpu=1,mem=256MiB"]),
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(&format!("--controller {addr}")) && err.contains("granule fs discard"),
+        "a mount that cannot adopt the dead mount's data must refuse and say how to adopt or discard it: {:?}\n{err}",
+        out.status
+    );
+    let after: serde_json::Value = serde_json::from_slice(&fs::read(&file).unwrap()).unwrap();
+    assert_eq!(
+        after, before,
+        "the refused mount changed the dead mount's record"
+    );
+    // What `granule fs status` says of the dead mount names the commands that help.
+    let out = run_bounded(
+        Command::new(GRANULE).args(["fs", "status"]).arg(&dir),
+        Duration::from_secs(30),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("it died") && err.contains("granule fs discard"),
+        "status of a dead mount: {err}"
+    );
+    let m = MountProc::start(&dir, &addr, &[], tmp.path().join("2.log"));
+    assert!(m.log_text().contains("adopted the"), "{}", m.log_text());
+    check_tree(&dir, &t, "adopted after the refused mount");
+    m.stop();
 }

@@ -16,6 +16,7 @@
 //! - [`watch`]: probing the stores, so a dead one is noticed (and its stripes
 //!   re-replicated) without I/O to it;
 //! - [`fuse`]: the kernel's requests mapped onto the engine (through `fuser`);
+//! - [`liveness`]: whether a recorded mount lives (a lock only a live mount holds);
 //! - [`mount`]: one mount's life (own cluster, victims, leases, status door, unmount);
 //! - [`status`]: what a mount reports (`granule fs status`, `/metrics`);
 //! - [`panel`]: the same figures as a panel on the controller's dashboard.
@@ -27,6 +28,7 @@
 
 pub mod engine;
 pub mod fuse;
+pub mod liveness;
 pub mod meta;
 pub mod metacopy;
 pub mod mount;

@@ -196,7 +196,29 @@ fn serve(
     // Own nodes that outlive the mount (an outside controller's) keep its data, and a
     // mount of the same directory after this one died adopts it.
     let outside = cfg.cluster.controller.clone();
-    let adopted = match adoptable(&record_file, outside.as_deref()) {
+    // Liveness is a lock only a live mount holds (see crate::liveness): a second mount of
+    // the directory is refused while the first lives, and the lock taken here proves the
+    // recorded one, if any, is dead — zombie, reused pid or not.
+    let _alive = match std::fs::create_dir_all(&fs_cfg.state_dir)
+        .and_then(|()| crate::liveness::MountLock::try_take(&record_file))
+    {
+        Ok(Some(lock)) => Some(lock),
+        Ok(None) => {
+            let pid = read_record(&record_file).map_or_else(|| "?".into(), |r| r.pid.to_string());
+            return Err(MountError::MountPoint(
+                dir.clone(),
+                format!("a mount of this directory is running (pid {pid}): stop it with `granule fs umount {}` first", dir.display()),
+            ));
+        }
+        Err(e) => {
+            tracing::warn!(
+                "cannot take the mount's lock in {}: {e} (granule fs status will not find it)",
+                fs_cfg.state_dir
+            );
+            None
+        }
+    };
+    let adopted = match adoptable(&record_file, outside.as_deref())? {
         Some((rec, copy)) => match rt.block_on(metacopy::fetch(&copy)) {
             Ok(got) => Some((rec, copy, got)),
             Err(e) => {
@@ -631,15 +653,24 @@ pub fn discard(dir: &Path, cfg: &Config) -> Result<Discarded, MountError> {
         }
         Err(e) => return Err(e.into()),
     };
-    let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(rec.pid as i32), None)
-        .map_or_else(|e| e != nix::errno::Errno::ESRCH, |()| true);
-    if alive {
-        return Err(MountError::Recover(format!(
-            "the mount of {} is running (pid {}): stop it with `granule fs umount {}`",
-            dir.display(),
-            rec.pid,
-            dir.display()
-        )));
+    // Held for the whole discard, so no mount of the directory starts meanwhile.
+    let _lock = match crate::liveness::MountLock::try_take(&record_file)? {
+        Some(l) => l,
+        None => {
+            return Err(MountError::Recover(format!(
+                "the mount of {} is running (pid {}): stop it with `granule fs umount {}`",
+                dir.display(),
+                rec.pid,
+                dir.display()
+            )))
+        }
+    };
+    // A dead mount's FUSE mount point may be left behind (no auto-unmount when it did
+    // not run as root): unmount it, so the directory is usable again.
+    if is_mounted(&dir) {
+        if let Err(e) = unmount(&dir) {
+            tracing::warn!("the dead mount's mount point is left: {e}");
+        }
     }
     let mut out = Discarded {
         pid: rec.pid,
@@ -694,18 +725,47 @@ pub fn discard(dir: &Path, cfg: &Config) -> Result<Discarded, MountError> {
     Ok(out)
 }
 
+/// The record at `file`, if there is a readable one.
+fn read_record(file: &Path) -> Option<Record> {
+    serde_json::from_slice(&std::fs::read(file).ok()?).ok()
+}
+
 /// The metadata copy a dead mount of the same directory left on own nodes that outlive
-/// mounts (the same outside controller), if any.
-fn adoptable(record_file: &Path, controller: Option<&str>) -> Option<(Record, Proclet<MetaCopy>)> {
-    let controller = controller?;
-    let rec: Record = serde_json::from_slice(&std::fs::read(record_file).ok()?).ok()?;
-    let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(rec.pid as i32), None)
-        .map_or_else(|e| e != nix::errno::Errno::ESRCH, |()| true);
-    if alive || rec.controller.as_deref() != Some(controller) {
-        return None;
+/// mounts (the same outside controller), if any. The caller holds the directory's mount
+/// lock: a recorded mount is dead. A record that may still own data this mount cannot
+/// adopt (its controller's nodes outlive it, and this mount is not on that controller)
+/// is never overwritten: the mount is refused with what to do instead.
+fn adoptable(
+    record_file: &Path,
+    controller: Option<&str>,
+) -> Result<Option<(Record, Proclet<MetaCopy>)>, MountError> {
+    let Some(rec) = read_record(record_file) else {
+        return Ok(None);
+    };
+    let Some(theirs) = rec.controller.clone() else {
+        // Embedded nodes ended with that mount, and its data with them.
+        return Ok(None);
+    };
+    let dir = rec.dir.display();
+    if controller != Some(theirs.as_str()) {
+        return Err(MountError::Recover(format!(
+            "the mount of {dir} that died (pid {}) left its data on the nodes of the controller at {theirs}: \
+             mount with `--controller {theirs}` to adopt it, or free it with `granule fs discard {dir}`",
+            rec.pid
+        )));
     }
-    let copy = serde_json::from_value(rec.meta.clone()?).ok()?;
-    Some((rec, copy))
+    let copy = rec
+        .meta
+        .clone()
+        .and_then(|v| serde_json::from_value::<Proclet<MetaCopy>>(v).ok());
+    match copy {
+        Some(copy) => Ok(Some((rec, copy))),
+        None => Err(MountError::Recover(format!(
+            "the mount of {dir} that died (pid {}) left stores on the nodes of {theirs} but no metadata copy to find them by: \
+             free what can be found with `granule fs discard {dir}`, then mount again",
+            rec.pid
+        ))),
+    }
 }
 
 fn mount_error(dir: &Path, e: std::io::Error) -> MountError {
