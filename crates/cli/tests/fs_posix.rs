@@ -1931,6 +1931,41 @@ fn statfs_follows_the_space_and_enospc_is_reported() {
     m.unmount_cleanly();
 }
 
+/// The refusals docs/guide/fs.md lists under "Unsupported calls fail at once": each
+/// item's text before its last colon, and the errno named first after it.
+fn guide_refusals() -> Vec<(String, i32)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/guide/fs.md");
+    let text = fs::read_to_string(&path).expect("read docs/guide/fs.md");
+    let (_, after) = text
+        .split_once("Unsupported calls fail at once")
+        .expect("docs/guide/fs.md has the list of unsupported calls");
+    let items: Vec<(String, i32)> = after
+        .lines()
+        .skip(1)
+        .skip_while(|l| l.trim().is_empty())
+        .take_while(|l| l.starts_with("- "))
+        .map(|l| {
+            let (what, name) = l[2..]
+                .rsplit_once(':')
+                .unwrap_or_else(|| panic!("a refusal without `: ERRNO` in the guide: {l}"));
+            // The errno is the first word after the colon (a remark may follow).
+            let mut words = name
+                .trim_start()
+                .split(|c: char| !c.is_ascii_alphanumeric());
+            let e = match words.next().unwrap_or_default() {
+                "EOPNOTSUPP" => libc::EOPNOTSUPP,
+                "EPERM" => libc::EPERM,
+                "EINVAL" => libc::EINVAL,
+                "ENOTTY" => libc::ENOTTY,
+                other => panic!("the guide names an errno this test does not know: {other}"),
+            };
+            (what.trim().to_string(), e)
+        })
+        .collect();
+    assert!(!items.is_empty(), "the guide lists no refusals");
+    items
+}
+
 #[test]
 fn unsupported_calls_fail_promptly() {
     if !fuse_usable("unsupported_calls_fail_promptly") {
@@ -1965,17 +2000,34 @@ fn unsupported_calls_fail_promptly() {
                 io::Error::from_raw_os_error(e)
             );
             eprintln!("{what}: {}", io::Error::from_raw_os_error(e));
+            Err(e)
         } else {
             eprintln!("{what}: ok");
+            Ok(r)
         }
-        r
+    };
+    // A call the guide lists as refused fails with exactly the errno it names; every item
+    // of the list is tried here.
+    let refusals = guide_refusals();
+    let mut tried = BTreeSet::new();
+    let mut refused = |item: &str, what: &str, r: Result<libc::c_long, i32>| {
+        let &(_, want) = refusals.iter().find(|(w, _)| w == item).unwrap_or_else(|| {
+            panic!("docs/guide/fs.md does not list {item} among the refusals: {refusals:?}")
+        });
+        assert_eq!(
+            r,
+            Err(want),
+            "{what}: the guide says {item} fails with {}",
+            io::Error::from_raw_os_error(want)
+        );
+        tried.insert(item.to_string());
     };
     let cp = |name: &str| c_path(&dir.join(name));
     let (f, g, dev, fifo) = (cp("f"), cp("g"), cp("dev"), cp("fifo"));
     let (f2, f3) = (f.clone(), f.clone());
     // SAFETY (all the closures): every pointer is to a C string or buffer moved into the
     // closure, alive for the call.
-    call(
+    let r = call(
         "setxattr",
         Box::new(move || unsafe {
             libc::setxattr(
@@ -1987,7 +2039,8 @@ fn unsupported_calls_fail_promptly() {
             ) as _
         }),
     );
-    call(
+    refused("extended attributes", "setxattr", r);
+    let r = call(
         "getxattr",
         Box::new(move || unsafe {
             let mut buf = [0u8; 64];
@@ -1999,25 +2052,29 @@ fn unsupported_calls_fail_promptly() {
             ) as _
         }),
     );
-    call(
+    refused("extended attributes", "getxattr", r);
+    let r = call(
         "listxattr",
         Box::new(move || unsafe {
             let mut buf = [0u8; 256];
             libc::listxattr(f3.as_ptr(), buf.as_mut_ptr().cast(), 256) as _
         }),
     );
-    call(
+    refused("extended attributes", "listxattr", r);
+    let r = call(
         "mknod of a character device",
         Box::new(move || unsafe {
             libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3)) as _
         }),
     );
-    call(
+    refused("device nodes and FIFOs", "mknod", r);
+    let r = call(
         "mkfifo",
         Box::new(move || unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) as _ }),
     );
+    refused("device nodes and FIFOs", "mkfifo", r);
     let d = c_path(&dir);
-    call(
+    let r = call(
         "open O_TMPFILE",
         Box::new(move || unsafe {
             let fd = libc::open(d.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600);
@@ -2027,8 +2084,9 @@ fn unsupported_calls_fail_promptly() {
             fd as _
         }),
     );
+    refused("`O_TMPFILE`", "open O_TMPFILE", r);
     let (f4, g2) = (cp("f"), g.clone());
-    let exchanged = call(
+    let r = call(
         "renameat2 RENAME_EXCHANGE",
         Box::new(move || unsafe {
             libc::renameat2(
@@ -2040,13 +2098,10 @@ fn unsupported_calls_fail_promptly() {
             ) as _
         }),
     );
-    let (fa, fb) = if exchanged == 0 {
-        ("g", "f")
-    } else {
-        ("f", "g")
-    };
-    assert_eq!(fs::read(dir.join(fa)).expect("read"), b"data");
-    assert_eq!(fs::read(dir.join(fb)).expect("read"), b"other");
+    refused("`RENAME_EXCHANGE`", "renameat2 RENAME_EXCHANGE", r);
+    let fa = "f";
+    assert_eq!(fs::read(dir.join("f")).expect("read"), b"data");
+    assert_eq!(fs::read(dir.join("g")).expect("read"), b"other");
     let (f5, g3) = (cp("f"), g);
     let noreplace = call(
         "renameat2 RENAME_NOREPLACE",
@@ -2060,21 +2115,43 @@ fn unsupported_calls_fail_promptly() {
             ) as _
         }),
     );
-    assert!(noreplace < 0, "RENAME_NOREPLACE replaced an existing file");
-    let file = File::open(dir.join("f")).expect("open");
+    assert!(
+        noreplace.is_err(),
+        "RENAME_NOREPLACE replaced an existing file"
+    );
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join("f"))
+        .expect("open");
     let fd = file.as_raw_fd();
-    call(
+    let r = call(
         "ioctl FS_IOC_GETFLAGS",
         Box::new(move || unsafe {
             let mut flags: libc::c_long = 0;
             libc::ioctl(fd, 0x8008_6601u64 as _, &mut flags) as _
         }),
     );
+    refused("ioctls", "ioctl FS_IOC_GETFLAGS", r);
+    let r = call(
+        "fallocate FALLOC_FL_PUNCH_HOLE",
+        Box::new(move || unsafe {
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            libc::fallocate(fd, mode, 0, 2) as _
+        }),
+    );
+    refused("punching holes", "fallocate FALLOC_FL_PUNCH_HOLE", r);
     call(
         "lseek SEEK_DATA",
         Box::new(move || unsafe { libc::lseek(fd, 0, libc::SEEK_DATA) as _ }),
-    );
+    )
+    .expect("lseek SEEK_DATA");
     drop(file);
+    let listed: BTreeSet<String> = refusals.iter().map(|(w, _)| w.clone()).collect();
+    assert_eq!(
+        tried, listed,
+        "the refusals docs/guide/fs.md lists and those this test tries differ"
+    );
     // copy_file_range works (the kernel copies itself where the mount does not).
     let src = File::open(dir.join(fa)).expect("open");
     let dst = File::create(dir.join("copy")).expect("create");
@@ -2086,7 +2163,7 @@ fn unsupported_calls_fail_promptly() {
         }),
     );
     drop((src, dst));
-    if n == 4 {
+    if n == Ok(4) {
         assert_eq!(fs::read(dir.join("copy")).expect("read"), b"data");
     }
     // The mount still serves.
@@ -2095,5 +2172,350 @@ fn unsupported_calls_fail_promptly() {
         fs::read(dir.join("still")).expect("read"),
         seeded_bytes(3, 3 * MIB)
     );
+    m.unmount_cleanly();
+}
+
+/// syncfs(2) on a descriptor `f` holds: Ok, or the errno it failed with.
+fn syncfs(f: &File) -> io::Result<()> {
+    // SAFETY: the descriptor is open for the duration of the call.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[test]
+fn syncfs_succeeds_after_unlink_and_rename_over() {
+    if !fuse_usable("syncfs_succeeds_after_unlink_and_rename_over") {
+        return;
+    }
+    let _one = serial();
+    let m = Mount::start(&[], Duration::from_secs(300));
+    let keep = m.path("keep");
+    fs::write(&keep, b"kept").expect("write");
+    let f = File::open(&keep).expect("open");
+    syncfs(&f).expect("syncfs of a fresh mount");
+    let used = || {
+        let s = statvfs(&m.dir).expect("statvfs");
+        (s.f_blocks - s.f_bfree) * s.f_frsize
+    };
+    let used0 = used();
+    // The kernel writes back the times it cached for a file after its last unlink (and
+    // for a file renamed over): those must not fail, or syncfs reports them.
+    let gone = m.path("gone");
+    fs::write(&gone, seeded_bytes(1, 8 * MIB)).expect("write");
+    fs::remove_file(&gone).expect("unlink");
+    syncfs(&f).expect("syncfs after an unlink");
+    fs::write(m.path("old"), b"old").expect("write");
+    fs::write(m.path("new"), b"new").expect("write");
+    fs::rename(m.path("new"), m.path("old")).expect("rename over a file");
+    syncfs(&f).expect("syncfs after a rename over a file");
+    let open = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("open"))
+        .expect("create");
+    open.write_all_at(b"written while open", 0).expect("write");
+    fs::remove_file(m.path("open")).expect("unlink while open");
+    let mut back = [0u8; 18];
+    open.read_exact_at(&mut back, 0)
+        .expect("read the unlinked file through its handle");
+    assert_eq!(&back, b"written while open");
+    drop(open);
+    syncfs(&f).expect("syncfs after closing an unlinked file");
+    let out = run_bounded(
+        Command::new("sync").arg("-f").arg(&keep),
+        Duration::from_secs(30),
+    );
+    assert!(
+        out.status.success(),
+        "sync -f failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read(m.path("old")).expect("read"), b"new");
+    // The unlinked files' data is still freed (when the kernel forgets them).
+    let start = std::time::Instant::now();
+    while used() > used0 + MIB as u64 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "20 s after the unlinks {} B are used (before: {used0} B)",
+            used()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(f);
+    m.unmount_cleanly();
+}
+
+fn lseek(f: &File, offset: u64, whence: libc::c_int) -> io::Result<u64> {
+    // SAFETY: the descriptor is open for the duration of the call.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), offset as libc::off_t, whence) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as u64)
+    }
+}
+
+/// A fresh read-only descriptor of `p` once lseek(0, `whence`) on it answers `want` (an
+/// offset or an errno), within 10 s: a writer's handle is released a moment after its
+/// close returns, and while one is open the whole file counts as data.
+fn lseek_settles(p: &Path, whence: libc::c_int, want: Result<u64, i32>) -> File {
+    let start = std::time::Instant::now();
+    loop {
+        let f = File::open(p).expect("open");
+        let got = lseek(&f, 0, whence).map_err(|e| e.raw_os_error().unwrap_or(0));
+        if got == want {
+            return f;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "lseek(0, {whence}) in {}: {got:?}, expected {want:?}",
+            p.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sparse_files_report_their_blocks_and_holes() {
+    if !fuse_usable("sparse_files_report_their_blocks_and_holes") {
+        return;
+    }
+    let _one = serial();
+    let m = Mount::start(&[], Duration::from_secs(300));
+    let stripe = fs_status_json(&m.dir)["stripe"]
+        .as_u64()
+        .expect("the status names the stripe size");
+    let gib = 1u64 << 30;
+    let at = gib / 2;
+    let p = m.path("sparse");
+    File::create(&p)
+        .expect("create")
+        .set_len(gib)
+        .expect("truncate -s 1G");
+    let md = fs::metadata(&p).expect("stat");
+    assert_eq!(
+        (md.len(), md.blocks()),
+        (gib, 0),
+        "a 1 GiB hole: size, st_blocks"
+    );
+    let f = lseek_settles(&p, libc::SEEK_DATA, Err(libc::ENXIO));
+    assert_eq!(lseek(&f, 0, libc::SEEK_HOLE).expect("SEEK_HOLE"), 0);
+    drop(f);
+    let data = seeded_bytes(7, 4 * KIB);
+    OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .expect("open")
+        .write_all_at(&data, at)
+        .expect("write 4 KiB at 512 MiB");
+    let md = fs::metadata(&p).expect("stat");
+    assert_eq!(md.len(), gib);
+    assert!(
+        md.blocks() * 512 >= 4 * KIB as u64 && md.blocks() * 512 <= stripe,
+        "4 KiB written in a 1 GiB hole: st_blocks {} (stripe {stripe} B)",
+        md.blocks()
+    );
+    let f = lseek_settles(&p, libc::SEEK_DATA, Ok(at));
+    assert_eq!(
+        lseek(&f, at + 100, libc::SEEK_DATA).expect("SEEK_DATA"),
+        at + 100
+    );
+    let hole = lseek(&f, at, libc::SEEK_HOLE).expect("SEEK_HOLE");
+    assert!(
+        hole >= at + 4 * KIB as u64 && hole <= at + stripe,
+        "SEEK_HOLE after the data at {at}: {hole}"
+    );
+    assert_eq!(lseek(&f, 0, libc::SEEK_HOLE).expect("SEEK_HOLE"), 0);
+    let e = lseek(&f, at + stripe, libc::SEEK_DATA).expect_err("no data after the stripe");
+    assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "{e}");
+    let e = lseek(&f, gib, libc::SEEK_HOLE).expect_err("SEEK_HOLE at the end");
+    assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "{e}");
+    drop(f);
+
+    // du counts what is stored; cp --sparse=always keeps the holes, inside the mount and
+    // out of it, with the same bytes.
+    let du = run_bounded(
+        Command::new("du").arg("-B1").arg(&p),
+        Duration::from_secs(30),
+    );
+    let du_bytes: u64 = String::from_utf8_lossy(&du.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("du printed {:?}", String::from_utf8_lossy(&du.stdout)));
+    assert!(
+        du_bytes <= stripe,
+        "du of a 1 GiB file with 4 KiB in it: {du_bytes} B"
+    );
+    let reference = Tmpfs::new();
+    for copy in [m.path("copy"), reference.path().join("copy")] {
+        let out = run_bounded(
+            Command::new("cp").arg("--sparse=always").arg(&p).arg(&copy),
+            Duration::from_secs(120),
+        );
+        assert!(
+            out.status.success(),
+            "cp --sparse=always to {}: {}",
+            copy.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let md = fs::metadata(&copy).expect("stat the copy");
+        assert_eq!(md.len(), gib, "size of {}", copy.display());
+        assert!(
+            md.blocks() * 512 <= stripe,
+            "{} holds {} blocks: its holes were filled",
+            copy.display(),
+            md.blocks()
+        );
+        let f = File::open(&copy).expect("open the copy");
+        assert_eq!(read_range(&f, at, data.len()).expect("read"), data);
+        assert_eq!(
+            read_range(&f, at - 4096, 4096).expect("read"),
+            vec![0u8; 4096]
+        );
+    }
+
+    // A writer's pages may not have reached the mount yet: while one is open, no part of
+    // the file is reported as a hole.
+    let w = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .expect("open for writing");
+    w.write_all_at(&data, gib / 4).expect("write at 256 MiB");
+    assert_eq!(lseek(&w, 0, libc::SEEK_DATA).expect("SEEK_DATA"), 0);
+    assert_eq!(lseek(&w, 0, libc::SEEK_HOLE).expect("SEEK_HOLE"), gib);
+    drop(w);
+    drop(lseek_settles(&p, libc::SEEK_DATA, Ok(gib / 4)));
+    m.unmount_cleanly();
+}
+
+#[test]
+fn isatty_and_other_ioctls_get_enotty_without_a_log_line() {
+    if !fuse_usable("isatty_and_other_ioctls_get_enotty_without_a_log_line") {
+        return;
+    }
+    let _one = serial();
+    let m = Mount::start(&[], Duration::from_secs(300));
+    fs::write(m.path("f"), b"data").expect("write");
+    let f = File::open(m.path("f")).expect("open");
+    let before = m.log_text();
+    for _ in 0..200 {
+        // SAFETY: the descriptor is open for the duration of the call.
+        let tty = unsafe { libc::isatty(f.as_raw_fd()) };
+        let e = io::Error::last_os_error();
+        assert_eq!(
+            (tty, e.raw_os_error()),
+            (0, Some(libc::ENOTTY)),
+            "isatty on a file in the mount: {e}"
+        );
+    }
+    drop(f);
+    fs::write(m.path("g"), b"still serves").expect("write after the ioctls");
+    let after = m.log_text();
+    let new = &after[before.len().min(after.len())..];
+    assert!(
+        new.trim().is_empty(),
+        "200 isatty() calls made the mount log:\n{}",
+        new.lines().take(12).collect::<Vec<_>>().join("\n")
+    );
+    m.unmount_cleanly();
+}
+
+#[test]
+fn df_with_replicas_shows_what_files_can_use() {
+    if !fuse_usable("df_with_replicas_shows_what_files_can_use") {
+        return;
+    }
+    let _one = serial();
+    // Two small stores of the same size (no store in the mount's own process): filling
+    // takes seconds, and every stripe has room for both its copies until the end.
+    let m = Mount::start_env(
+        &[
+            "--replicas",
+            "2",
+            "--nodes",
+            "cpu=1,mem=256MiB;cpu=1,mem=256MiB",
+        ],
+        &[("GRANULE_FS_DRIVER_STORE", "off")],
+        Duration::from_secs(600),
+    );
+    let status = fs_status_json(&m.dir);
+    assert_eq!(status["replicas"].as_u64(), Some(2));
+    let raw: u64 = status["stores"]
+        .as_array()
+        .expect("stores")
+        .iter()
+        .map(|s| s["capacity"].as_u64().expect("capacity"))
+        .sum();
+    let space = || {
+        let s = statvfs(&m.dir).expect("statvfs");
+        let unit = s.f_frsize.max(1);
+        (
+            s.f_blocks * unit,
+            (s.f_blocks - s.f_bfree) * unit,
+            s.f_bavail * unit,
+        )
+    };
+    let (total, used0, avail0) = space();
+    eprintln!("raw {raw} B; statvfs: total {total} B, used {used0} B, available {avail0} B");
+    assert!(
+        total <= raw / 2 && total + 8192 >= raw / 2,
+        "with 2 copies of each stripe statvfs shows {total} B of {raw} B raw"
+    );
+
+    // 32 MiB in: about 32 MiB more used and less available, not 64.
+    let w = 32 * MIB as u64;
+    {
+        let mut f = File::create(m.path("some")).expect("create");
+        for i in 0..32 {
+            f.write_all(&seeded_bytes(i, MIB)).expect("write");
+        }
+        f.sync_all().expect("fsync");
+    }
+    let (_, used1, avail1) = space();
+    assert!(
+        used1 >= used0 + w * 9 / 10 && used1 <= used0 + w * 11 / 10,
+        "32 MiB written with 2 copies: used went from {used0} to {used1} B"
+    );
+    assert!(
+        avail1 + w * 9 / 10 <= avail0 && avail1 + w * 11 / 10 >= avail0,
+        "32 MiB written with 2 copies: available went from {avail0} to {avail1} B"
+    );
+
+    // Filling it: about what statfs offered fits before ENOSPC. Written pages wait in
+    // the kernel's cache, so a write-back error shows at the next fsync: one per 8 MiB.
+    let mut f = File::create(m.path("filler")).expect("create");
+    let chunk = seeded_bytes(99, MIB);
+    let mut synced = 0u64;
+    let e = loop {
+        let r = (0..8)
+            .try_for_each(|_| f.write_all(&chunk))
+            .and_then(|()| f.sync_data());
+        match r {
+            Ok(()) => synced += 8 * MIB as u64,
+            Err(e) => break e,
+        }
+        assert!(
+            synced <= 2 * avail1 + 64 * MIB as u64,
+            "{synced} B written and synced, {avail1} B offered: no ENOSPC"
+        );
+    };
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC),
+        "a full mount said {e}"
+    );
+    eprintln!("{synced} B written and synced before ENOSPC; {avail1} B were offered");
+    assert!(
+        synced >= avail1 * 8 / 10 && synced <= avail1 * 12 / 10 + 16 * MIB as u64,
+        "statfs offered {avail1} B; {synced} B fit"
+    );
+    drop(f);
     m.unmount_cleanly();
 }

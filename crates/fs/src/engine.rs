@@ -21,7 +21,7 @@ use crate::placement::{stripe_key, Layout, StoreId};
 use crate::stores::{Store, StoreError, StoreState, Stores};
 use bytes::Bytes;
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -688,6 +688,29 @@ impl Engine {
         let freed = self.ns.lock().truncate(ino, size, self.settings.stripe)?;
         self.release_freed(freed);
         Ok(())
+    }
+
+    /// lseek SEEK_DATA (`hole` false) or SEEK_HOLE from `offset` of `ino`, to the stripe:
+    /// stripes stored, buffered or in flight are data; any other is a hole. `unsent`:
+    /// a writer has the file open, so pages the kernel has not sent yet may be anywhere,
+    /// and the whole file counts as data.
+    pub fn seek(&self, ino: Ino, offset: u64, hole: bool, unsent: bool) -> Result<u64, i32> {
+        // Buffers, then stripes in flight, then the table: a stripe moves on in that
+        // order, so one looked at in none of them was stored before the table is read.
+        let buffered = (!unsent).then(|| {
+            let mut b: BTreeSet<u64> = self
+                .dirty
+                .lock()
+                .get(&ino)
+                .map(|d| d.stripes.keys().copied().collect())
+                .unwrap_or_default();
+            let inflight = self.inflight.lock();
+            b.extend(inflight.keys().filter(|k| k.0 == ino).map(|k| k.1));
+            b
+        });
+        self.ns
+            .lock()
+            .seek(ino, offset, hole, self.settings.stripe, buffered.as_ref())
     }
 
     // ---- reading ----------------------------------------------------------------------

@@ -7,15 +7,21 @@
 //! into large ones and keeps `mmap` writable), writes of up to 1 MiB, the largest
 //! readahead the kernel allows. Locks (`flock`, `fcntl`) are left to the kernel (local to
 //! this machine), extended attributes and special files are refused with the errno
-//! Linux file systems use for them.
+//! Linux file systems use for them, and ioctls with ENOTTY.
+//!
+//! An inode lives until the kernel forgets it (FUSE's lookup count), not only until its
+//! last unlink: the kernel still writes back the times it cached for an unlinked file.
+//! Sparse files show as such: `st_blocks` counts the stripes stored, and
+//! SEEK_DATA/SEEK_HOLE find the stripes never written. `statfs` reports the space one
+//! copy of each stripe can use (the raw space divided by `fs.replicas`).
 
 use crate::engine::Engine;
-use crate::meta::{Ino, Inode, Node};
+use crate::meta::{Ino, Inode, Namespace, Node};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
-    WriteFlags,
+    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -31,6 +37,10 @@ const TTL: Duration = Duration::from_secs(1);
 pub const MAX_WRITE: u32 = 1 << 20;
 
 struct Handle {
+    ino: Ino,
+    /// Opened for writing: the kernel may hold pages written through it that it has not
+    /// sent yet (write-back caching), until the handle is flushed and released.
+    writable: bool,
     /// Where the last read ended: a read starting there is sequential (readahead).
     next: AtomicU64,
 }
@@ -64,10 +74,16 @@ impl GranuleFs {
 
     fn attr(&self, i: &Inode) -> FileAttr {
         let blksize = self.engine.settings.stripe.clamp(4096, 1 << 20) as u32;
+        // A file's blocks are the stripes stored (holes take none), so `du` and the
+        // sparse-file checks of `cp` and `tar` see what is there.
+        let blocks = match i.node {
+            Node::File { .. } => i.stored_bytes().div_ceil(512),
+            _ => i.size.div_ceil(512),
+        };
         FileAttr {
             ino: INodeNo(i.ino),
             size: i.size,
-            blocks: i.size.div_ceil(512),
+            blocks,
             atime: i.atime,
             mtime: i.mtime,
             ctime: i.ctime,
@@ -88,16 +104,31 @@ impl GranuleFs {
         ns.get(ino).map(|i| self.attr(i))
     }
 
-    fn open_handle(&self, ino: Ino) -> Result<u64, i32> {
+    /// The attributes of an entry reply: from the reply on the kernel holds one more
+    /// reference to the inode, counted until it forgets it.
+    fn entry_attr(&self, ns: &mut Namespace, ino: Ino) -> Result<FileAttr, i32> {
+        let a = self.attr(ns.get(ino)?);
+        ns.looked_up(ino);
+        Ok(a)
+    }
+
+    fn open_handle(&self, ino: Ino, writable: bool) -> Result<u64, i32> {
         self.engine.ns.lock().opened(ino)?;
+        Ok(self.new_handle(ino, writable))
+    }
+
+    /// A handle for an inode already counted open.
+    fn new_handle(&self, ino: Ino, writable: bool) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().insert(
             fh,
             Arc::new(Handle {
+                ino,
+                writable,
                 next: AtomicU64::new(0),
             }),
         );
-        Ok(fh)
+        fh
     }
 
     fn block<T>(&self, f: impl std::future::Future<Output = T>) -> T {
@@ -133,11 +164,19 @@ impl Filesystem for GranuleFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let ns = self.engine.ns.lock();
-        match ns.lookup(parent.0, name).and_then(|ino| ns.get(ino)) {
-            Ok(i) => reply.entry(&TTL, &self.attr(i), Generation(0)),
+        let mut ns = self.engine.ns.lock();
+        match ns
+            .lookup(parent.0, name)
+            .and_then(|ino| self.entry_attr(&mut ns, ino))
+        {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(errno(e)),
         }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let freed = self.engine.ns.lock().forgotten(ino.0, nlookup);
+        self.engine.release_freed(freed);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -232,9 +271,9 @@ impl Filesystem for GranuleFs {
         let layout = self.engine.current_layout();
         match ns
             .create(parent.0, name, perm, req.uid(), req.gid(), layout)
-            .and_then(|ino| ns.get(ino))
+            .and_then(|ino| self.entry_attr(&mut ns, ino))
         {
-            Ok(i) => reply.entry(&TTL, &self.attr(i), Generation(0)),
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -252,9 +291,9 @@ impl Filesystem for GranuleFs {
         let perm = (mode & !umask & 0o7777) as u16;
         match ns
             .mkdir(parent.0, name, perm, req.uid(), req.gid())
-            .and_then(|ino| ns.get(ino))
+            .and_then(|ino| self.entry_attr(&mut ns, ino))
         {
-            Ok(i) => reply.entry(&TTL, &self.attr(i), Generation(0)),
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -294,9 +333,9 @@ impl Filesystem for GranuleFs {
                 req.uid(),
                 req.gid(),
             )
-            .and_then(|ino| ns.get(ino))
+            .and_then(|ino| self.entry_attr(&mut ns, ino))
         {
-            Ok(i) => reply.entry(&TTL, &self.attr(i), Generation(0)),
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -340,14 +379,14 @@ impl Filesystem for GranuleFs {
         let mut ns = self.engine.ns.lock();
         match ns
             .link(ino.0, newparent.0, newname)
-            .and_then(|()| ns.get(ino.0))
+            .and_then(|()| self.entry_attr(&mut ns, ino.0))
         {
-            Ok(i) => reply.entry(&TTL, &self.attr(i), Generation(0)),
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(errno(e)),
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         {
             let ns = self.engine.ns.lock();
             match ns.get(ino.0) {
@@ -356,7 +395,8 @@ impl Filesystem for GranuleFs {
                 Err(e) => return reply.error(errno(e)),
             }
         }
-        match self.open_handle(ino.0) {
+        let writable = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        match self.open_handle(ino.0, writable) {
             // This mount is the only writer: what the page cache holds stays valid.
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(errno(e)),
@@ -514,9 +554,11 @@ impl Filesystem for GranuleFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         const BLOCK: u64 = 4096;
+        // What files can use: each stripe takes `replicas` copies of the raw space.
+        let copies = self.engine.settings.replicas.max(1) as u64;
         let (cap, used) = self.engine.space();
-        let blocks = cap / BLOCK;
-        let free = cap.saturating_sub(used) / BLOCK;
+        let blocks = cap / copies / BLOCK;
+        let free = (cap.saturating_sub(used) / copies / BLOCK).min(blocks);
         let files = self.engine.ns.lock().count();
         let max_files = 1u64 << 32;
         reply.statfs(
@@ -546,7 +588,7 @@ impl Filesystem for GranuleFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let perm = (mode & !umask & 0o7777) as u16;
@@ -554,22 +596,23 @@ impl Filesystem for GranuleFs {
         let r = {
             let mut ns = self.engine.ns.lock();
             ns.create(parent.0, name, perm, req.uid(), req.gid(), layout)
-                .and_then(|ino| ns.get(ino).map(|i| self.attr(i)))
+                .and_then(|ino| {
+                    ns.opened(ino)?;
+                    self.entry_attr(&mut ns, ino)
+                })
         };
         let attr = match r {
             Ok(a) => a,
             Err(e) => return reply.error(errno(e)),
         };
-        match self.open_handle(attr.ino.0) {
-            Ok(fh) => reply.created(
-                &TTL,
-                &attr,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::FOPEN_KEEP_CACHE,
-            ),
-            Err(e) => reply.error(errno(e)),
-        }
+        let fh = self.new_handle(attr.ino.0, flags & libc::O_ACCMODE != libc::O_RDONLY);
+        reply.created(
+            &TTL,
+            &attr,
+            Generation(0),
+            FileHandle(fh),
+            FopenFlags::FOPEN_KEEP_CACHE,
+        );
     }
 
     // Extended attributes are not kept: ENOSYS tells the kernel once, and it then answers
@@ -641,5 +684,51 @@ impl Filesystem for GranuleFs {
             }
         }
         reply.ok();
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // The kernel answers SEEK_SET, SEEK_CUR and SEEK_END itself.
+        let hole = match whence {
+            libc::SEEK_DATA => false,
+            libc::SEEK_HOLE => true,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        // A negative offset is past any end, as the kernel's own lseek treats it.
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        let unsent = self
+            .handles
+            .lock()
+            .values()
+            .any(|h| h.ino == ino.0 && h.writable);
+        match self.engine.seek(ino.0, offset, hole, unsent) {
+            Ok(at) => reply.offset(at as i64),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // No ioctl is supported. Every isatty() asks (TCGETS), so this is no news.
+        tracing::debug!(ino = ino.0, cmd, "ioctl refused: ENOTTY");
+        reply.error(Errno::ENOTTY);
     }
 }

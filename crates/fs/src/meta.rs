@@ -8,7 +8,7 @@
 
 use crate::placement::StoreId;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::time::SystemTime;
 
@@ -69,11 +69,30 @@ pub struct Inode {
     /// Open handles: the data stays while one is open, even after the last unlink.
     #[serde(skip)]
     pub open: u32,
+    /// The kernel's references (FUSE's lookup count): until it forgets the inode the
+    /// kernel may still send requests for it, even after the last unlink (it writes
+    /// back the times it cached), so the inode stays until then.
+    #[serde(skip)]
+    pub lookups: u64,
 }
 
 impl Inode {
     pub fn is_dir(&self) -> bool {
         matches!(self.node, Node::Dir { .. })
+    }
+
+    /// No name, handle or kernel reference is left: the inode and its data can go.
+    fn unreferenced(&self) -> bool {
+        self.nlink == 0 && self.open == 0 && self.lookups == 0
+    }
+
+    /// Bytes the stores hold for one copy of the file's stripes (`st_blocks`): a
+    /// stripe never written (a hole) holds none.
+    pub fn stored_bytes(&self) -> u64 {
+        match &self.node {
+            Node::File { stripes, .. } => stripes.values().map(|s| u64::from(s.stored)).sum(),
+            _ => 0,
+        }
     }
 }
 
@@ -112,6 +131,36 @@ pub struct Changes {
     pub removes: Vec<Ino>,
 }
 
+/// lseek SEEK_DATA/SEEK_HOLE over a file of `size` bytes cut into `stripe`-byte stripes,
+/// where `next_data(i)` is the first stripe at or after `i` holding data. As Linux file
+/// systems answer: ENXIO at or past the end; the end of the file is a hole.
+fn seek_in(
+    size: u64,
+    stripe: u64,
+    offset: u64,
+    hole: bool,
+    next_data: impl Fn(u64) -> Option<u64>,
+) -> Result<u64, i32> {
+    if offset >= size {
+        return Err(libc::ENXIO);
+    }
+    let mut idx = offset / stripe;
+    if hole {
+        // Past the run of data stripes that starts here.
+        while idx * stripe < size && next_data(idx) == Some(idx) {
+            idx += 1;
+        }
+        Ok((idx * stripe).clamp(offset, size))
+    } else {
+        idx = next_data(idx).ok_or(libc::ENXIO)?;
+        let at = (idx * stripe).max(offset);
+        if at >= size {
+            return Err(libc::ENXIO);
+        }
+        Ok(at)
+    }
+}
+
 fn check_name(name: &OsStr) -> Result<(), i32> {
     if name.len() > NAME_MAX {
         return Err(libc::ENAMETOOLONG);
@@ -148,6 +197,7 @@ impl Namespace {
             },
             name: "/".into(),
             open: 0,
+            lookups: 0,
         };
         Namespace {
             inodes: HashMap::from([(ROOT, root)]),
@@ -319,6 +369,7 @@ impl Namespace {
             node,
             name: name.to_owned(),
             open: 0,
+            lookups: 0,
         });
         self.entries_mut(parent)?.insert(name.to_owned(), ino);
         if is_dir {
@@ -395,15 +446,15 @@ impl Namespace {
         Ok(())
     }
 
-    /// Drop one link of `ino`; its stripes when that was the last link and no handle is
-    /// open.
+    /// Drop one link of `ino`; its stripes when that was the last link and neither a
+    /// handle nor the kernel refers to it.
     fn drop_link(&mut self, ino: Ino) -> Vec<Freed> {
         let Ok(i) = self.get_mut(ino) else {
             return Vec::new();
         };
         i.nlink = i.nlink.saturating_sub(1);
         i.ctime = SystemTime::now();
-        if i.nlink == 0 && i.open == 0 {
+        if i.unreferenced() {
             return self.remove(ino);
         }
         Vec::new()
@@ -581,10 +632,65 @@ impl Namespace {
             return Vec::new();
         };
         i.open = i.open.saturating_sub(1);
-        if i.open == 0 && i.nlink == 0 {
+        if i.unreferenced() {
             return self.remove(ino);
         }
         Vec::new()
+    }
+
+    /// The kernel was given `ino` in an entry reply (lookup, create, mknod, mkdir,
+    /// symlink, link): one more reference until it forgets.
+    pub fn looked_up(&mut self, ino: Ino) {
+        // Not get_mut: the kernel's references are not metadata the copy keeps.
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.lookups += 1;
+        }
+    }
+
+    /// The kernel forgot `n` references to `ino`; the data goes when that leaves an
+    /// unlinked file with no handle open.
+    pub fn forgotten(&mut self, ino: Ino, n: u64) -> Vec<Freed> {
+        // Not get_mut: as in `looked_up`.
+        let Some(i) = self.inodes.get_mut(&ino) else {
+            return Vec::new();
+        };
+        i.lookups = i.lookups.saturating_sub(n);
+        if i.unreferenced() && ino != ROOT {
+            return self.remove(ino);
+        }
+        Vec::new()
+    }
+
+    /// Where lseek's SEEK_DATA (`hole` false) or SEEK_HOLE from `offset` lands in file
+    /// `ino`, to the stripe: a stripe in the table or in `buffered` (written, not stored
+    /// yet) is data, any other a hole. `buffered` None: data may be anywhere (pages the
+    /// kernel has not sent yet), so the whole file is data.
+    pub fn seek(
+        &self,
+        ino: Ino,
+        offset: u64,
+        hole: bool,
+        stripe: u64,
+        buffered: Option<&BTreeSet<u64>>,
+    ) -> Result<u64, i32> {
+        let i = self.get(ino)?;
+        let Node::File { stripes, .. } = &i.node else {
+            return Err(libc::EINVAL);
+        };
+        let Some(buffered) = buffered else {
+            return match (offset < i.size, hole) {
+                (false, _) => Err(libc::ENXIO),
+                (true, true) => Ok(i.size),
+                (true, false) => Ok(offset),
+            };
+        };
+        // The first stripe at or after `from` holding data.
+        let next_data = |from: u64| -> Option<u64> {
+            let a = stripes.range(from..).next().map(|(k, _)| *k);
+            let b = buffered.range(from..).next().copied();
+            a.into_iter().chain(b).min()
+        };
+        seek_in(i.size, stripe, offset, hole, next_data)
     }
 
     /// Every stripe copy on `store`: (inode, stripe index, version), those with no other
@@ -716,6 +822,63 @@ mod tests {
         assert!(ns.get(f).is_ok());
         assert_eq!(ns.released(f).len(), 2);
         assert!(ns.get(f).is_err());
+    }
+
+    #[test]
+    fn an_unlinked_file_stays_until_the_kernel_forgets_it() {
+        let mut ns = Namespace::default();
+        let f = ns.create(ROOT, os("a"), 0o644, 0, 0, 0).unwrap();
+        add_stripes(&mut ns, f, 2);
+        ns.looked_up(f);
+        ns.looked_up(f);
+        assert!(ns.unlink(ROOT, os("a")).unwrap().is_empty());
+        // The kernel writes back the times it cached after the unlink.
+        ns.get_mut(f).expect("the inode is still there").mtime = SystemTime::now();
+        assert!(ns.forgotten(f, 1).is_empty());
+        assert_eq!(ns.forgotten(f, 1).len(), 2);
+        assert!(ns.get(f).is_err());
+        // A file that still has a name is only forgotten, never removed.
+        let g = ns.create(ROOT, os("g"), 0o644, 0, 0, 0).unwrap();
+        ns.looked_up(g);
+        assert!(ns.forgotten(g, 1).is_empty());
+        assert_eq!(ns.lookup(ROOT, os("g")), Ok(g));
+        assert!(ns.forgotten(ROOT, 5).is_empty());
+        assert!(ns.get(ROOT).is_ok());
+    }
+
+    #[test]
+    fn seek_finds_holes_and_data_by_stripe() {
+        let mut ns = Namespace::default();
+        let f = ns.create(ROOT, os("a"), 0o644, 0, 0, 0).unwrap();
+        // Stripes of 10 bytes: 2 and 3 stored, 6 buffered, the rest holes; 75 bytes.
+        if let Node::File { stripes, .. } = &mut ns.get_mut(f).unwrap().node {
+            stripes.insert(2, stripe(1, 10, 1));
+            stripes.insert(3, stripe(2, 10, 1));
+        }
+        ns.get_mut(f).unwrap().size = 75;
+        let buffered = BTreeSet::from([6]);
+        let seek = |off, hole| ns.seek(f, off, hole, 10, Some(&buffered));
+        assert_eq!(seek(0, false), Ok(20));
+        assert_eq!(seek(25, false), Ok(25));
+        assert_eq!(seek(40, false), Ok(60));
+        assert_eq!(seek(71, false), Err(libc::ENXIO));
+        assert_eq!(seek(0, true), Ok(0));
+        assert_eq!(seek(21, true), Ok(40));
+        assert_eq!(seek(45, true), Ok(45));
+        assert_eq!(seek(60, true), Ok(70));
+        assert_eq!(seek(75, true), Err(libc::ENXIO));
+        ns.get_mut(f).unwrap().size = 65;
+        assert_eq!(ns.seek(f, 61, true, 10, Some(&buffered)), Ok(65));
+        assert_eq!(
+            ns.seek(f, 64, false, 10, Some(&BTreeSet::new())),
+            Err(libc::ENXIO)
+        );
+        // Data anywhere: the whole file is data.
+        assert_eq!(ns.seek(f, 5, false, 10, None), Ok(5));
+        assert_eq!(ns.seek(f, 5, true, 10, None), Ok(65));
+        assert_eq!(ns.seek(f, 65, false, 10, None), Err(libc::ENXIO));
+        assert_eq!(ns.seek(ROOT, 0, false, 10, None), Err(libc::EINVAL));
+        assert_eq!(ns.get(f).unwrap().stored_bytes(), 20);
     }
 
     #[test]
