@@ -1051,7 +1051,7 @@ pub static SETTINGS: &[Setting] = &[
         "fs.probe_misses",
         "GRANULE_FS_PROBE_MISSES",
         "a whole number in 1..=100",
-        "probes in a row a store may miss (no answer within probe_every, or unreachable) before it counts as lost and its stripes are re-replicated",
+        "probes in a row that find a store unreachable (connection refused or dropped, node gone) before it counts as lost and its stripes are re-replicated",
         fs.probe_misses,
         |v: &str| int_in(v, 1, 100).map(|n| n as u32),
         |n: &u32| n.to_string(),

@@ -4,8 +4,8 @@
 //! holding only second copies would otherwise look healthy — and its stripes stay one
 //! loss away from gone — until some write happened to touch it.
 //!
-//! A store that misses `fs.probe_misses` probes in a row (no answer within the probe's
-//! window, or unreachable) counts as lost: [`Engine::store_lost`] drops its copies from
+//! A store found unreachable (connection refused or dropped, its node gone) by
+//! `fs.probe_misses` probes in a row counts as lost: [`Engine::store_lost`] drops its copies from
 //! the metadata and re-replicates what it held from the copies that remain. One answer
 //! resets the count. A store that answers with an error (full, rate-limited, a refused
 //! command) answered: it is there. Draining stores are not probed: their drain reads
@@ -61,7 +61,16 @@ pub async fn probe_round(engine: &Arc<Engine>, w: Watch) -> Vec<String> {
                 s.misses.store(0, Ordering::Relaxed);
                 continue;
             }
-            Err(e) => e,
+            Err(StoreError::Lost(e)) => e,
+            Err(e) => {
+                // Slow (its probe waited behind the mount's own large writes on the same
+                // connection, or its rate limit), not gone: a dead process refuses or
+                // drops connections, which is what counts. A store that hangs with its
+                // connections open is still caught by the I/O that times out on it.
+                s.probes_missed.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(store = %s.name, "a probe got no answer in time: {e}");
+                continue;
+            }
         };
         s.probes_missed.fetch_add(1, Ordering::Relaxed);
         let row = s.misses.fetch_add(1, Ordering::Relaxed) + 1;
