@@ -1,8 +1,9 @@
 //! Watching the stores: every `fs.probe_every` the mount asks each active store it keeps
-//! stripes on whether it is there (see [`Store::probe`]), so a store that died is noticed
-//! without waiting for I/O to it. Reads prefer the mount's own copies, so a dead victim
-//! holding only second copies would otherwise look healthy — and its stripes stay one
-//! loss away from gone — until some write happened to touch it.
+//! stripes on whether it is there (see [`Store::probe`](crate::stores::Store::probe)),
+//! so a store that died is noticed without waiting for I/O to it. Reads prefer the
+//! mount's own copies, so a dead victim holding only second copies would otherwise look
+//! healthy — and its stripes stay one loss away from gone — until some write happened
+//! to touch it.
 //!
 //! A store found unreachable (connection refused or dropped, its node gone) by
 //! `fs.probe_misses` probes in a row counts as lost: [`Engine::store_lost`] drops its copies from
