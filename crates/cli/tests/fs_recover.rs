@@ -198,9 +198,13 @@ impl MountProc {
             .status();
         // Dead, not reaped: the kernel released its files (and their locks) already.
         let t = Instant::now();
-        while !fs::read_to_string(format!("/proc/{}/stat", c.id()))
-            .is_ok_and(|st| st.split(' ').nth(2) == Some("Z"))
-        {
+        let zombie = || {
+            Command::new("ps")
+                .args(["-o", "stat=", "-p", &c.id().to_string()])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim().starts_with('Z'))
+        };
+        while !zombie() {
             assert!(
                 t.elapsed() < Duration::from_secs(10),
                 "the mount did not die"
