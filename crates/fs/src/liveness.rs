@@ -25,30 +25,23 @@ pub fn lock_path(record: &Path) -> PathBuf {
 #[derive(Debug)]
 pub struct MountLock {
     _held: Flock<File>,
-    path: PathBuf,
 }
 
 impl MountLock {
     /// Take the lock of the record at `record` (its directory must exist). `Ok(None)`:
     /// another live process holds it.
     pub fn try_take(record: &Path) -> std::io::Result<Option<MountLock>> {
-        let path = lock_path(record);
         // std opens with O_CLOEXEC: children the mount spawns never hold the lock.
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(&path)?;
+            .open(lock_path(record))?;
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(held) => Ok(Some(MountLock { _held: held, path })),
+            Ok(held) => Ok(Some(MountLock { _held: held })),
             Err((_, Errno::EWOULDBLOCK)) => Ok(None),
             Err((_, e)) => Err(std::io::Error::from(e)),
         }
-    }
-
-    /// The lock file.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 

@@ -198,8 +198,10 @@ fn serve(
     let outside = cfg.cluster.controller.clone();
     // Liveness is a lock only a live mount holds (see crate::liveness): a second mount of
     // the directory is refused while the first lives, and the lock taken here proves the
-    // recorded one, if any, is dead — zombie, reused pid or not.
-    let _alive = match std::fs::create_dir_all(&fs_cfg.state_dir)
+    // recorded one, if any, is dead — zombie, reused pid or not. Held until `serve`
+    // returns, after the record is removed; a mount without it writes no record, which
+    // would otherwise look like a dead mount's to the next one.
+    let alive_lock = match std::fs::create_dir_all(&fs_cfg.state_dir)
         .and_then(|()| crate::liveness::MountLock::try_take(&record_file))
     {
         Ok(Some(lock)) => Some(lock),
@@ -425,13 +427,14 @@ fn serve(
     if let Some(c) = &adopted_copy {
         record.lock().meta = serde_json::to_value(c).ok();
     }
-    if let Err(e) = std::fs::create_dir_all(&fs_cfg.state_dir)
-        .and_then(|()| write_record(&record_file, &record.lock()))
-    {
-        tracing::warn!(
-            "cannot record the mount in {}: {e} (granule fs status will not find it)",
-            fs_cfg.state_dir
-        );
+    let recording = alive_lock.is_some();
+    if recording {
+        if let Err(e) = write_record(&record_file, &record.lock()) {
+            tracing::warn!(
+                "cannot record the mount in {}: {e} (granule fs status will not find it)",
+                fs_cfg.state_dir
+            );
+        }
     }
 
     // The metadata's second copy, on another own node.
@@ -444,6 +447,9 @@ fn serve(
             protection_name,
             cluster.node_id(),
             Box::new(move |copy: &Proclet<MetaCopy>| {
+                if !recording {
+                    return;
+                }
                 let mut r = record.lock();
                 r.meta = serde_json::to_value(copy).ok();
                 if let Err(e) = write_record(&file, &r) {
