@@ -2488,8 +2488,8 @@ fn df_with_replicas_shows_what_files_can_use() {
         "32 MiB written with 2 copies: available went from {avail0} to {avail1} B"
     );
 
-    // Filling it: about what statfs offered fits before ENOSPC. Written pages wait in
-    // the kernel's cache, so a write-back error shows at the next fsync: one per 8 MiB.
+    // Filling it: about what statfs offered fits before ENOSPC (which the write that
+    // does not fit gets; a sync every 8 MiB).
     let mut f = File::create(m.path("filler")).expect("create");
     let chunk = seeded_bytes(99, MIB);
     let mut synced = 0u64;
@@ -2517,5 +2517,134 @@ fn df_with_replicas_shows_what_files_can_use() {
         "statfs offered {avail1} B; {synced} B fit"
     );
     drop(f);
+    m.unmount_cleanly();
+}
+
+/// A full mount fails the writer's own `write()` with ENOSPC (cut short first when part
+/// of a write fits), not a later fsync after acknowledged bytes; what was acknowledged
+/// syncs without error, and the file's size and contents are exactly those bytes, from
+/// the kernel's cache and after it is dropped. Before the mount wrote through, the
+/// kernel's write-back cache acknowledged writes far past full, fsync failed, and the
+/// size and contents disagreed.
+#[test]
+fn enospc_reaches_the_writer_and_the_file_keeps_what_was_acknowledged() {
+    if !fuse_usable("enospc_reaches_the_writer_and_the_file_keeps_what_was_acknowledged") {
+        return;
+    }
+    let _one = serial();
+    let m = Mount::start_env(
+        &["--nodes", "cpu=1,mem=256MiB;cpu=1,mem=256MiB"],
+        &[("GRANULE_FS_DRIVER_STORE", "off")],
+        Duration::from_secs(600),
+    );
+    let s = statvfs(&m.dir).expect("statvfs");
+    let avail = s.f_bavail * s.f_frsize.max(1);
+    assert!(avail > 0 && avail < 1 << 30, "{avail} B available");
+    // Writes of 3 MiB and a page and a byte: each crosses stripe boundaries at offsets
+    // that are not stripe-aligned, so the last one can fit only in part.
+    let chunk = 3 * MIB + 4097;
+    let mut want: Vec<u8> = Vec::new();
+    let mut f = File::create(m.path("filler")).expect("create");
+    let mut short_writes = 0;
+    // One pattern, each write stamped with its offset (generating bytes is slow in a
+    // debug build of this test).
+    let pattern = seeded_bytes(5, chunk);
+    let err = loop {
+        let mut buf = pattern.clone();
+        buf[..8].copy_from_slice(&(want.len() as u64).to_le_bytes());
+        match f.write(&buf) {
+            Ok(0) => panic!("write() returned 0 at {} B", want.len()),
+            Ok(n) => {
+                if n < chunk {
+                    short_writes += 1;
+                }
+                want.extend_from_slice(&buf[..n]);
+            }
+            Err(e) => break e,
+        }
+        assert!(
+            want.len() as u64 <= avail + 4 * MIB as u64,
+            "{} B acknowledged with {avail} B available and no error",
+            want.len()
+        );
+    };
+    let acked = want.len() as u64;
+    eprintln!(
+        "{acked} B acknowledged of {avail} B available ({short_writes} short writes), then: {err}"
+    );
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::ENOSPC),
+        "a full mount said {err}"
+    );
+    assert!(
+        acked >= avail * 8 / 10,
+        "ENOSPC after {acked} of {avail} B available"
+    );
+    // What was acknowledged was promised room: it syncs and closes without error.
+    f.sync_all()
+        .expect("fsync of acknowledged bytes after ENOSPC");
+    drop(f);
+    let check = |when: &str| {
+        let len = fs::metadata(m.path("filler")).expect("stat").len();
+        assert_eq!(len, acked, "size {when}: {len} B, {acked} B acknowledged");
+        let got = fs::read(m.path("filler")).expect("read");
+        assert_eq!(got.len() as u64, acked, "bytes read {when}");
+        if got != want {
+            let at = got.iter().zip(&want).position(|(a, b)| a != b);
+            panic!("{when}: byte {at:?} of {acked} differs from what was written");
+        }
+    };
+    check("from the kernel's cache");
+    let dropped = Command::new("sysctl")
+        .args(["-q", "-w", "vm.drop_caches=3"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if dropped {
+        check("after dropping the kernel's caches");
+    } else {
+        eprintln!("sysctl vm.drop_caches failed: checked through the kernel's cache only");
+    }
+    // Full stays full (what was counted twice while in flight may fit now: a few
+    // stripes), and room freed is room again.
+    let mut more = File::create(m.path("more")).expect("create");
+    let mut extra = 0;
+    let e = loop {
+        match more.write(&seeded_bytes(7, MIB)) {
+            Ok(n) => extra += n,
+            Err(e) => break e,
+        }
+        assert!(
+            extra <= 16 * MIB,
+            "{extra} B more written into a full mount"
+        );
+    };
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC),
+        "a full mount said {e}"
+    );
+    drop(more);
+    fs::remove_file(m.path("filler")).expect("unlink the filler");
+    let _ = fs::remove_file(m.path("more"));
+    let start = std::time::Instant::now();
+    loop {
+        match fs::write(m.path("after"), seeded_bytes(1, 16 * MIB)) {
+            Ok(()) => break,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                // Deleting the filler's stripes runs in the background.
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "20 s after unlinking the filler: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("write after unlinking the filler: {e}"),
+        }
+    }
+    assert_eq!(
+        fs::read(m.path("after")).expect("read"),
+        seeded_bytes(1, 16 * MIB)
+    );
     m.unmount_cleanly();
 }

@@ -2,12 +2,15 @@
 //! buffers, the read cache and readahead, stripe placement onto stores, replicas, and
 //! moving stripes off a store that drains or is lost.
 //!
+//! A write takes room for each stripe buffer it opens before it is acknowledged
+//! ([`crate::room`]): a full mount fails the writer's `write()` with ENOSPC (a write that
+//! fits only in part is cut short), never a later `fsync` after acknowledged bytes.
 //! Writes land in a per-stripe buffer; a stripe that fills (or any buffer at `flush`,
 //! `fsync`, `release`, or when too much is buffered) is sent to its stores by a task,
 //! with at most `fs.write_behind` stripes in flight (a writer waits for a slot). Each
 //! write of a stripe takes a fresh version number: the store key, the sealing counter,
 //! and the rule that decides which of two racing writes of a stripe wins (the newer).
-//! Errors of write-behind (no room, no store) are kept and reported by the next `fsync`
+//! Errors of write-behind (a store that refuses or is lost) are kept and reported by the next `fsync`
 //! or `flush` of the file, as local file systems report write-back errors.
 //!
 //! Reads take the newest bytes there are: a buffer not yet sent, a stripe being sent,
@@ -15,6 +18,14 @@
 //! the stripe's hash order (a stripe that moved during a drain is found there). A copy
 //! that fails verification is skipped (the replica serves) and counted; when no copy is
 //! left the read fails with EIO and a log line names the file. Never wrong bytes.
+//!
+//! Lock order. The engine's mutexes are held briefly and never across an `await`. Where
+//! one is taken while another is held, it is in this order: `dirty` → `inflight` →
+//! `pending` (a buffer staged under `dirty` moves to `inflight` and is counted in
+//! `pending`), and `dirty` → `ns` (a writer checks the stripe's stored version before it
+//! opens a buffer). `ns`, `layouts`, `cache` and the stores' table are otherwise taken
+//! alone; the FUSE layer takes `ns` alone too. Room ([`crate::room`]) and the counters
+//! are atomics, taken under any lock or none.
 
 use crate::meta::{Freed, Ino, Namespace, Node, Stripe};
 use crate::placement::{stripe_key, Layout, StoreId};
@@ -91,6 +102,8 @@ pub struct Engine {
     next_version: AtomicU64,
     dirty: Mutex<HashMap<Ino, Dirty>>,
     dirty_bytes: AtomicU64,
+    /// Room promised to buffered and in-flight stripes.
+    room: crate::room::Room,
     /// Stripes being written: the newest data, for readers.
     inflight: Mutex<HashMap<(Ino, u64), InFlight>>,
     pending: Mutex<HashMap<Ino, Pending>>,
@@ -135,6 +148,7 @@ impl Engine {
             next_version: AtomicU64::new(rand::random::<u64>() >> 8 | 1),
             dirty: Mutex::new(HashMap::new()),
             dirty_bytes: AtomicU64::new(0),
+            room: crate::room::Room::default(),
             inflight: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             pending_changed: Notify::new(),
@@ -253,8 +267,16 @@ impl Engine {
         self.meta.wait(seq).await;
     }
 
-    /// Bytes (capacity, used) over stores that take stripes.
+    /// Bytes (capacity, used) over stores that take stripes; used counts the room
+    /// promised to stripes not stored yet.
     pub fn space(&self) -> (u64, u64) {
+        let (cap, stored) = self.stored_space();
+        (cap, stored + self.room.promised())
+    }
+
+    /// Bytes (capacity, used by the stores' own accounting) over stores that take
+    /// stripes.
+    fn stored_space(&self) -> (u64, u64) {
         let (mut cap, mut used) = (0u64, 0u64);
         for s in self.stores.all() {
             if s.state() == StoreState::Active {
@@ -262,7 +284,25 @@ impl Engine {
                 used += s.used.load(Ordering::Relaxed);
             }
         }
-        (cap, used + self.dirty_bytes.load(Ordering::Relaxed))
+        (cap, used)
+    }
+
+    /// Bytes of whole stripes the stores that take stripes can still hold: a store
+    /// keeps whole stripes, so its last part-stripe of room holds none.
+    fn room_for_stripes(&self) -> u64 {
+        let stripe = self.settings.stripe;
+        self.stores
+            .all()
+            .iter()
+            .filter(|s| s.state() == StoreState::Active)
+            .map(|s| s.free() / s.stored_size(stripe as usize).max(1) * stripe)
+            .sum()
+    }
+
+    /// The room one stripe buffer takes: a whole stripe per copy (a buffer may grow to
+    /// a stripe).
+    fn stripe_room(&self) -> u64 {
+        self.settings.stripe * self.settings.replicas.max(1) as u64
     }
 
     fn fresh_version(&self) -> u64 {
@@ -334,50 +374,76 @@ impl Engine {
         Ok(data[..(meta.len as usize).min(data.len())].to_vec())
     }
 
-    /// Write `data` at `offset` of file `ino`.
+    /// Write `data` at `offset` of file `ino`; returns the bytes written, fewer than
+    /// `data` when the mount fills part-way (ENOSPC when not one byte fits).
     pub async fn write(self: &Arc<Self>, ino: Ino, offset: u64, data: &[u8]) -> Result<usize, i32> {
         let stripe = self.settings.stripe;
-        let end = offset.checked_add(data.len() as u64).ok_or(libc::EFBIG)?;
-        // Room for the stripes this write adds, before anything changes.
-        let new_stripes = pieces(offset, data.len() as u64, stripe)
-            .filter(|&(idx, _, _)| !self.is_buffered(ino, idx) && self.existing_len(ino, idx) == 0)
-            .count() as u64;
-        if new_stripes > 0 {
-            let (cap, used) = self.space();
-            if used + new_stripes * stripe * self.settings.replicas as u64 > cap {
-                return Err(libc::ENOSPC);
-            }
+        offset.checked_add(data.len() as u64).ok_or(libc::EFBIG)?;
+        if data.is_empty() {
+            return Ok(0);
         }
+        // Room for every buffer this write opens, before anything changes: a rewrite
+        // too, since its new version is stored before the old one is deleted. A write
+        // that finds room for only its first stripes is cut short there.
+        let all: Vec<(u64, usize, usize)> = pieces(offset, data.len() as u64, stripe).collect();
+        let charge = self.stripe_room();
+        let mut free = None; // looked up only when the write opens a buffer
+        let mut promised = 0u64;
+        let mut fits = all.len();
+        for (k, &(idx, _, _)) in all.iter().enumerate() {
+            if self.is_buffered(ino, idx) {
+                continue;
+            }
+            let free = *free.get_or_insert_with(|| self.room_for_stripes());
+            if !self.room.try_take(charge, free) {
+                fits = k;
+                break;
+            }
+            promised += 1;
+        }
+        if fits == 0 {
+            return Err(libc::ENOSPC);
+        }
+        let len: usize = all[..fits].iter().map(|p| p.2).sum();
+        let end = offset + len as u64;
         // The size first: a stripe sent below is installed only within the file.
-        {
+        let mut result = {
             let mut ns = self.ns.lock();
-            let i = ns.get_mut(ino)?;
-            if !matches!(i.node, Node::File { .. }) {
-                return Err(libc::EISDIR);
-            }
-            if end > i.size {
-                i.size = end;
-            }
-            let now = SystemTime::now();
-            i.mtime = now;
-            i.ctime = now;
-        }
+            ns.get_mut(ino).and_then(|i| {
+                if !matches!(i.node, Node::File { .. }) {
+                    return Err(libc::EISDIR);
+                }
+                if end > i.size {
+                    i.size = end;
+                }
+                let now = SystemTime::now();
+                i.mtime = now;
+                i.ctime = now;
+                Ok(())
+            })
+        };
         let mut consumed = 0usize;
-        for (idx, o, n) in pieces(offset, data.len() as u64, stripe) {
+        for &(idx, o, n) in &all[..fits] {
+            if result.is_err() {
+                break;
+            }
             let part = &data[consumed..consumed + n];
             consumed += n;
-            self.write_piece(ino, idx, o, part).await?;
+            result = self.write_piece(ino, idx, o, part, &mut promised).await;
         }
+        // Promises no buffer took: another writer opened it meanwhile, or a piece failed.
+        self.room.give_back(promised * charge);
+        result?;
         self.n.writes.fetch_add(1, Ordering::Relaxed);
         self.n
             .bytes_written
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+            .fetch_add(len as u64, Ordering::Relaxed);
         // Bound what is buffered: flush this file's partial stripes when over.
         let limit = self.settings.stripe * u64::from(self.settings.write_behind) * 4;
         if self.dirty_bytes.load(Ordering::Relaxed) > limit {
             self.flush_buffers(ino).await;
         }
-        Ok(data.len())
+        Ok(len)
     }
 
     fn is_buffered(&self, ino: Ino, idx: u64) -> bool {
@@ -400,13 +466,15 @@ impl Engine {
 
     /// Write `part` at `o` of stripe `idx`: into the stripe's buffer, which starts from
     /// the stripe's newest content unless this write replaces all of it. A buffer written
-    /// up to the stripe's end is sent at once (sequential writers).
+    /// up to the stripe's end is sent at once (sequential writers). A new buffer takes
+    /// one of the writer's `promised` stripes of room.
     async fn write_piece(
         self: &Arc<Self>,
         ino: Ino,
         idx: u64,
         o: usize,
         part: &[u8],
+        promised: &mut u64,
     ) -> Result<(), i32> {
         let stripe = self.settings.stripe;
         let n = part.len();
@@ -437,13 +505,27 @@ impl Engine {
                         if self.content_version(ino, idx) != seen {
                             continue;
                         }
+                        // The buffer holds room until its stripe is stored. A writer
+                        // that found the stripe buffered promised nothing for it: if
+                        // it was sent meanwhile, take the room now (one stripe over at
+                        // most; the stores still refuse what does not fit).
+                        if *promised > 0 {
+                            *promised -= 1;
+                        } else {
+                            self.room.force_take(self.stripe_room());
+                        }
                         (e.insert(base.take().unwrap_or_default()), 0)
                     }
                 };
-                if buf.len() < o + n {
-                    buf.resize(o + n, 0);
+                // Appending extends the buffer without zero-filling it first.
+                if buf.len() <= o {
+                    buf.resize(o, 0);
+                    buf.extend_from_slice(part);
+                } else {
+                    let overlap = (buf.len() - o).min(n);
+                    buf[o..o + overlap].copy_from_slice(&part[..overlap]);
+                    buf.extend_from_slice(&part[overlap..]);
                 }
-                buf[o..o + n].copy_from_slice(part);
                 self.dirty_bytes
                     .fetch_add((buf.len() - before) as u64, Ordering::Relaxed);
                 if (o + n) as u64 == stripe {
@@ -493,6 +575,8 @@ impl Engine {
         let me = self.clone();
         self.rt.spawn(async move {
             let r = me.store_stripe(ino, idx, version, data).await;
+            // Stored (the stores count it now) or failed: the buffer's room ends.
+            me.room.give_back(me.stripe_room());
             drop(permit);
             {
                 let mut inf = me.inflight.lock();

@@ -18,10 +18,10 @@
 use crate::engine::Engine;
 use crate::meta::{Ino, Inode, Namespace, Node};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -145,13 +145,12 @@ fn time(t: TimeOrNow) -> SystemTime {
 
 impl Filesystem for GranuleFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Write-back caching: small writes gather in the page cache into large ones, and
-        // shared writable mmap works.
-        if let Err(e) = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE) {
-            tracing::warn!(
-                "the kernel refused write-back caching ({e:?}): writes go through as they come"
-            );
-        }
+        // No write-back cache: with it the kernel acknowledges write() from its page
+        // cache, owns the file's size and sends the bytes later, so a full mount could
+        // only fail the writeback, after the writer was told the bytes were written (and
+        // the kernel would keep a size the mount never stored). Written through, every
+        // write() is a request the engine answers, ENOSPC included; the engine's own
+        // write-behind still gathers small writes into stripes.
         if let Err(max) = config.set_max_write(MAX_WRITE) {
             let _ = config.set_max_write(max);
         }

@@ -11,6 +11,7 @@
 //!   adopted by the next mount when the mount process dies;
 //! - [`stores`]: own stores (a memory proclet per own node) and victim stores (RESP,
 //!   with the lease's secret; stripes sealed as the market's consumer seals values);
+//! - [`room`]: room promised to acknowledged writes whose stripes are not stored yet;
 //! - [`engine`]: write-behind, the read cache and readahead, placement onto stores,
 //!   replicas, draining and repairing;
 //! - [`watch`]: probing the stores, so a dead one is noticed (and its stripes
@@ -34,6 +35,7 @@ pub mod metacopy;
 pub mod mount;
 pub mod panel;
 pub mod placement;
+pub mod room;
 pub mod status;
 pub mod stores;
 pub mod watch;
