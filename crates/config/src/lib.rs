@@ -532,6 +532,9 @@ pub struct Fs {
     pub readahead: u32,
     /// Stripe writes in flight at once (write-behind).
     pub write_behind: u32,
+    /// Bytes of partly written stripes the mount may keep buffered before it sends a
+    /// file's buffers: a writer rewriting a buffered stripe costs no stripe round trip.
+    pub dirty: u64,
     /// How often the mount probes each store it keeps stripes on (a victim with a
     /// `PING`, an own store with a no-op call), so a dead store is noticed without I/O
     /// to it.
@@ -554,6 +557,7 @@ impl Default for Fs {
             cache: 64 << 20,
             readahead: 8,
             write_behind: 8,
+            dirty: 256 << 20,
             probe_every: Duration::from_secs(1),
             probe_misses: 3,
             state_dir: "/run/granule/fs".into(),

@@ -1039,6 +1039,15 @@ pub static SETTINGS: &[Setting] = &[
         |n: &u32| n.to_string(),
     ),
     setting!(
+        "fs.dirty",
+        "GRANULE_FS_DIRTY",
+        "a size in 1MiB..=64GiB",
+        "bytes of partly written stripes the mount buffers before it sends a file's buffers (random writers rewrite buffered stripes without a round trip to a store)",
+        fs.dirty,
+        |v: &str| size_in(v, 1 << 20, 64 << 30),
+        |b: &u64| format_size(*b),
+    ),
+    setting!(
         "fs.probe_every",
         "GRANULE_FS_PROBE_EVERY",
         "a duration in 50ms..=1min",

@@ -46,6 +46,8 @@ pub struct Settings {
     pub cache_bytes: u64,
     pub readahead: u32,
     pub write_behind: u32,
+    /// Bytes of partly written stripes buffered before a writer sends its file's.
+    pub dirty: u64,
 }
 
 type Fetched = Result<Bytes, i32>;
@@ -438,9 +440,10 @@ impl Engine {
         self.n
             .bytes_written
             .fetch_add(len as u64, Ordering::Relaxed);
-        // Bound what is buffered: flush this file's partial stripes when over.
-        let limit = self.settings.stripe * u64::from(self.settings.write_behind) * 4;
-        if self.dirty_bytes.load(Ordering::Relaxed) > limit {
+        // Bound what is buffered: flush this file's partial stripes when over. A random
+        // writer rewrites buffered stripes for free until then (its first write to a
+        // stored stripe fetches it once).
+        if self.dirty_bytes.load(Ordering::Relaxed) > self.settings.dirty {
             self.flush_buffers(ino).await;
         }
         Ok(len)

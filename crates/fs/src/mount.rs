@@ -180,6 +180,7 @@ fn serve(
         cache_bytes: fs_cfg.cache,
         readahead: fs_cfg.readahead,
         write_behind: fs_cfg.write_behind,
+        dirty: fs_cfg.dirty,
     };
     let (uid, gid) = (
         nix::unistd::getuid().as_raw(),

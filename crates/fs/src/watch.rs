@@ -114,6 +114,7 @@ mod tests {
             cache_bytes: 0,
             readahead: 0,
             write_behind: 1,
+            dirty: 1 << 20,
         };
         let engine = Engine::new(settings, rt.handle().clone(), Namespace::new(0o755, 0, 0));
         let sealer = Arc::new(Sealer::new(Protection::None, &[0; 32]));
