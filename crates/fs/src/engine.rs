@@ -1,17 +1,18 @@
-//! The file system's engine, below FUSE: the namespace behind one lock, the write-behind
-//! buffers, the read cache and readahead, stripe placement onto stores, replicas, and
-//! moving stripes off a store that drains or is lost.
+//! The file system's engine, below FUSE: the namespace behind one lock and the layouts;
+//! the I/O of write-behind ([`crate::writebehind`] keeps its state), reads through the
+//! read cache ([`crate::readcache`]) and readahead; stripe placement onto stores and
+//! replicas. Moving stripes off a store that drains or is lost is in `drain`.
 //!
 //! A write takes room for each stripe buffer it opens before it is acknowledged
 //! ([`crate::room`]): a full mount fails the writer's `write()` with ENOSPC (a write that
 //! fits only in part is cut short), never a later `fsync` after acknowledged bytes.
 //! Writes land in a per-stripe buffer; a stripe that fills (or any buffer at `flush`,
-//! `fsync`, `release`, or when too much is buffered) is sent to its stores by a task,
+//! `fsync`, `release`, or when `fs.dirty` is buffered) is sent to its stores by a task,
 //! with at most `fs.write_behind` stripes in flight (a writer waits for a slot). Each
 //! write of a stripe takes a fresh version number: the store key, the sealing counter,
 //! and the rule that decides which of two racing writes of a stripe wins (the newer).
-//! Errors of write-behind (a store that refuses or is lost) are kept and reported by the next `fsync`
-//! or `flush` of the file, as local file systems report write-back errors.
+//! Errors of write-behind (a store that refuses or is lost) are kept and reported by the
+//! next `fsync` or `flush` of the file, as local file systems report write-back errors.
 //!
 //! Reads take the newest bytes there are: a buffer not yet sent, a stripe being sent,
 //! the cache, then the stores — the copies the metadata names first, then every store in
@@ -20,23 +21,22 @@
 //! left the read fails with EIO and a log line names the file. Never wrong bytes.
 //!
 //! Lock order. The engine's mutexes are held briefly and never across an `await`. Where
-//! one is taken while another is held, it is in this order: `dirty` → `inflight` →
-//! `pending` (a buffer staged under `dirty` moves to `inflight` and is counted in
-//! `pending`), and `dirty` → `ns` (a writer checks the stripe's stored version before it
-//! opens a buffer). `ns`, `layouts`, `cache` and the stores' table are otherwise taken
-//! alone; the FUSE layer takes `ns` alone too. Room ([`crate::room`]) and the counters
-//! are atomics, taken under any lock or none.
+//! one is taken while another is held, it is in this order: the write-behind's `dirty` →
+//! its `inflight` → its `pending` (a buffer staged under `dirty` moves to `inflight` and
+//! is counted in `pending`), and `dirty` → `ns` (a writer checks the stripe's stored
+//! version before it opens a buffer). `ns`, `layouts`, `cache` and the stores' table are
+//! otherwise taken alone; the FUSE layer takes `ns` alone too. Room ([`crate::room`])
+//! and the counters are atomics, taken under any lock or none.
 
 use crate::meta::{Freed, Ino, Namespace, Node, Stripe};
 use crate::placement::{stripe_key, Layout, StoreId};
 use crate::stores::{Store, StoreError, StoreState, Stores};
+use crate::writebehind::{Piece, Put, Staged, WriteBehind};
 use bytes::Bytes;
 use parking_lot::Mutex;
-use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
-use tokio::sync::{Notify, OnceCell, Semaphore};
 
 /// The engine's settings (from `[fs]`).
 #[derive(Clone, Debug)]
@@ -50,35 +50,9 @@ pub struct Settings {
     pub dirty: u64,
 }
 
-type Fetched = Result<Bytes, i32>;
-/// A stripe being written: its version and bytes.
-type InFlight = (u64, Bytes);
-type Slot = Arc<OnceCell<Fetched>>;
+use crate::readcache::{Fetched, ReadCache};
 
-/// Stripes read, by (inode, stripe, version): a stale version is never served because
-/// the version is part of the key.
-#[derive(Default)]
-struct Cache {
-    slots: HashMap<(Ino, u64, u64), Slot>,
-    order: VecDeque<((Ino, u64, u64), u64)>,
-    bytes: u64,
-}
-
-/// A file's stripes buffered in the mount.
-#[derive(Default)]
-struct Dirty {
-    /// Stripe index → its content from byte 0 (its length is the stripe's valid length).
-    stripes: HashMap<u64, Vec<u8>>,
-}
-
-/// Per-inode write-behind bookkeeping.
-#[derive(Default)]
-struct Pending {
-    /// Stripe writes in flight.
-    inflight: u64,
-    /// The first error of write-behind since the last fsync/flush.
-    error: Option<i32>,
-}
+mod drain;
 
 /// Counters for status and metrics.
 #[derive(Default)]
@@ -102,22 +76,15 @@ pub struct Engine {
     layouts: Mutex<Vec<Layout>>,
     pub stores: Stores,
     next_version: AtomicU64,
-    dirty: Mutex<HashMap<Ino, Dirty>>,
-    dirty_bytes: AtomicU64,
-    /// Room promised to buffered and in-flight stripes.
-    room: crate::room::Room,
-    /// Stripes being written: the newest data, for readers.
-    inflight: Mutex<HashMap<(Ino, u64), InFlight>>,
-    pending: Mutex<HashMap<Ino, Pending>>,
-    pending_changed: Notify,
-    cache: Mutex<Cache>,
-    write_slots: Arc<Semaphore>,
+    /// Stripes written and not stored yet.
+    wb: WriteBehind,
+    cache: ReadCache,
     pub rt: tokio::runtime::Handle,
     pub n: Counters,
     /// When the mount started (status).
     pub started: Instant,
     /// How far the metadata copy has caught up (fsync waits on it).
-    pub meta: crate::metacopy::MetaSync,
+    pub meta: crate::metasync::MetaSync,
 }
 
 /// The byte range of stripe `idx` a request at `offset..offset+len` covers, as
@@ -139,7 +106,13 @@ fn pieces(offset: u64, len: u64, stripe: u64) -> impl Iterator<Item = (u64, usiz
 
 impl Engine {
     pub fn new(settings: Settings, rt: tokio::runtime::Handle, ns: Namespace) -> Arc<Engine> {
-        let slots = settings.write_behind.max(1) as usize;
+        let wb = WriteBehind::new(
+            settings.stripe,
+            settings.replicas,
+            settings.write_behind,
+            settings.dirty,
+        );
+        let cache = ReadCache::new(settings.cache_bytes, settings.stripe);
         Arc::new(Engine {
             settings,
             ns: Mutex::new(ns),
@@ -148,18 +121,12 @@ impl Engine {
             // Versions start from a random point: two mounts sharing a victim store
             // (never the same lease) still never collide on a key.
             next_version: AtomicU64::new(rand::random::<u64>() >> 8 | 1),
-            dirty: Mutex::new(HashMap::new()),
-            dirty_bytes: AtomicU64::new(0),
-            room: crate::room::Room::default(),
-            inflight: Mutex::new(HashMap::new()),
-            pending: Mutex::new(HashMap::new()),
-            pending_changed: Notify::new(),
-            cache: Mutex::new(Cache::default()),
-            write_slots: Arc::new(Semaphore::new(slots)),
+            wb,
+            cache,
             rt,
             n: Counters::default(),
             started: Instant::now(),
-            meta: crate::metacopy::MetaSync::default(),
+            meta: crate::metasync::MetaSync::default(),
         })
     }
 
@@ -273,7 +240,7 @@ impl Engine {
     /// promised to stripes not stored yet.
     pub fn space(&self) -> (u64, u64) {
         let (cap, stored) = self.stored_space();
-        (cap, stored + self.room.promised())
+        (cap, stored + self.wb.promised())
     }
 
     /// Bytes (capacity, used by the stores' own accounting) over stores that take
@@ -299,12 +266,6 @@ impl Engine {
             .filter(|s| s.state() == StoreState::Active)
             .map(|s| s.free() / s.stored_size(stripe as usize).max(1) * stripe)
             .sum()
-    }
-
-    /// The room one stripe buffer takes: a whole stripe per copy (a buffer may grow to
-    /// a stripe).
-    fn stripe_room(&self) -> u64 {
-        self.settings.stripe * self.settings.replicas.max(1) as u64
     }
 
     fn fresh_version(&self) -> u64 {
@@ -356,7 +317,7 @@ impl Engine {
     /// The stripe's current content (newest first: buffered, in flight, stored), for a
     /// write that changes only part of it.
     async fn current_stripe(self: &Arc<Self>, ino: Ino, idx: u64) -> Result<Vec<u8>, i32> {
-        if let Some((_, d)) = self.inflight.lock().get(&(ino, idx)) {
+        if let Some((_, d)) = self.wb.in_flight(ino, idx) {
             return Ok(d.to_vec());
         }
         let (meta, layout, name) = {
@@ -388,21 +349,8 @@ impl Engine {
         // too, since its new version is stored before the old one is deleted. A write
         // that finds room for only its first stripes is cut short there.
         let all: Vec<(u64, usize, usize)> = pieces(offset, data.len() as u64, stripe).collect();
-        let charge = self.stripe_room();
-        let mut free = None; // looked up only when the write opens a buffer
-        let mut promised = 0u64;
-        let mut fits = all.len();
-        for (k, &(idx, _, _)) in all.iter().enumerate() {
-            if self.is_buffered(ino, idx) {
-                continue;
-            }
-            let free = *free.get_or_insert_with(|| self.room_for_stripes());
-            if !self.room.try_take(charge, free) {
-                fits = k;
-                break;
-            }
-            promised += 1;
-        }
+        let idxs: Vec<u64> = all.iter().map(|p| p.0).collect();
+        let (fits, mut promised) = self.wb.promise(ino, &idxs, || self.room_for_stripes());
         if fits == 0 {
             return Err(libc::ENOSPC);
         }
@@ -434,7 +382,7 @@ impl Engine {
             result = self.write_piece(ino, idx, o, part, &mut promised).await;
         }
         // Promises no buffer took: another writer opened it meanwhile, or a piece failed.
-        self.room.give_back(promised * charge);
+        self.wb.unpromise(promised);
         result?;
         self.n.writes.fetch_add(1, Ordering::Relaxed);
         self.n
@@ -443,21 +391,18 @@ impl Engine {
         // Bound what is buffered: flush this file's partial stripes when over. A random
         // writer rewrites buffered stripes for free until then (its first write to a
         // stored stripe fetches it once).
-        if self.dirty_bytes.load(Ordering::Relaxed) > self.settings.dirty {
+        if self.wb.over_limit() {
             self.flush_buffers(ino).await;
         }
         Ok(len)
     }
 
     fn is_buffered(&self, ino: Ino, idx: u64) -> bool {
-        self.dirty
-            .lock()
-            .get(&ino)
-            .is_some_and(|d| d.stripes.contains_key(&idx))
+        self.wb.is_buffered(ino, idx)
     }
 
     fn existing_len(&self, ino: Ino, idx: u64) -> u64 {
-        if let Some((_, d)) = self.inflight.lock().get(&(ino, idx)) {
+        if let Some((_, d)) = self.wb.in_flight(ino, idx) {
             return d.len() as u64;
         }
         let ns = self.ns.lock();
@@ -479,7 +424,6 @@ impl Engine {
         part: &[u8],
         promised: &mut u64,
     ) -> Result<(), i32> {
-        let stripe = self.settings.stripe;
         let n = part.len();
         loop {
             // Outside the lock (fetching may take a store round trip): the content a new
@@ -492,53 +436,24 @@ impl Engine {
                     base = Some(self.current_stripe(ino, idx).await?);
                 }
             }
-            let staged = {
-                let mut dirty = self.dirty.lock();
-                let d = dirty.entry(ino).or_default();
-                // Bytes a new buffer starts with count as buffered too.
-                let (buf, before) = match d.stripes.entry(idx) {
-                    std::collections::hash_map::Entry::Occupied(e) => {
-                        let b = e.into_mut();
-                        let len = b.len();
-                        (b, len)
-                    }
-                    std::collections::hash_map::Entry::Vacant(e) => {
-                        // Another writer may have sent the stripe meanwhile: then the
-                        // base is stale; start again from the newer content.
-                        if self.content_version(ino, idx) != seen {
-                            continue;
-                        }
-                        // The buffer holds room until its stripe is stored. A writer
-                        // that found the stripe buffered promised nothing for it: if
-                        // it was sent meanwhile, take the room now (one stripe over at
-                        // most; the stores still refuse what does not fit).
-                        if *promised > 0 {
-                            *promised -= 1;
-                        } else {
-                            self.room.force_take(self.stripe_room());
-                        }
-                        (e.insert(base.take().unwrap_or_default()), 0)
-                    }
-                };
-                // Appending extends the buffer without zero-filling it first.
-                if buf.len() <= o {
-                    buf.resize(o, 0);
-                    buf.extend_from_slice(part);
-                } else {
-                    let overlap = (buf.len() - o).min(n);
-                    buf[o..o + overlap].copy_from_slice(&part[..overlap]);
-                    buf.extend_from_slice(&part[overlap..]);
-                }
-                self.dirty_bytes
-                    .fetch_add((buf.len() - before) as u64, Ordering::Relaxed);
-                if (o + n) as u64 == stripe {
-                    d.stripes.remove(&idx).map(|buf| self.stage(ino, idx, buf))
-                } else {
-                    None
-                }
-            };
-            if let Some((version, data)) = staged {
-                self.send(ino, idx, version, data).await;
+            let put = self.wb.put(
+                Piece {
+                    ino,
+                    idx,
+                    o,
+                    data: part,
+                },
+                &mut base,
+                promised,
+                // Another writer may have sent the stripe meanwhile: then the base is
+                // stale; start again from the newer content.
+                || self.content_version(ino, idx) == seen,
+                || self.fresh_version(),
+            );
+            match put {
+                Put::Stale => continue,
+                Put::Written(Some(staged)) => self.send(ino, staged).await,
+                Put::Written(None) => {}
             }
             return Ok(());
         }
@@ -546,8 +461,8 @@ impl Engine {
 
     /// The version of the stripe's newest content outside the buffers (0: none).
     fn content_version(&self, ino: Ino, idx: u64) -> u64 {
-        if let Some((v, _)) = self.inflight.lock().get(&(ino, idx)) {
-            return *v;
+        if let Some((v, _)) = self.wb.in_flight(ino, idx) {
+            return v;
         }
         let ns = self.ns.lock();
         match ns.get(ino).map(|i| &i.node) {
@@ -556,45 +471,16 @@ impl Engine {
         }
     }
 
-    /// A buffer leaves the buffers: it takes its version and becomes the stripe's newest
-    /// content for readers at once (called under the buffers' lock, so no reader or
-    /// writer sees the stripe in neither place).
-    fn stage(&self, ino: Ino, idx: u64, buf: Vec<u8>) -> (u64, Bytes) {
-        self.dirty_bytes
-            .fetch_sub(buf.len() as u64, Ordering::Relaxed);
-        let version = self.fresh_version();
-        let data = Bytes::from(buf);
-        self.inflight
-            .lock()
-            .insert((ino, idx), (version, data.clone()));
-        self.pending.lock().entry(ino).or_default().inflight += 1;
-        (version, data)
-    }
-
-    /// Send a staged stripe to its stores (waits for a write-behind slot, not for the
-    /// write).
-    async fn send(self: &Arc<Self>, ino: Ino, idx: u64, version: u64, data: Bytes) {
-        let permit = self.write_slots.clone().acquire_owned().await.ok();
+    /// Store a staged stripe (waits for a write-behind slot, not for the write).
+    async fn send(self: &Arc<Self>, ino: Ino, staged: Staged) {
+        let permit = self.wb.slot().await;
         let me = self.clone();
         self.rt.spawn(async move {
+            let Staged { idx, version, data } = staged;
             let r = me.store_stripe(ino, idx, version, data).await;
-            // Stored (the stores count it now) or failed: the buffer's room ends.
-            me.room.give_back(me.stripe_room());
             drop(permit);
-            {
-                let mut inf = me.inflight.lock();
-                if inf.get(&(ino, idx)).is_some_and(|(v, _)| *v == version) {
-                    inf.remove(&(ino, idx));
-                }
-            }
-            let mut p = me.pending.lock();
-            let e = p.entry(ino).or_default();
-            e.inflight = e.inflight.saturating_sub(1);
-            if let Err(errno) = r {
-                e.error.get_or_insert(errno);
-            }
-            drop(p);
-            me.pending_changed.notify_waiters();
+            // Stored (the stores count it now) or failed: the buffer's room ends.
+            me.wb.finished(ino, idx, version, r);
         });
     }
 
@@ -722,22 +608,8 @@ impl Engine {
 
     /// Send every buffered stripe of `ino`.
     pub async fn flush_buffers(self: &Arc<Self>, ino: Ino) {
-        let staged: Vec<(u64, u64, Bytes)> = {
-            let mut dirty = self.dirty.lock();
-            match dirty.remove(&ino) {
-                Some(d) => d
-                    .stripes
-                    .into_iter()
-                    .map(|(idx, buf)| {
-                        let (v, data) = self.stage(ino, idx, buf);
-                        (idx, v, data)
-                    })
-                    .collect(),
-                None => Vec::new(),
-            }
-        };
-        for (idx, version, data) in staged {
-            self.send(ino, idx, version, data).await;
+        for staged in self.wb.take_file(ino, || self.fresh_version()) {
+            self.send(ino, staged).await;
         }
     }
 
@@ -745,19 +617,7 @@ impl Engine {
     /// write-behind error since the last call, if any.
     pub async fn sync(self: &Arc<Self>, ino: Ino) -> Result<(), i32> {
         self.flush_buffers(ino).await;
-        loop {
-            let notified = self.pending_changed.notified();
-            {
-                let mut p = self.pending.lock();
-                let e = p.entry(ino).or_default();
-                if e.inflight == 0 {
-                    let err = e.error.take();
-                    p.remove(&ino);
-                    return err.map_or(Ok(()), Err);
-                }
-            }
-            notified.await;
-        }
+        self.wb.wait(ino).await
     }
 
     /// Set the size of `ino` (truncate or extend with zeros).
@@ -765,12 +625,7 @@ impl Engine {
         // Buffers and writes in flight could land after the truncate: finish them first.
         // Their error, if any, stays for the file's next fsync or flush to report.
         if let Err(e) = self.sync(ino).await {
-            self.pending
-                .lock()
-                .entry(ino)
-                .or_default()
-                .error
-                .get_or_insert(e);
+            self.wb.keep_error(ino, e);
         }
         let freed = self.ns.lock().truncate(ino, size, self.settings.stripe)?;
         self.release_freed(freed);
@@ -784,17 +639,7 @@ impl Engine {
     pub fn seek(&self, ino: Ino, offset: u64, hole: bool, unsent: bool) -> Result<u64, i32> {
         // Buffers, then stripes in flight, then the table: a stripe moves on in that
         // order, so one looked at in none of them was stored before the table is read.
-        let buffered = (!unsent).then(|| {
-            let mut b: BTreeSet<u64> = self
-                .dirty
-                .lock()
-                .get(&ino)
-                .map(|d| d.stripes.keys().copied().collect())
-                .unwrap_or_default();
-            let inflight = self.inflight.lock();
-            b.extend(inflight.keys().filter(|k| k.0 == ino).map(|k| k.1));
-            b
-        });
+        let buffered = (!unsent).then(|| self.wb.unstored(ino));
         self.ns
             .lock()
             .seek(ino, offset, hole, self.settings.stripe, buffered.as_ref())
@@ -839,7 +684,7 @@ impl Engine {
         let (idx, o) = (offset / stripe, (offset % stripe) as usize);
         if o as u64 + len <= stripe
             && !self.is_buffered(ino, idx)
-            && !self.inflight.lock().contains_key(&(ino, idx))
+            && self.wb.in_flight(ino, idx).is_none()
         {
             let meta = {
                 let ns = self.ns.lock();
@@ -869,22 +714,10 @@ impl Engine {
             out.resize(start + n, 0);
             let dst = &mut out[start..start + n];
             // Buffered or in flight: newest bytes.
-            let copied = {
-                let dirty = self.dirty.lock();
-                dirty
-                    .get(&ino)
-                    .and_then(|d| d.stripes.get(&idx))
-                    .map(|b| copy_part(b, o, dst))
-            };
-            if copied.is_some() {
+            if self.wb.copy_buffered(ino, idx, o, dst) {
                 continue;
             }
-            let inflight = self
-                .inflight
-                .lock()
-                .get(&(ino, idx))
-                .map(|(_, d)| d.clone());
-            if let Some(d) = inflight {
+            if let Some((_, d)) = self.wb.in_flight(ino, idx) {
                 copy_part(&d, o, dst);
                 continue;
             }
@@ -939,11 +772,7 @@ impl Engine {
     }
 
     fn is_cached(&self, ino: Ino, idx: u64, version: u64) -> bool {
-        self.cache
-            .lock()
-            .slots
-            .get(&(ino, idx, version))
-            .is_some_and(|s| s.initialized())
+        self.cache.has((ino, idx, version))
     }
 
     /// Part of a stripe from the first own store holding it; `None` when no own copy
@@ -995,39 +824,17 @@ impl Engine {
             return Ok(d);
         }
         let key = (ino, idx, meta.version);
-        let slot = {
-            let mut c = self.cache.lock();
-            match c.slots.get(&key) {
-                Some(s) => {
-                    self.n.cache_hits.fetch_add(1, Ordering::Relaxed);
-                    s.clone()
-                }
-                None => {
-                    let s: Slot = Arc::new(OnceCell::new());
-                    c.slots.insert(key, s.clone());
-                    c.order.push_back((key, self.settings.stripe));
-                    c.bytes += self.settings.stripe;
-                    while c.bytes > self.settings.cache_bytes.max(self.settings.stripe * 2) {
-                        let Some((k, b)) = c.order.pop_front() else {
-                            break;
-                        };
-                        c.slots.remove(&k);
-                        c.bytes -= b;
-                    }
-                    s
-                }
-            }
-        };
+        let (slot, hit) = self.cache.entry(key);
+        if hit {
+            self.n.cache_hits.fetch_add(1, Ordering::Relaxed);
+        }
         let r = slot
             .get_or_init(|| self.fetch_from_stores(idx, meta, layout, ino, name))
             .await
             .clone();
         if r.is_err() {
             // A failure is not cached: a later read tries again.
-            let mut c = self.cache.lock();
-            if c.slots.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
-                c.slots.remove(&key);
-            }
+            self.cache.forget(key, &slot);
         }
         r
     }
@@ -1079,281 +886,6 @@ impl Engine {
         Err(libc::EIO)
     }
 
-    // ---- stores leaving -----------------------------------------------------------------
-
-    /// A store stopped answering: its copies are dropped from the metadata, and stripes
-    /// left with fewer copies than wanted get new ones from what remains.
-    pub fn store_lost(self: &Arc<Self>, id: StoreId) {
-        let Some(s) = self.stores.get(id) else { return };
-        if s.state() == StoreState::Gone {
-            return;
-        }
-        s.set_state(StoreState::Gone);
-        tracing::warn!(store = %s.name, "store lost: its stripes are re-replicated where copies remain");
-        let me = self.clone();
-        self.rt
-            .spawn(async move { me.evacuate(id, false, None).await });
-    }
-
-    /// Move every stripe off store `id` (drain): each goes to the next store in its
-    /// order; the store is then retired. Returns stripes moved and stripes lost. With a
-    /// `deadline` (a revoked lease's grace), stripes with no other copy go first, and the
-    /// drain widens when its pace would miss the deadline.
-    pub async fn drain(
-        self: &Arc<Self>,
-        id: StoreId,
-        deadline: Option<Instant>,
-    ) -> Result<(u64, u64), String> {
-        let s = self
-            .stores
-            .get(id)
-            .ok_or_else(|| format!("no store {id}"))?;
-        // One drain per store: a second request (a refused lease renewal after the
-        // revocation, an operator's `granule fs drain`) finds it draining already.
-        match s.begin_drain() {
-            Ok(()) => {}
-            Err(StoreState::Gone) => return Err(format!("store {} is already gone", s.name)),
-            Err(_) => return Err(format!("store {} is already draining", s.name)),
-        }
-        self.evacuate_drained(&s, deadline).await
-    }
-
-    /// [`Engine::drain`] started now (the store takes no new stripes from this moment),
-    /// finished on the mount's runtime.
-    pub fn start_drain(self: &Arc<Self>, id: StoreId) -> Result<(), String> {
-        let s = self
-            .stores
-            .get(id)
-            .ok_or_else(|| format!("no store {id}"))?;
-        s.begin_drain()
-            .map_err(|st| format!("store {} is {st:?}, not active", s.name))?;
-        let e = self.clone();
-        self.rt
-            .spawn(async move { e.evacuate_drained(&s, None).await });
-        Ok(())
-    }
-
-    async fn evacuate_drained(
-        self: &Arc<Self>,
-        s: &Arc<Store>,
-        deadline: Option<Instant>,
-    ) -> Result<(u64, u64), String> {
-        let id = s.id;
-        tracing::info!(store = %s.name, "draining");
-        let (moved, mut lost) = self.evacuate(id, true, deadline).await;
-        s.set_state(StoreState::Gone);
-        let (left, sole) = {
-            let ns = self.ns.lock();
-            (ns.stripes_on(id).len(), ns.sole_copies_on(id))
-        };
-        if left > 0 {
-            tracing::error!(
-                store = %s.name,
-                "{left} stripes could not move off the store (no room elsewhere): the {sole} with no other copy are lost when it goes"
-            );
-            lost += sole as u64;
-        }
-        tracing::info!(store = %s.name, moved, lost, "drained");
-        Ok((moved, lost))
-    }
-
-    async fn evacuate(
-        self: &Arc<Self>,
-        id: StoreId,
-        readable: bool,
-        deadline: Option<Instant>,
-    ) -> (u64, u64) {
-        let Some(src) = self.stores.get(id) else {
-            return (0, 0);
-        };
-        let (mut moved, mut lost) = (0u64, 0u64);
-        let started = Instant::now();
-        let mut late = false;
-        loop {
-            // Stripes with no other copy first (see `stripes_on`).
-            let todo = self.ns.lock().stripes_on(id);
-            if todo.is_empty() {
-                break;
-            }
-            self.n.draining.store(todo.len() as u64, Ordering::Relaxed);
-            let mut progress = false;
-            let mut at = 0;
-            while at < todo.len() {
-                // Four stripes at a time leaves room for the mount's own I/O; sixteen when
-                // that pace would not empty the store before its deadline.
-                let width = match deadline {
-                    Some(d) => {
-                        let left = d.saturating_duration_since(Instant::now());
-                        if left.is_zero() && !late {
-                            late = true;
-                            tracing::warn!(
-                                store = %src.name,
-                                "{} stripes are still on the store after its grace ended: those with no other copy are lost if it goes now",
-                                todo.len() - at
-                            );
-                        }
-                        let done = moved + lost;
-                        let pace = done as f64 / started.elapsed().as_secs_f64().max(1e-3);
-                        let need = (todo.len() - at) as f64;
-                        if done == 0 || need > pace * left.as_secs_f64() * 0.8 {
-                            16
-                        } else {
-                            4
-                        }
-                    }
-                    None => 4,
-                };
-                let chunk = &todo[at..(at + width).min(todo.len())];
-                at += chunk.len();
-                let jobs = chunk
-                    .iter()
-                    .map(|&(ino, idx, version)| self.move_one(&src, ino, idx, version, readable));
-                for r in futures::future::join_all(jobs).await {
-                    match r {
-                        Move::Moved | Move::Dropped => {
-                            moved += 1;
-                            progress = true;
-                        }
-                        Move::Lost => {
-                            lost += 1;
-                            progress = true;
-                        }
-                        Move::Raced => progress = true,
-                        Move::Stuck => {}
-                    }
-                }
-            }
-            if !progress {
-                tracing::error!(store = %src.name, "stripes cannot move off the store (no room elsewhere)");
-                break;
-            }
-        }
-        self.n.draining.store(0, Ordering::Relaxed);
-        self.n.moved.fetch_add(moved, Ordering::Relaxed);
-        (moved, lost)
-    }
-
-    async fn move_one(
-        self: &Arc<Self>,
-        src: &Arc<Store>,
-        ino: Ino,
-        idx: u64,
-        version: u64,
-        readable: bool,
-    ) -> Move {
-        let (meta, layout, name) = {
-            let ns = self.ns.lock();
-            let Ok(i) = ns.get(ino) else {
-                return Move::Raced;
-            };
-            match &i.node {
-                Node::File { stripes, layout } => match stripes.get(&idx) {
-                    Some(s) if s.version == version && s.copies.contains(&src.id) => {
-                        (s.clone(), *layout, i.name.clone())
-                    }
-                    _ => return Move::Raced,
-                },
-                _ => return Move::Raced,
-            }
-        };
-        let others: Vec<StoreId> = meta
-            .copies
-            .iter()
-            .copied()
-            .filter(|&c| c != src.id)
-            .collect();
-        let want_new = others.len() < self.settings.replicas;
-        // The bytes: from the leaving store while it still answers, else from a copy.
-        let mut data = None;
-        if readable {
-            match src.get(version).await {
-                Ok(Some(d)) => data = Some(d),
-                Ok(None) => {}
-                // Not answering just now: try again later rather than give the copy up.
-                Err(_) if others.is_empty() => return Move::Stuck,
-                Err(_) => {}
-            }
-        }
-        if data.is_none() && want_new {
-            let m = Stripe {
-                copies: others.clone(),
-                ..meta.clone()
-            };
-            if !others.is_empty() {
-                data = self
-                    .fetch_from_stores(idx, &m, layout, ino, &name)
-                    .await
-                    .ok();
-            }
-        }
-        let mut new_copy = None;
-        if want_new {
-            if let Some(d) = &data {
-                let mut exclude = meta.copies.clone();
-                exclude.push(src.id);
-                let targets = self.place(
-                    &self.layout(layout),
-                    stripe_key(ino, idx),
-                    d.len(),
-                    1,
-                    &exclude,
-                );
-                if let Some(t) = targets.first() {
-                    match t.put(version, d).await {
-                        Ok(()) => new_copy = Some(t.clone()),
-                        Err(e) => {
-                            t.unreserve(t.stored_size(d.len()));
-                            tracing::warn!(store = %t.name, "moving a stripe: {e}");
-                        }
-                    }
-                }
-            }
-            // No store to take it: with a copy elsewhere the stripe lives on with one
-            // copy fewer (status counts it under "replicas missing"); with none, it stays
-            // on the leaving store while that still answers.
-            if new_copy.is_none() && others.is_empty() && readable && data.is_some() {
-                return Move::Stuck;
-            }
-        }
-        let stored = meta.stored as usize;
-        // Switch the metadata over, unless the stripe changed meanwhile.
-        let switched = {
-            let mut ns = self.ns.lock();
-            match ns.get_mut(ino).map(|i| &mut i.node) {
-                Ok(Node::File { stripes, .. }) => match stripes.get_mut(&idx) {
-                    Some(s) if s.version == version => {
-                        s.copies.retain(|&c| c != src.id);
-                        if let Some(t) = &new_copy {
-                            s.copies.push(t.id);
-                        }
-                        true
-                    }
-                    _ => false,
-                },
-                _ => false,
-            }
-        };
-        if !switched {
-            if let Some(t) = new_copy {
-                let _ = t.delete(version, t.stored_size(stored)).await;
-            }
-            return Move::Raced;
-        }
-        let _ = src.delete(version, src.stored_size(stored)).await;
-        if new_copy.is_none() && others.is_empty() {
-            self.n.lost_stripes.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(
-                store = %src.name,
-                "stripe {idx} of file {name:?} (inode {ino}) was only on a store that is gone: it is lost; reads of it fail with EIO"
-            );
-            return Move::Lost;
-        }
-        if new_copy.is_none() {
-            return Move::Dropped;
-        }
-        Move::Moved
-    }
-
     /// Close every store (own proclets are destroyed).
     pub async fn close(&self) {
         for s in self.stores.all() {
@@ -1377,17 +909,8 @@ impl ReadOut {
     }
 }
 
-enum Move {
-    Moved,
-    /// The leaving copy was dropped; another copy remains.
-    Dropped,
-    Lost,
-    Raced,
-    Stuck,
-}
-
 /// Copy `src[o..]` into `dst` (zeros past the end of `src`).
-fn copy_part(src: &[u8], o: usize, dst: &mut [u8]) {
+pub(crate) fn copy_part(src: &[u8], o: usize, dst: &mut [u8]) {
     if o < src.len() {
         let n = dst.len().min(src.len() - o);
         dst[..n].copy_from_slice(&src[o..o + n]);

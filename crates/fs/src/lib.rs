@@ -9,11 +9,16 @@
 //!   namespace operations, free of I/O;
 //! - [`metacopy`]: the metadata's second copy on another own node, kept current, and
 //!   adopted by the next mount when the mount process dies;
+//! - [`metasync`]: how far that copy has caught up (what an fsync waits on; the
+//!   engine's, so the engine does not depend on the replicator);
 //! - [`stores`]: own stores (a memory proclet per own node) and victim stores (RESP,
 //!   with the lease's secret; stripes sealed as the market's consumer seals values);
 //! - [`room`]: room promised to acknowledged writes whose stripes are not stored yet;
-//! - [`engine`]: write-behind, the read cache and readahead, placement onto stores,
-//!   replicas, draining and repairing;
+//! - [`writebehind`]: stripes written and not stored yet (buffers, stripes in flight,
+//!   their room, per-file errors for the next fsync);
+//! - [`readcache`]: stripes read, bounded in bytes, one fetch shared by their readers;
+//! - [`engine`]: the namespace and layouts, write-behind's I/O, readahead, placement
+//!   onto stores, replicas, draining and repairing;
 //! - [`watch`]: probing the stores, so a dead one is noticed (and its stripes
 //!   re-replicated) without I/O to it;
 //! - [`fuse`]: the kernel's requests mapped onto the engine (through `fuser`);
@@ -32,13 +37,16 @@ pub mod fuse;
 pub mod liveness;
 pub mod meta;
 pub mod metacopy;
+pub mod metasync;
 pub mod mount;
 pub mod panel;
 pub mod placement;
+pub mod readcache;
 pub mod room;
 pub mod status;
 pub mod stores;
 pub mod watch;
+pub mod writebehind;
 
 pub use mount::{
     discard, is_mounted, preflight, run, unmount, Discarded, MountError, MountOptions,
