@@ -211,7 +211,7 @@ impl MountProc {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        clear_mount_point(&self.dir);
+        fusermount_lazy(&self.dir);
         c
     }
 
@@ -237,18 +237,8 @@ impl Drop for MountProc {
             let _ = c.kill();
             let _ = c.wait();
         }
-        clear_mount_point(&self.dir);
+        fusermount_lazy(&self.dir);
     }
-}
-
-/// Lazily unmount what a dead mount left at `dir` (nothing there is fine).
-fn clear_mount_point(dir: &Path) {
-    let _ = Command::new("fusermount3")
-        .arg("-uz")
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
 }
 
 /// What the test writes and expects back.

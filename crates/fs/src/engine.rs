@@ -89,7 +89,11 @@ pub struct Engine {
 
 /// The byte range of stripe `idx` a request at `offset..offset+len` covers, as
 /// (stripe, offset in the stripe, length).
-fn pieces(offset: u64, len: u64, stripe: u64) -> impl Iterator<Item = (u64, usize, usize)> {
+pub(crate) fn pieces(
+    offset: u64,
+    len: u64,
+    stripe: u64,
+) -> impl Iterator<Item = (u64, usize, usize)> {
     let end = offset + len;
     let mut pos = offset;
     std::iter::from_fn(move || {
@@ -397,10 +401,6 @@ impl Engine {
         Ok(len)
     }
 
-    fn is_buffered(&self, ino: Ino, idx: u64) -> bool {
-        self.wb.is_buffered(ino, idx)
-    }
-
     fn existing_len(&self, ino: Ino, idx: u64) -> u64 {
         if let Some((_, d)) = self.wb.in_flight(ino, idx) {
             return d.len() as u64;
@@ -430,7 +430,7 @@ impl Engine {
             // buffer would start from, and which version of the stripe that is.
             let seen = self.content_version(ino, idx);
             let mut base = None;
-            if !self.is_buffered(ino, idx) {
+            if !self.wb.is_buffered(ino, idx) {
                 let existing = self.existing_len(ino, idx);
                 if existing > 0 && !(o == 0 && n as u64 >= existing) {
                     base = Some(self.current_stripe(ino, idx).await?);
@@ -683,7 +683,7 @@ impl Engine {
         // itself without copying.
         let (idx, o) = (offset / stripe, (offset % stripe) as usize);
         if o as u64 + len <= stripe
-            && !self.is_buffered(ino, idx)
+            && !self.wb.is_buffered(ino, idx)
             && self.wb.in_flight(ino, idx).is_none()
         {
             let meta = {

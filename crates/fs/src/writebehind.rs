@@ -333,6 +333,11 @@ mod tests {
 
     const STRIPE: u64 = 16;
 
+    /// `data` at byte `o` of stripe `idx` of file `ino`.
+    fn at(ino: Ino, idx: u64, o: usize, data: &[u8]) -> Piece<'_> {
+        Piece { ino, idx, o, data }
+    }
+
     /// A fake store: the newest version of each stripe it took, refusing when told.
     #[derive(Default)]
     struct FakeStore {
@@ -377,17 +382,8 @@ mod tests {
         /// A write as the engine does it (pieces within one stripe each), storing what
         /// is staged at once; returns the bytes written.
         fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<usize, i32> {
-            let pieces: Vec<(u64, usize, usize)> = {
-                let mut v = Vec::new();
-                let (mut pos, end) = (offset, offset + data.len() as u64);
-                while pos < end {
-                    let o = pos % STRIPE;
-                    let n = (STRIPE - o).min(end - pos);
-                    v.push((pos / STRIPE, o as usize, n as usize));
-                    pos += n;
-                }
-                v
-            };
+            let pieces: Vec<(u64, usize, usize)> =
+                crate::engine::pieces(offset, data.len() as u64, STRIPE).collect();
             let idxs: Vec<u64> = pieces.iter().map(|p| p.0).collect();
             let (fits, mut promised) = self.wb.promise(ino, &idxs, || self.free);
             if fits == 0 {
@@ -403,12 +399,7 @@ mod tests {
                     .or_else(|| self.store.get(ino, idx))
                     .map(|b| b.to_vec());
                 let put = self.wb.put(
-                    Piece {
-                        ino,
-                        idx,
-                        o,
-                        data: &data[done..done + n],
-                    },
+                    at(ino, idx, o, &data[done..done + n]),
                     &mut base,
                     &mut promised,
                     || true,
@@ -527,43 +518,16 @@ mod tests {
         let wb = WriteBehind::new(STRIPE, 1, 4, 1 << 20);
         let mut base = Some(vec![9u8; 16]);
         let mut promised = 1;
-        let put = wb.put(
-            Piece {
-                ino: 1,
-                idx: 0,
-                o: 0,
-                data: &[1],
-            },
-            &mut base,
-            &mut promised,
-            || false,
-            || 1,
-        );
+        let put = wb.put(at(1, 0, 0, &[1]), &mut base, &mut promised, || false, || 1);
         assert!(matches!(put, Put::Stale));
         assert_eq!((base.is_some(), promised), (true, 1), "nothing taken");
-        let put = wb.put(
-            Piece {
-                ino: 1,
-                idx: 0,
-                o: 0,
-                data: &[1],
-            },
-            &mut base,
-            &mut promised,
-            || true,
-            || 1,
-        );
+        let put = wb.put(at(1, 0, 0, &[1]), &mut base, &mut promised, || true, || 1);
         assert!(matches!(put, Put::Written(None)));
         assert_eq!(promised, 0);
         // With a buffer the check is not asked (the buffer is the newest content), and
         // a writer with no promise left forces one only for a new buffer.
         let put = wb.put(
-            Piece {
-                ino: 1,
-                idx: 0,
-                o: 1,
-                data: &[2],
-            },
+            at(1, 0, 1, &[2]),
             &mut None,
             &mut 0,
             || panic!("asked"),
@@ -571,18 +535,7 @@ mod tests {
         );
         assert!(matches!(put, Put::Written(None)));
         assert_eq!(wb.promised(), 0, "promises are the rig's to count here");
-        let put = wb.put(
-            Piece {
-                ino: 1,
-                idx: 1,
-                o: 0,
-                data: &[3],
-            },
-            &mut None,
-            &mut 0,
-            || true,
-            || 2,
-        );
+        let put = wb.put(at(1, 1, 0, &[3]), &mut None, &mut 0, || true, || 2);
         assert!(matches!(put, Put::Written(None)));
         assert_eq!(wb.promised(), STRIPE, "forced for the new buffer");
     }
@@ -591,32 +544,12 @@ mod tests {
     fn an_older_store_finishing_late_leaves_the_newer_in_flight() {
         let wb = WriteBehind::new(STRIPE, 1, 4, 1 << 20);
         let full = [5u8; 16];
-        let Put::Written(Some(old)) = wb.put(
-            Piece {
-                ino: 1,
-                idx: 0,
-                o: 0,
-                data: &full,
-            },
-            &mut None,
-            &mut 0,
-            || true,
-            || 1,
-        ) else {
+        let Put::Written(Some(old)) = wb.put(at(1, 0, 0, &full), &mut None, &mut 0, || true, || 1)
+        else {
             panic!("a full stripe is staged")
         };
-        let Put::Written(Some(new)) = wb.put(
-            Piece {
-                ino: 1,
-                idx: 0,
-                o: 0,
-                data: &full,
-            },
-            &mut None,
-            &mut 0,
-            || true,
-            || 2,
-        ) else {
+        let Put::Written(Some(new)) = wb.put(at(1, 0, 0, &full), &mut None, &mut 0, || true, || 2)
+        else {
             panic!("a full stripe is staged")
         };
         wb.finished(1, old.idx, old.version, Ok(()));

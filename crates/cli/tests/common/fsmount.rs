@@ -80,7 +80,8 @@ pub fn mount_type(dir: &Path) -> Option<String> {
     granule_host::mounts::mount_type(dir)
 }
 
-fn fusermount_lazy(dir: &Path) {
+/// Lazily unmount what is mounted at `dir` (nothing there is fine).
+pub fn fusermount_lazy(dir: &Path) {
     let _ = Command::new("fusermount3")
         .arg("-uz")
         .arg(dir)
