@@ -98,7 +98,9 @@ fn fmt_rate(r: f64) -> String {
     }
 }
 
-pub fn run(seconds: f64) -> anyhow::Result<()> {
+/// Run the demo's steps; then, with `stay`, keep the cluster and its dashboard running
+/// until Ctrl-C (or SIGTERM) so that they can be looked at.
+pub fn run(seconds: f64, stay: bool) -> anyhow::Result<()> {
     // The demo's own default: three small nodes (cluster.nodes / GRANULE_NODES override).
     let mut defaults = Config::default();
     defaults.cluster.nodes =
@@ -297,8 +299,56 @@ pub fn run(seconds: f64) -> anyhow::Result<()> {
     );
     std::thread::sleep(Duration::from_millis(150)); // one heartbeat, so usage is fresh
     print!("{}", granule_report::usage::node_table(&cluster.nodes()?));
-    cluster.shutdown();
     progress.finish();
+    if stay {
+        let why = stay_until_stopped(&cluster)?;
+        println!("\n{why}: stopping the cluster.");
+    }
+    cluster.shutdown();
     println!("\nDone: every node process has been stopped.");
     Ok(())
+}
+
+/// Keep the cluster up for a look around, saying what to try, until Ctrl-C or SIGTERM.
+/// Returns which of them came.
+fn stay_until_stopped(cluster: &Cluster) -> anyhow::Result<&'static str> {
+    // How this very program is started again from the caller's shell: its path as
+    // written from the current directory when it lies below it (target/release/granule).
+    let exe = std::env::current_exe()
+        .ok()
+        .map(|p| {
+            std::env::current_dir()
+                .ok()
+                .and_then(|d| p.strip_prefix(d).ok().map(|r| r.to_path_buf()))
+                .unwrap_or(p)
+        })
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "granule".to_string());
+    // Listening before saying so: a Ctrl-C right after the message stops it cleanly.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut interrupt, mut terminate) = {
+        let _in = rt.enter();
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        )
+    };
+    let ctl = cluster.controller_addr();
+    println!("\n== The cluster keeps running so that you can look at it. Ctrl-C stops it.");
+    if let Some(url) = cluster.dashboard_url() {
+        println!("   the dashboard:        {url}");
+    }
+    println!("   its nodes and usage:  {exe} status --controller {ctl}");
+    println!("   live, refreshing:     {exe} top --controller {ctl}");
+    println!("   a program of yours joins it with GRANULE_CONTROLLER={ctl}");
+    println!("   (`granule demo --exit` runs the steps and stops at once.)");
+    Ok(rt.block_on(async {
+        tokio::select! {
+            _ = interrupt.recv() => "Interrupted",
+            _ = terminate.recv() => "Terminated",
+        }
+    }))
 }

@@ -38,6 +38,10 @@ enum Cmd {
         /// Seconds spent measuring each call rate.
         #[arg(long, default_value_t = 0.5)]
         seconds: f64,
+        /// Stop the cluster and exit after the steps (for scripts and tests), instead of
+        /// keeping it and its dashboard running until Ctrl-C.
+        #[arg(long)]
+        exit: bool,
     },
     /// Run a benchmark and write DIR/NAME/{results.csv,results.md,plot.png,summary.json}.
     Bench {
@@ -154,7 +158,7 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
-        Cmd::Demo { seconds } => demo::run(seconds),
+        Cmd::Demo { seconds, exit } => demo::run(seconds, !exit),
         Cmd::Bench {
             name,
             quick,

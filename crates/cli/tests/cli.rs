@@ -152,7 +152,7 @@ fn standalone_controller_manual_nodes_and_a_joining_driver() {
     }
     let (code, out, err) = run_bounded(
         Command::new(GRANULE)
-            .args(["demo", "--seconds", "0.05"])
+            .args(["demo", "--seconds", "0.05", "--exit"])
             .env("GRANULE_CONTROLLER", &addr),
         Duration::from_secs(60),
     );
@@ -232,27 +232,127 @@ fn cgroups_usable() -> bool {
     granule_host::Hierarchy::detect().is_ok()
 }
 
-/// The demo as the README runs it, on the embedded cluster.
+/// The demo as the README runs it, on the embedded cluster: after its steps it keeps
+/// the cluster and the dashboard up, says what to try, and stops cleanly on Ctrl-C.
 #[test]
-fn demo_runs_on_the_embedded_cluster() {
-    let (code, out, err) = run_bounded(
+fn demo_runs_on_the_embedded_cluster_and_stays_until_ctrl_c() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut demo = Reaped(
         Command::new(GRANULE)
             .args(["demo", "--seconds", "0.05"])
             .env_remove("GRANULE_CONTROLLER")
-            .env_remove("GRANULE_NODES"),
-        Duration::from_secs(60),
+            .env_remove("GRANULE_NODES")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start granule demo"),
     );
-    assert_eq!(code, Some(0), "demo failed: {out}\n{err}");
+    // Its output, line by line, read on a thread so that the test can give up on time.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = demo.0.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut out = String::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !out.contains("Ctrl-C stops it") || !out.contains("GRANULE_CONTROLLER=") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => {
+                out.push_str(&l);
+                out.push('\n');
+            }
+            Err(_) => panic!("the demo did not reach its waiting point:\n{out}"),
+        }
+    }
     for needle in [
         "Chained calls",
         "Call rates",
         "moved",
         "panicked",
         "is gone",
-        "Done",
     ] {
         assert!(out.contains(needle), "missing '{needle}' in:\n{out}");
     }
+    assert!(!out.contains("Done"), "it must not stop by itself:\n{out}");
+    // What it says to try works while it waits: the dashboard answers, `status` lists
+    // the three nodes.
+    let url = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("the dashboard:"))
+        .map(|u| u.trim().to_string())
+        .unwrap_or_else(|| panic!("no dashboard line:\n{out}"));
+    let hostport = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let mut http = std::net::TcpStream::connect(&hostport).expect("the dashboard answers");
+    http.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        http,
+        "GET / HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut page = String::new();
+    let _ = http.read_to_string(&mut page);
+    assert!(page.starts_with("HTTP/1.1 200"), "dashboard: {page:.200}");
+    let ctl = out
+        .lines()
+        .find_map(|l| l.split("GRANULE_CONTROLLER=").nth(1))
+        .map(|a| a.trim().to_string())
+        .unwrap_or_else(|| panic!("no controller address:\n{out}"));
+    std::thread::sleep(Duration::from_secs(2));
+    let status = Command::new(GRANULE)
+        .args(["status", "--controller", &ctl])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(status.status.success(), "status failed: {text}");
+    assert_eq!(text.matches(" node ").count(), 3, "{text}");
+    // Ctrl-C: it stops the cluster and exits normally.
+    interrupt(demo.0.id());
+    let t = Instant::now();
+    let code = loop {
+        if let Some(st) = demo.0.try_wait().unwrap() {
+            break st.code();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the demo did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    reader.join().unwrap();
+    out.extend(rx.try_iter().map(|l| l + "\n"));
+    let mut err = String::new();
+    if let Some(mut e) = demo.0.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    assert_eq!(code, Some(0), "demo failed: {out}\n{err}");
+    assert!(out.contains("Interrupted: stopping the cluster"), "{out}");
+    assert!(out.contains("Done"), "{out}");
+    // `--exit` stops right after the steps.
+    let (code, out, err) = run_bounded(
+        Command::new(GRANULE)
+            .args(["demo", "--seconds", "0.01", "--exit"])
+            .env_remove("GRANULE_CONTROLLER")
+            .env_remove("GRANULE_NODES"),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(0), "demo --exit failed: {out}\n{err}");
+    assert!(out.contains("Done") && !out.contains("Ctrl-C"), "{out}");
+}
+
+/// SIGINT, as a terminal's Ctrl-C sends it.
+fn interrupt(pid: u32) {
+    let ok = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -INT {pid}");
 }
 
 #[test]
@@ -264,7 +364,7 @@ fn bad_arguments_are_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown benchmark 'nosuch'"));
     let out = Command::new(GRANULE)
-        .args(["demo"])
+        .args(["demo", "--exit"])
         .env("GRANULE_NODES", "cpu=1,mem=lots")
         .output()
         .unwrap();

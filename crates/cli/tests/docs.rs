@@ -185,7 +185,7 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             name: "a bad rate in the environment",
             how: How::Run {
-                args: &["demo", "--seconds", "0.01"],
+                args: &["demo", "--seconds", "0.01", "--exit"],
                 env: &[("GRANULE_MIGRATION_THROTTLE", "fast")],
                 nobody: false,
             },
@@ -194,7 +194,7 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             name: "a bad node spec in the environment",
             how: How::Run {
-                args: &["demo", "--seconds", "0.01"],
+                args: &["demo", "--seconds", "0.01", "--exit"],
                 env: &[("GRANULE_NODES", "cpu=1,mem=lots")],
                 nobody: false,
             },
@@ -230,7 +230,7 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             name: "the dashboard's port in use",
             how: How::Run {
-                args: &["demo", "--seconds", "0.01"],
+                args: &["demo", "--seconds", "0.01", "--exit"],
                 env: &[("GRANULE_DASHBOARD", "{held}")],
                 nobody: false,
             },
@@ -287,7 +287,7 @@ fn scenarios() -> Vec<Scenario> {
             // start-up timeout then ends the run at once.
             name: "an embedded cluster without cgroups (not root)",
             how: How::Run {
-                args: &["demo", "--seconds", "0.01"],
+                args: &["demo", "--seconds", "0.01", "--exit"],
                 env: &[("GRANULE_START_TIMEOUT", "1ms")],
                 nobody: true,
             },
@@ -314,7 +314,7 @@ fn scenarios() -> Vec<Scenario> {
             // get the driver's) fails a node process's start-up, never the driver's.
             name: "a node process that exits during start-up",
             how: How::Run {
-                args: &["demo", "--seconds", "0.01"],
+                args: &["demo", "--seconds", "0.01", "--exit"],
                 env: &[
                     ("GRANULE_NODES", "cpu=1,mem=256MiB"),
                     ("GRANULE_FAULTS", "on"),
@@ -863,7 +863,7 @@ fn claims() -> Vec<Claim> {
             CONFIGURATION,
             "`--seconds S` (each call-rate measurement, default 0.5)",
             "0.5",
-            Check::Flag(&["demo"], "--seconds", "0.5"),
+            Check::Flag(&["demo", "--exit"], "--seconds", "0.5"),
         ),
         claim(
             CONFIGURATION,
@@ -1436,7 +1436,7 @@ fn inline_messages() -> Vec<(&'static str, MakeText)> {
             "granule node 0: cannot start: ...",
             Box::new(|| {
                 run_scenario(
-                    &["demo", "--seconds", "0.01"],
+                    &["demo", "--seconds", "0.01", "--exit"],
                     &[
                         ("GRANULE_NODES", "cpu=1,mem=256MiB"),
                         ("GRANULE_FAULTS", "on"),

@@ -43,7 +43,7 @@ fn fails_with(args: &[&str], env: &[(&str, &str)], needles: &[&str]) -> String {
 #[test]
 fn bad_node_specs_name_the_setting_and_show_an_example() {
     fails_with(
-        &["demo", "--seconds", "0.01"],
+        &["demo", "--seconds", "0.01", "--exit"],
         &[("GRANULE_NODES", "cpu=1,mem=lots")],
         &[
             "cluster.nodes (GRANULE_NODES=cpu=1,mem=lots)",
@@ -52,7 +52,7 @@ fn bad_node_specs_name_the_setting_and_show_an_example() {
         ],
     );
     fails_with(
-        &["demo"],
+        &["demo", "--exit"],
         &[("GRANULE_NODES", "cpu=1,ram=3")],
         &["unknown key 'ram' (known: cpu, mem)"],
     );
@@ -67,7 +67,7 @@ fn bad_node_specs_name_the_setting_and_show_an_example() {
         &["cpu must be > 0"],
     );
     fails_with(
-        &["demo"],
+        &["demo", "--exit"],
         &[("GRANULE_CGROUPS", "yes")],
         &[
             "cluster.cgroups (GRANULE_CGROUPS=yes)",
@@ -100,7 +100,7 @@ fn ports_in_use_and_foreign_addresses_say_what_to_do() {
         ],
     );
     fails_with(
-        &["demo", "--seconds", "0.01"],
+        &["demo", "--seconds", "0.01", "--exit"],
         &[("GRANULE_DASHBOARD", &addr)],
         &["cannot serve the dashboard", "port 0 picks a free one"],
     );
@@ -122,7 +122,7 @@ fn ports_in_use_and_foreign_addresses_say_what_to_do() {
         &["--listen-host", "use an address of this machine"],
     );
     fails_with(
-        &["demo"],
+        &["demo", "--exit"],
         &[("GRANULE_LISTEN_HOST", "192.0.2.1")],
         &[
             "cluster.listen_host (GRANULE_LISTEN_HOST=192.0.2.1)",
