@@ -154,7 +154,7 @@ else
             export DEBIAN_FRONTEND=noninteractive
             if ! apt-get update -q >"$log" 2>&1; then
                 reason="apt-get update failed: $(last_error)"
-            elif ! apt-get install -y -q "${apt_pkgs[@]}" >"$log" 2>&1; then
+            elif ! apt-get install -y -q --no-install-recommends "${apt_pkgs[@]}" >"$log" 2>&1; then
                 reason="apt-get install failed: $(last_error)"
             fi
         fi

@@ -33,15 +33,17 @@ step "rustfmt"
 run rustfmt cargo fmt --all -- --check
 
 step "clippy (warnings are errors)"
-run clippy cargo clippy --workspace --all-targets --quiet -- -D warnings
+run clippy cargo clippy --workspace --all-targets -- -D warnings
 
 step "rustdoc (broken or private links are errors)"
 # The doc bin target `granule` and the lib `granule` share an output name (cargo #6313):
 # document the libraries only.
-run rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib --quiet
+run rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib
 
 step "tests (unit, multi-process integration, doc)"
-run tests cargo test --workspace --no-fail-fast --quiet
+# Built first, so the log shows what is compiling; then every test by name as it ends.
+run "test build" cargo test --workspace --no-run
+run tests cargo test --workspace --no-fail-fast
 
 # Runs as a condition of `run`, where `set -e` does not apply: every failure is explicit.
 bench_smoke() {
@@ -49,9 +51,9 @@ bench_smoke() {
     out="$(mktemp -d)" || return 1
     # Expanded now: `out` is gone by the time the script exits.
     trap "rm -rf '$out'" EXIT
-    if ! cargo run --release --quiet -p granule-cli -- bench all --quick --out "$out" \
-        >"$out/log.txt" 2>&1; then
-        cat "$out/log.txt"
+    # Shown as it runs (a line per benchmark step when not on a terminal).
+    if ! cargo run --release -p granule-cli -- bench all --quick --out "$out" 2>&1 |
+        tee "$out/log.txt"; then
         return 1
     fi
     for dir in "$out"/*/; do

@@ -505,9 +505,23 @@ struct Mounts {
     _tmpfs: TmpfsMount,
 }
 
-/// The work directory's layout.
+/// The work directory's layout. Dropped after the mounts (it is made first), it removes
+/// the directory, so that a run leaves nothing behind in the temporary directory.
 struct Dirs {
     root: PathBuf,
+}
+
+impl Drop for Dirs {
+    fn drop(&mut self) {
+        self.clean_stale();
+        // Never recurse into a file system still mounted below (its unmount failed).
+        let mounted = [self.granule(), self.bindfs(), self.tmpfs_root()]
+            .iter()
+            .any(|d| is_mount_point(d));
+        if !mounted {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
 }
 
 impl Dirs {

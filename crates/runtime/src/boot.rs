@@ -51,9 +51,13 @@ pub fn init_logging(filter: &str) {
     // The configuration checked the filter; a process-wide subscriber may already exist.
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Colours only on a terminal: a log redirected to a file (a test run, a service's
+    // journal) must read as plain text.
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 
