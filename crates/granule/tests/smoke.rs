@@ -11,6 +11,7 @@ fn smoke() {
     let cluster = Cluster::builder()
         .nodes("cpu=1,mem=256MiB;cpu=1,mem=256MiB")
         .unwrap()
+        .failure_timeout(std::time::Duration::from_secs(10))
         .start()
         .unwrap();
     let workers = cluster.worker_nodes().unwrap();
@@ -61,13 +62,22 @@ fn perf_probe() {
     let cluster = Cluster::builder()
         .nodes("cpu=1,mem=256MiB")
         .unwrap()
+        // A probe of speed, not of failure detection: a node starved for a second on a
+        // loaded machine (the whole suite running) is not declared dead here.
+        .failure_timeout(std::time::Duration::from_secs(10))
         .start()
         .unwrap();
-    let c = Proclet::create(Kind::Memory, 10u64, |s: u64| Counter { n: s }).unwrap();
+    // Bounded: a call that waits a minute is a failure with a log line saying who held
+    // the proclet (under CPU pressure the driver may move `local` away meanwhile).
+    let patience = std::time::Duration::from_secs(60);
+    let c = Proclet::create(Kind::Memory, 10u64, |s: u64| Counter { n: s })
+        .unwrap()
+        .with_timeout(patience);
     let local = Proclet::builder(Kind::Memory)
         .on(cluster.node_id())
         .create(1u64, |s: u64| Counter { n: s })
-        .unwrap();
+        .unwrap()
+        .with_timeout(patience);
     for _ in 0..1000 {
         c.run(1u64, |c: &mut Counter, x: u64| {
             c.n += x;

@@ -889,7 +889,14 @@ impl<S: ProcletState> Proclet<S> {
                 let guard = match slot.lock(chain, mode) {
                     Ok(TryLock::Granted(g)) => Some(g),
                     Ok(TryLock::Wait(w)) => match node.block(w, deadline) {
-                        None => return Err(timeout_err()),
+                        None => {
+                            // Waiting here for a lock that no one releases is a bug worth
+                            // evidence: say who holds it.
+                            tracing::warn!(proclet = %self.id, node = %node.id,
+                                "a call timed out waiting for the proclet's lock here: {}",
+                                slot.describe_lock());
+                            return Err(timeout_err());
+                        }
                         Some(Ok(g)) => Some(g),
                         Some(Err(e)) => match lock_error(self.id, e) {
                             Some(err) => return Err(err),

@@ -330,6 +330,46 @@ impl Slot {
     pub fn status(&self) -> SlotStatus {
         self.lock.lock().status.clone()
     }
+
+    /// Who holds the lock and who waits, in words (for the log of a call that waited
+    /// too long for it).
+    pub fn describe_lock(&self) -> String {
+        let st = self.lock.lock();
+        let holder = match (st.excl, st.shared.len()) {
+            (Some(c), _) => format!("held exclusively by call chain {c}"),
+            (None, 0) => "free".to_string(),
+            (None, n) => format!(
+                "held shared by {n} call chain(s) ({})",
+                st.shared
+                    .iter()
+                    .map(|(c, k)| format!("{c}x{k}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let waiting = st
+            .waiters
+            .iter()
+            .map(|w| {
+                let state = match w.state.load(Ordering::Acquire) {
+                    WAITING => "waiting",
+                    GRANTED => "granted",
+                    _ => "failed",
+                };
+                let mode = match w.mode {
+                    CallMode::Exclusive => "exclusive",
+                    CallMode::Shared => "shared",
+                };
+                format!("{} {mode} {state}", w.chain)
+            })
+            .collect::<Vec<_>>();
+        format!(
+            "{holder}; status {:?}; moving {}; queue [{}]",
+            st.status,
+            self.moving.load(Ordering::Relaxed),
+            waiting.join(", ")
+        )
+    }
 }
 
 /// Waits for a queued lock request. Dropping it withdraws the request (or releases the
