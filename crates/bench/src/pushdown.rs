@@ -196,7 +196,7 @@ fn measure_cap(
         } else {
             None
         };
-        let mut exec = Executor::new();
+        let mut exec = Executor::configured(cluster.config());
         // The caller and both data nodes share this machine's vCPUs: the rule counts that.
         exec.shared_cores = Some(vcpus());
         let mut settings = Vec::new();

@@ -73,7 +73,7 @@ pub fn run(a: PushdownArgs) -> anyhow::Result<()> {
         // The driver is the caller: the data lives on the data nodes, spread evenly.
         let local = tables.into_iter().collect();
         let dist = load_spread(&cluster, &local, Bounds::new(16 << 20, 64 << 20)?, &data)?;
-        let mut exec = Executor::new();
+        let mut exec = Executor::configured(cluster.config());
         exec.shared_cores =
             Some(std::thread::available_parallelism().map_or(1, |n| n.get()) as f64);
         let want = run_local(&q, &local)?;

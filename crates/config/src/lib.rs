@@ -588,6 +588,11 @@ pub struct Pushdown {
     /// of the pool's threads with a CFS quota; `None`: uncapped. The node's transport
     /// and ordinary calls are never capped by it.
     pub cpu_cap: Option<f64>,
+    /// The memory a query's caller may take for a hash join's table it builds itself,
+    /// for the shards it pulls (the pushed calls' tables come out of their own budgets).
+    /// A build that needs more is refused with an error naming both budgets, and the
+    /// cost rule pushes instead where it can.
+    pub caller_build_memory: u64,
 }
 
 impl Default for Pushdown {
@@ -598,6 +603,7 @@ impl Default for Pushdown {
             memory: None,
             call_memory: 64 << 20,
             cpu_cap: None,
+            caller_build_memory: 1 << 30,
         }
     }
 }
@@ -1060,7 +1066,12 @@ mod tests {
         }
         c.set("pushdown.threads", "auto").unwrap();
         assert_eq!(c.pushdown.threads, None);
+        assert_eq!(p.caller_build_memory, 1 << 30);
+        c.set("pushdown.caller_build_memory", "256MiB").unwrap();
+        assert_eq!(c.pushdown.caller_build_memory, 256 << 20);
         for (key, bad) in [
+            ("pushdown.caller_build_memory", "0"),
+            ("pushdown.caller_build_memory", "2TiB"),
             ("pushdown.cpu_cap", "-1"),
             ("pushdown.cpu_cap", "lots"),
             ("pushdown.threads", "0"),

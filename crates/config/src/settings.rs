@@ -1112,6 +1112,15 @@ pub static SETTINGS: &[Setting] = &[
         |b: &u64| format_size(*b),
     ),
     setting!(
+        "pushdown.caller_build_memory",
+        "GRANULE_PUSHDOWN_CALLER_BUILD_MEMORY",
+        "a size in 1MiB..=1TiB",
+        "the memory a pushdown query's caller may take for a hash join's table it builds for the shards it pulls; a larger build is refused (and the cost rule pushes those shards where the pushed calls' budgets hold it)",
+        pushdown.caller_build_memory,
+        |v: &str| size_in(v, 1 << 20, 1 << 40),
+        |b: &u64| format_size(*b),
+    ),
+    setting!(
         "pushdown.cpu_cap",
         "GRANULE_PUSHDOWN_CPU_CAP",
         "a number of cores in (0, 1024] such as 0.2 or 0.5, or off (0 is off too)",

@@ -26,6 +26,15 @@
 //! figures yet for an operator, the executor first *calibrates*: it pushes one row group
 //! and pulls another, and plans the rest with what that showed. [`Explain`] records, per
 //! operator, the choice, the figures and the estimates behind it.
+//!
+//! Before the rule plans (and before a join's probe, forced or not), the executor asks
+//! each node's pool how busy it is and what a pushed call may reserve there
+//! (`granule_runtime::pushdown::load`, one ordinary read per node, answered on a worker
+//! thread even while every pool thread is taken). A pool held by others' calls is a
+//! rule input ([`NodeView::wait`]); a join's table is checked against a pushed call's
+//! budget and the caller's build memory ([`Executor::caller_build_memory`]) before
+//! anything is shipped, and decides which way each shard may run. Under the rule, a push
+//! the node refuses anyway (over budget, queue full, timed out) is pulled instead.
 
 use crate::explain::{Explain, OpExplain, ShuffleExplain};
 use crate::rule::{self, Caller, Choice, Figures, Mode, NodeView, ShardWork};
@@ -35,6 +44,7 @@ use crate::{
 };
 use crate::{Stage, TableName};
 use futures::StreamExt;
+use granule_runtime::pushdown::PoolLoad;
 use granule_runtime::{Blob, CallError, PushOpts};
 use granule_sharded::{Bounds, ShardError, ShardedPartitions, ShardedVec, VecPart};
 use serde::{Deserialize, Serialize};
@@ -54,13 +64,43 @@ pub enum DistError {
     /// The operator itself failed (a bad stage, a join table over its budget...).
     #[error("operator: {0}")]
     Op(#[from] OpError),
-    /// The operator failed where it was pushed.
-    #[error("pushed operator on shard at row group {at}: {why}")]
+    /// The operator failed on a data node: in its pushed call, or reading a row group
+    /// for the caller to compute on (worded by the path that ran).
+    #[error("{}", remote_message(*at, why, *mode))]
     Remote {
-        /// The shard's first row group.
+        /// The shard's first row group (pushed), or the row group read (pulled).
         at: u64,
         /// What the data node said.
         why: String,
+        /// The path that ran: pushed, or pulled.
+        mode: Mode,
+    },
+    /// A plan forced to push a join's probe to a node whose pushed calls' budget cannot
+    /// hold its table: refused before anything was shipped.
+    #[error(
+        "the join table needs {need} bytes, over the {budget}-byte budget of a pushed call \
+         on node {node} (PushOpts::memory, else pushdown.call_memory); nothing was shipped: \
+         run it pulled or by the cost rule, or raise the budget"
+    )]
+    PushBudget {
+        /// Bytes the join table takes.
+        need: u64,
+        /// A pushed call's budget there.
+        budget: u64,
+        /// The node.
+        node: u64,
+    },
+    /// The caller must build a join's table for shards it pulls and its build memory
+    /// cannot hold it (and pushing them is forced off or refused too).
+    #[error("{}", caller_budget_message(*need, *budget, push))]
+    CallerBudget {
+        /// Bytes the join table takes.
+        need: u64,
+        /// The caller's build memory (`pushdown.caller_build_memory`).
+        budget: u64,
+        /// Why those shards could not be pushed instead: the node and its pushed calls'
+        /// budget (`None`: the plan was forced to pull).
+        push: Option<(u64, u64)>,
     },
     /// Sending a word count's pairs to its shuffle partitions failed at the caller.
     #[error("shuffle: {0}")]
@@ -68,6 +108,27 @@ pub enum DistError {
     /// The query names a table that was not given.
     #[error("no table {0} was loaded")]
     NoTable(String),
+}
+
+fn remote_message(at: u64, why: &str, mode: Mode) -> String {
+    match mode {
+        Mode::Push => format!("pushed operator on shard at row group {at}: {why}"),
+        Mode::Pull => format!("pulled operator, reading row group {at} from its node: {why}"),
+    }
+}
+
+fn caller_budget_message(need: u64, budget: u64, push: &Option<(u64, u64)>) -> String {
+    let head = format!(
+        "the join table needs {need} bytes at the caller, over its build memory of {budget} \
+         bytes (pushdown.caller_build_memory)"
+    );
+    match push {
+        None => format!("{head}; the plan was forced to pull: run it pushed or by the cost rule, or raise the build memory"),
+        Some((node, b)) => format!(
+            "{head}, and over the {b}-byte budget of a pushed call on node {node} \
+             (PushOpts::memory, else pushdown.call_memory): it fits neither way; raise one"
+        ),
+    }
 }
 
 /// Sizes of one stored row group, kept at the driver.
@@ -199,7 +260,9 @@ impl DistTable {
 
 /// Load every table of `local` with `bounds` and spread each one's shards evenly over
 /// `nodes` (round robin, moving the ones placed elsewhere): data on the data nodes, none
-/// on the caller. What the benchmark, `granule pushdown` and the tests set up.
+/// on the caller. Each table's round starts one node further than the last table's, so
+/// small tables (a join's build side, often one shard) do not all sit on the first node.
+/// What the benchmark, `granule pushdown` and the tests set up.
 pub fn load_spread(
     cluster: &granule_runtime::Cluster,
     local: &BTreeMap<TableName, crate::Table>,
@@ -207,7 +270,7 @@ pub fn load_spread(
     nodes: &[granule_runtime::NodeId],
 ) -> Result<Tables, DistError> {
     let mut tables = Tables::new();
-    for (t, table) in local {
+    for (ti, (t, table)) in local.iter().enumerate() {
         let d = DistTable::load(
             *t,
             table.schema.clone(),
@@ -216,7 +279,7 @@ pub fn load_spread(
         )?;
         if !nodes.is_empty() {
             for (i, (_, s)) in d.vec().sharder().shards()?.into_iter().enumerate() {
-                let want = nodes[i % nodes.len()];
+                let want = nodes[(ti + i) % nodes.len()];
                 if s.location()? != want {
                     cluster.move_proclet(s.id(), want)?;
                 }
@@ -266,7 +329,13 @@ fn fetch(
         },
     );
     let at = part.start + i;
-    async move { f.await?.map_err(|why| DistError::Remote { at, why }) }
+    async move {
+        f.await?.map_err(|why| DistError::Remote {
+            at,
+            why,
+            mode: Mode::Pull,
+        })
+    }
 }
 
 /// What a pushed call takes: the stage, the join's build rows, which row groups.
@@ -317,20 +386,50 @@ struct PushOut {
     node: Option<NodeView>,
 }
 
+/// Why a pushed call did not return a result.
+#[derive(Debug, Serialize, Deserialize)]
+enum PushFail {
+    /// Its budget refused the join table: the caller may pull the shard instead.
+    OverBudget(String),
+    /// The operator failed.
+    Failed(String),
+}
+
+impl From<String> for PushFail {
+    fn from(why: String) -> PushFail {
+        PushFail::Failed(why)
+    }
+}
+
+impl PushFail {
+    fn why(self) -> String {
+        match self {
+            PushFail::OverBudget(w) | PushFail::Failed(w) => w,
+        }
+    }
+}
+
 /// The body of a pushed call (runs on the data node's pool).
-fn pushed(a: &PushArg, items: &[RowGroup]) -> Result<PushOut, String> {
+fn pushed(a: &PushArg, items: &[RowGroup]) -> Result<PushOut, PushFail> {
     let cpu0 = granule_host::proc::thread_cpu_time();
     let wall0 = Instant::now();
     // The join table's memory is charged to this call's budget: a build past it stops
     // with an error instead of growing the node.
     let mut held = Vec::new();
+    let mut refused = false;
     let join = match &a.join {
-        Some(rows) => Some(
-            build_join(rows, &mut |bytes| {
-                granule_runtime::pushdown::reserve(bytes).map(|r| held.push(r))
-            })
-            .map_err(|e| e.to_string())?,
-        ),
+        Some(rows) => {
+            let built = build_join(rows, &mut |bytes| {
+                granule_runtime::pushdown::reserve(bytes)
+                    .map(|r| held.push(r))
+                    .inspect_err(|_| refused = true)
+            });
+            match built {
+                Ok(t) => Some(t),
+                Err(e) if refused => return Err(PushFail::OverBudget(e.to_string())),
+                Err(e) => return Err(PushFail::Failed(e.to_string())),
+            }
+        }
         None => None,
     };
     let (from, to) = (a.from as usize, (a.to as usize).min(items.len()));
@@ -354,11 +453,15 @@ fn pushed(a: &PushArg, items: &[RowGroup]) -> Result<PushOut, String> {
     // could have.
     let wall = wall0.elapsed();
     let own = cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9);
-    let node = granule_runtime::pushdown::here().map(|f| NodeView {
-        cap: f.cpu_cap,
-        free: f.free_cores + own.min(1.0),
-        threads: f.threads,
-        period: f.cpu_period.as_secs_f64(),
+    // The queue it sees holds this operator's own calls: how busy the pool is with
+    // others' is asked before planning (`Executor::pool_loads`), not taken from here.
+    let node = granule_runtime::pushdown::here().map(|f| {
+        NodeView::idle(
+            f.cpu_cap,
+            f.free_cores + own.min(1.0),
+            f.threads,
+            f.cpu_period.as_secs_f64(),
+        )
     });
     Ok(PushOut {
         partial: acc,
@@ -377,6 +480,8 @@ struct Unit {
     to: u64,
     node: u64,
     bytes_in: u64,
+    /// The only way it may run (a join table too big for one side's memory).
+    only: Option<Mode>,
 }
 
 /// Runs queries over [`DistTable`]s, remembering per operator what it measured.
@@ -389,6 +494,9 @@ pub struct Executor {
     pub window: usize,
     /// Options of pushed calls (timeout, memory budget).
     pub push: PushOpts,
+    /// The memory the caller may take for a join table it builds for the shards it
+    /// pulls (`pushdown.caller_build_memory`), bytes.
+    pub caller_build_memory: u64,
     /// The caller's cores for pulled compute (one: the query's thread).
     pub caller_cores: f64,
     /// A round trip's fixed cost, seconds.
@@ -416,10 +524,26 @@ impl Executor {
             network: Mutex::new(None),
             window: 4,
             push: PushOpts::default(),
+            caller_build_memory: granule_runtime::config::Pushdown::default().caller_build_memory,
             caller_cores: 1.0,
             call_cost: 100e-6,
             shared_cores: None,
         }
+    }
+
+    /// An executor with nothing measured yet, with the caller's limits of `config`
+    /// (`pushdown.caller_build_memory`).
+    pub fn configured(config: &granule_runtime::Config) -> Executor {
+        Executor {
+            caller_build_memory: config.pushdown.caller_build_memory,
+            ..Executor::new()
+        }
+    }
+
+    /// Take `figures` as what has been measured about the operator `key` (figures a
+    /// past session measured, or a test's): the next plan starts from them.
+    pub fn set_figures(&self, key: &str, figures: Figures) {
+        lock(&self.figures).insert(key.to_string(), figures);
     }
 
     /// The network's measured bandwidth to the caller, bytes/s (`None` before the first
@@ -446,6 +570,11 @@ impl Executor {
                 .get(&t)
                 .ok_or_else(|| DistError::NoTable(t.name().to_string()))
         };
+        // Column numbers against the tables' schemas, before anything runs.
+        if let Some(b) = &q.build {
+            b.stage.check_columns(&table(b.table)?.schema)?;
+        }
+        q.stage.check_columns(&table(q.table)?.schema)?;
         let start = Instant::now();
         let mut explain = Explain {
             query: q.name.clone(),
@@ -497,6 +626,35 @@ impl Executor {
         Ok((result, explain))
     }
 
+    /// Ask each node holding one of `units` how busy its pushdown pool is and what it
+    /// admits: one ordinary read per node, all at once. A read runs on a worker thread,
+    /// so a pool whose threads are all taken still answers. A node that cannot answer is
+    /// left out (its pushed calls say what they find, and a refused one is pulled).
+    fn pool_loads(&self, parts: &[VecPart<RowGroup>], units: &[Unit]) -> BTreeMap<u64, PoolLoad> {
+        let mut first: BTreeMap<u64, usize> = BTreeMap::new();
+        for u in units {
+            first.entry(u.node).or_insert(u.part);
+        }
+        let asks = first.into_iter().map(|(node, i)| {
+            let f = parts[i].read_async((), |_: &(), _start: u64, _items: &[RowGroup]| {
+                granule_runtime::pushdown::load()
+            });
+            async move { (node, f.await) }
+        });
+        let answers = granule_runtime::block_on(futures::future::join_all(asks));
+        let mut loads = BTreeMap::new();
+        for (node, r) in answers {
+            match r {
+                Ok(Some(l)) => {
+                    loads.insert(node, l);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!("node {node}'s pushdown pool did not say its load: {e}"),
+            }
+        }
+        loads
+    }
+
     /// Run one stage over one table.
     fn scan(
         &self,
@@ -508,9 +666,13 @@ impl Executor {
         shuffle: Option<&Shuffle>,
     ) -> Result<(Partial, OpExplain), DistError> {
         stage.check()?;
+        stage.check_columns(&table.schema)?;
         let started = Instant::now();
         let cols = stage.columns();
         let parts = table.groups.parts()?;
+        // The join table's bytes, wherever it is built (a pushed call reserves exactly
+        // this of its budget; the caller counts it against its build memory).
+        let need = join_rows.as_ref().map_or(0, join_bytes);
         // The caller's own join table, for the row groups it computes: built once, and
         // only if it computes any (a pushed shard builds its own from `join_rows`).
         let join_here = std::cell::OnceCell::new();
@@ -518,7 +680,25 @@ impl Executor {
             match (&join_rows, pulls) {
                 (Some(rows), true) => {
                     if join_here.get().is_none() {
-                        let t = build_join(rows, &mut |_| Ok::<(), OpError>(()))?;
+                        let budget = self.caller_build_memory;
+                        let t = build_join(rows, &mut |bytes| {
+                            if bytes > budget {
+                                Err(format!("{bytes} bytes over the caller's {budget}"))
+                            } else {
+                                Ok(())
+                            }
+                        });
+                        let t = match t {
+                            Ok(t) => t,
+                            Err(_) if need > budget => {
+                                return Err(DistError::CallerBudget {
+                                    need,
+                                    budget,
+                                    push: None,
+                                })
+                            }
+                            Err(e) => return Err(e.into()),
+                        };
                         let _ = join_here.set(t);
                     }
                     Ok(join_here.get())
@@ -536,16 +716,37 @@ impl Executor {
                 to: p.len,
                 node,
                 bytes_in: table.bytes_of(&cols, p.start..p.start + p.len),
+                only: None,
             });
         }
+        // How busy each node's pool is (for the rule) and what a pushed call may reserve
+        // there (for a join): asked before anything is shipped.
+        let loads = if choice == Choice::Auto || join_rows.is_some() {
+            self.pool_loads(&parts, &units)
+        } else {
+            BTreeMap::new()
+        };
+        if join_rows.is_some() {
+            self.place_join(&mut units, need, &loads, choice)?;
+        }
+        let busy = |node: u64| {
+            loads
+                .get(&node)
+                .is_some_and(|l| l.running >= l.threads.max(1) || l.queued > 0)
+        };
+        let auto = choice == Choice::Auto;
         let mut acc = stage.empty();
         let mut measured = Measured::default();
         let mut calibrated = false;
+        let mut fell_back = 0;
         let have = self.figures(key).unwrap_or_default();
-        if choice == Choice::Auto && (have.push_rate.is_none() || have.pull_rate.is_none()) {
+        if auto && (have.push_rate.is_none() || have.pull_rate.is_none()) {
             // Nothing known: push one row group and pull another, and plan the rest with
-            // what they showed.
-            if let Some(u) = units.iter_mut().find(|u| u.to - u.from >= 2) {
+            // what they showed (on a shard that may run either way, on a pool not busy).
+            if let Some(u) = units
+                .iter_mut()
+                .find(|u| u.to - u.from >= 2 && u.only.is_none() && !busy(u.node))
+            {
                 let part = &parts[u.part];
                 let pushed_unit = Unit {
                     to: u.from + 1,
@@ -558,7 +759,7 @@ impl Executor {
                 };
                 u.from += 2;
                 u.bytes_in = table.bytes_of(&cols, part.start + u.from..part.start + u.to);
-                let one = self.execute(
+                let (p1, m1, refused) = self.execute(
                     &parts,
                     stage,
                     &cols,
@@ -566,17 +767,23 @@ impl Executor {
                     join(false)?,
                     vec![(pushed_unit, Mode::Push)],
                     shuffle,
+                    true,
                 )?;
-                let two = self.execute(
+                let mut refused: Vec<(Unit, Mode)> =
+                    refused.into_iter().map(|u| (u, Mode::Pull)).collect();
+                fell_back += refused.len();
+                refused.push((pulled_unit, Mode::Pull));
+                let (p2, m2, _) = self.execute(
                     &parts,
                     stage,
                     &cols,
                     &join_rows,
                     join(true)?,
-                    vec![(pulled_unit, Mode::Pull)],
+                    refused,
                     shuffle,
+                    false,
                 )?;
-                for (p, m) in [one, two] {
+                for (p, m) in [(p1, m1), (p2, m2)] {
                     acc.merge(p)?;
                     measured.add(&m);
                 }
@@ -590,13 +797,33 @@ impl Executor {
         }
         let mut figures = self.figures(key).unwrap_or_default();
         figures.bandwidth = *lock(&self.network);
-        let nodes = lock(&self.nodes).clone();
+        let mut nodes = lock(&self.nodes).clone();
+        // Others' calls on the pools, as the nodes just said: only a busy pool changes
+        // the view (an idle one looks as its own pushed calls last reported it).
+        for (n, l) in &loads {
+            let idle = l.running == 0 && l.queued == 0;
+            if idle && !nodes.contains_key(n) {
+                continue;
+            }
+            let v = nodes.entry(*n).or_insert_with(|| {
+                NodeView::idle(
+                    l.cpu_cap,
+                    l.free_cores,
+                    l.threads,
+                    l.cpu_period.as_secs_f64(),
+                )
+            });
+            v.running = l.running;
+            v.queued = l.queued;
+            v.busy_for = l.busy_for.as_secs_f64();
+        }
         let work: Vec<ShardWork> = units
             .iter()
             .map(|u| ShardWork {
                 node: u.node,
                 bytes_in: u.bytes_in,
                 groups: u.to - u.from,
+                only: u.only,
             })
             .collect();
         let caller = Caller {
@@ -607,7 +834,7 @@ impl Executor {
         };
         let plan = rule::plan(&work, &nodes, &caller, &figures, choice);
         let run_started = Instant::now();
-        let (p, m) = self.execute(
+        let (p, mut m, refused) = self.execute(
             &parts,
             stage,
             &cols,
@@ -615,13 +842,34 @@ impl Executor {
             join(plan.modes.contains(&Mode::Pull))?,
             units.into_iter().zip(plan.modes.iter().copied()).collect(),
             shuffle,
+            auto,
         )?;
-        let run_time = run_started.elapsed();
         acc.merge(p)?;
+        let planned_fell_back = !refused.is_empty();
+        if planned_fell_back {
+            // Pushes the nodes refused (a budget, a full queue, a timeout): pulled now.
+            fell_back += refused.len();
+            let (p, m2, _) = self.execute(
+                &parts,
+                stage,
+                &cols,
+                &join_rows,
+                join(true)?,
+                refused.into_iter().map(|u| (u, Mode::Pull)).collect(),
+                shuffle,
+                false,
+            )?;
+            acc.merge(p)?;
+            m.add(&m2);
+        }
+        let run_time = run_started.elapsed();
         measured.add(&m);
         self.learn(key, &m);
-        self.learn_fixes(key, &work, &plan.modes, &nodes, &caller, &figures, &m);
-        if choice == Choice::Auto {
+        if !planned_fell_back {
+            // A run that fell back is not the plan it was estimated as.
+            self.learn_fixes(key, &work, &plan.modes, &nodes, &caller, &figures, &m);
+        }
+        if auto {
             // Remember the way the rule ran the whole operator (none for a split).
             let one_way = match plan.counts() {
                 (_, 0) => Some(Mode::Push),
@@ -638,6 +886,7 @@ impl Executor {
                 shards_pushed: pushed,
                 shards_pulled: pulled,
                 calibrated,
+                fell_back,
                 bytes_in: measured.pushed_bytes + measured.pulled_bytes,
                 plan,
                 nodes: nodes.into_iter().collect(),
@@ -647,7 +896,65 @@ impl Executor {
         ))
     }
 
-    /// Run `units` as their modes say, pushed and pulled at once.
+    /// Where a join's probe of `units` may run, given its table's `need` bytes: pushed
+    /// only where a pushed call's budget holds the table, pulled only where the caller's
+    /// build memory does. Forced modes that cannot fit, and shards that fit neither way,
+    /// are refused here, before anything is shipped.
+    fn place_join(
+        &self,
+        units: &mut [Unit],
+        need: u64,
+        loads: &BTreeMap<u64, PoolLoad>,
+        choice: Choice,
+    ) -> Result<(), DistError> {
+        let caller = self.caller_build_memory;
+        let pull_ok = need <= caller;
+        // A pushed call's budget on `node` when it is too small for the table (a node
+        // that did not say is taken to fit: it refuses the call if not, and the shard is
+        // then pulled).
+        let too_small = |node: u64| -> Option<u64> {
+            let l = loads.get(&node);
+            let budget = self.push.memory.or(l.map(|l| l.call_memory))?;
+            let never_runs = l.is_some_and(|l| budget > l.memory);
+            (need > budget || never_runs).then_some(budget)
+        };
+        for u in units.iter_mut() {
+            let push_refused = too_small(u.node);
+            match (choice, push_refused) {
+                (Choice::Force(Mode::Push), Some(budget)) => {
+                    return Err(DistError::PushBudget {
+                        need,
+                        budget,
+                        node: u.node,
+                    })
+                }
+                (Choice::Force(Mode::Pull), _) if !pull_ok => {
+                    return Err(DistError::CallerBudget {
+                        need,
+                        budget: caller,
+                        push: None,
+                    })
+                }
+                (Choice::Auto, Some(budget)) if !pull_ok => {
+                    return Err(DistError::CallerBudget {
+                        need,
+                        budget: caller,
+                        push: Some((u.node, budget)),
+                    })
+                }
+                (Choice::Auto, Some(_)) => u.only = Some(Mode::Pull),
+                (Choice::Auto, None) if !pull_ok => u.only = Some(Mode::Push),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Run `units` as their modes say, pushed and pulled at once. With `fallback`, a
+    /// pushed call the node refuses (the join table over its budget, a full queue, a
+    /// budget it never admits, or a timeout) is not an error: its unit comes back, to be
+    /// pulled instead. A word count's timed-out call is not given back (it may still
+    /// send its pairs).
     #[allow(clippy::too_many_arguments)]
     fn execute(
         &self,
@@ -658,7 +965,8 @@ impl Executor {
         join: Option<&crate::JoinTable>,
         units: Vec<(Unit, Mode)>,
         shuffle: Option<&Shuffle>,
-    ) -> Result<(Partial, Measured), DistError> {
+        fallback: bool,
+    ) -> Result<(Partial, Measured, Vec<Unit>), DistError> {
         let mut push_futs = Vec::new();
         let mut pulls = Vec::new();
         for (u, m) in units {
@@ -672,17 +980,13 @@ impl Executor {
                         to: u.to,
                         shuffle: shuffle.cloned(),
                     };
-                    let at = part.start + u.from;
                     let f = part.push_async(
                         self.push,
                         arg,
                         |a: &PushArg, _start: u64, items: &[RowGroup]| pushed(a, items),
                     );
-                    let node = u.node;
-                    push_futs.push(async move {
-                        let out = f.await?.map_err(|why| DistError::Remote { at, why })?;
-                        Ok::<_, DistError>((node, out))
-                    });
+                    let at = part.start + u.from;
+                    push_futs.push(async move { (at, u, f.await) });
                 }
                 Mode::Pull => {
                     for i in u.from..u.to {
@@ -693,7 +997,7 @@ impl Executor {
         }
         let window = self.window.max(1);
         let pulls = interleave(pulls);
-        let (acc, mut m) = granule_runtime::block_on(async {
+        let (acc, mut m, refused) = granule_runtime::block_on(async {
             let any_pushed = !push_futs.is_empty();
             let pushed = async {
                 let t0 = Instant::now();
@@ -722,21 +1026,48 @@ impl Executor {
             };
             let ((pushed, push_phase), pulled) = futures::join!(pushed, pulled);
             let (mut acc, mut m) = pulled?;
-            if any_pushed {
-                m.push_phase = push_phase;
-            }
-            for r in pushed {
-                let (node, out) = r?;
+            let mut refused = Vec::new();
+            for (at, unit, r) in pushed {
+                let out = match r {
+                    Ok(Ok(out)) => out,
+                    Ok(Err(PushFail::OverBudget(_))) if fallback => {
+                        refused.push(unit);
+                        continue;
+                    }
+                    Err(ShardError::Call(CallError::Refused(_) | CallError::NoCapacity(_)))
+                        if fallback =>
+                    {
+                        refused.push(unit);
+                        continue;
+                    }
+                    Err(ShardError::Call(CallError::Timeout(_)))
+                        if fallback && shuffle.is_none() =>
+                    {
+                        refused.push(unit);
+                        continue;
+                    }
+                    Ok(Err(fail)) => {
+                        return Err(DistError::Remote {
+                            at,
+                            why: fail.why(),
+                            mode: Mode::Push,
+                        })
+                    }
+                    Err(e) => return Err(e.into()),
+                };
                 m.pushed_bytes += out.bytes_in;
                 m.push_cpu += out.cpu;
                 m.push_wall += out.wall;
                 m.push_out += out.partial.bytes();
                 if let Some(v) = out.node {
-                    m.nodes.insert(node, v);
+                    m.nodes.insert(unit.node, v);
                 }
                 acc.merge(out.partial)?;
             }
-            Ok::<_, DistError>((acc, m))
+            if any_pushed && refused.is_empty() {
+                m.push_phase = push_phase;
+            }
+            Ok::<_, DistError>((acc, m, refused))
         })?;
         match shuffle {
             // The caller sends what it computed from pulled row groups (pushed calls sent
@@ -747,9 +1078,9 @@ impl Executor {
                 send_buckets(sh, acc).map_err(DistError::Shuffle)?;
                 m.pull_compute += t0.elapsed();
                 m.pull_wall += t0.elapsed();
-                Ok((empty, m))
+                Ok((empty, m, refused))
             }
-            _ => Ok((acc, m)),
+            _ => Ok((acc, m, refused)),
         }
     }
 
@@ -856,6 +1187,16 @@ impl Executor {
             );
         }
         lock(&self.nodes).extend(m.nodes.iter().map(|(k, v)| (*k, v.clone())));
+    }
+}
+
+/// The bytes of the join table built from `rows` (what a pushed call reserves).
+fn join_bytes(rows: &Partial) -> u64 {
+    match rows {
+        Partial::Rows { cols } => cols
+            .first()
+            .map_or(0, |k| crate::JoinTable::bytes_for(k.len())),
+        _ => 0,
     }
 }
 

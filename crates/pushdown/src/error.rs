@@ -16,6 +16,17 @@ pub enum OpError {
     /// A string (or code) that is not in the column's dictionary.
     #[error("{0} is not in the dictionary")]
     NotInDict(String),
+    /// A stage reads a column number past the end of its table's schema (checked before
+    /// a query runs).
+    #[error("column {col} is not in table {table}, which has {width} columns (0..={last})", last = width.saturating_sub(1))]
+    NoColumnIn {
+        /// The column number the stage reads.
+        col: usize,
+        /// The table.
+        table: String,
+        /// Its columns.
+        width: usize,
+    },
     /// A column index past the row group's last column.
     #[error("column {0} is out of range")]
     ColumnOutOfRange(usize),

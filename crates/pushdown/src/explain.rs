@@ -18,6 +18,10 @@ pub struct OpExplain {
     pub shards_pulled: usize,
     /// Whether a row group was first pushed and another pulled to measure.
     pub calibrated: bool,
+    /// Pushed shards (or parts) a node refused (a join table over a pushed call's
+    /// budget, a full queue, a timeout) and the caller pulled instead.
+    #[serde(default)]
+    pub fell_back: usize,
     /// Bytes of columns the operator read.
     pub bytes_in: u64,
     /// The rule's plan: modes, estimates, the figures it used.
@@ -84,6 +88,15 @@ fn gbps(bytes_per_s: Option<f64>) -> String {
     bytes_per_s.map_or("-".into(), |b| format!("{:.2} GB/s", b / 1e9))
 }
 
+/// The mark of a figure the rule assumed rather than measured.
+fn assumed(yes: bool) -> &'static str {
+    if yes {
+        " (assumed, not measured yet)"
+    } else {
+        ""
+    }
+}
+
 fn ms(s: f64) -> String {
     format!("{:.1} ms", s * 1e3)
 }
@@ -104,9 +117,10 @@ impl fmt::Display for Explain {
         for o in &self.ops {
             let p = &o.plan;
             let u = &p.used;
+            let a = &p.assumed;
             writeln!(
                 f,
-                "  {}: {} shard(s) pushed, {} pulled{}; read {:.1} MiB in {}",
+                "  {}: {} shard(s) pushed, {} pulled{}{}; read {:.1} MiB in {}",
                 o.operator,
                 o.shards_pushed,
                 o.shards_pulled,
@@ -115,17 +129,29 @@ impl fmt::Display for Explain {
                 } else {
                     ""
                 },
+                if o.fell_back > 0 {
+                    format!(
+                        "; {} pushed part(s) refused by their node and pulled instead",
+                        o.fell_back
+                    )
+                } else {
+                    String::new()
+                },
                 o.bytes_in as f64 / (1 << 20) as f64,
                 ms(o.took.as_secs_f64()),
             )?;
             writeln!(
                 f,
-                "    figures: intensity at the data {} per core, at the caller {} per core; \
-                 selectivity {:.2e}; network {}; pushed calls ran {}",
+                "    figures: intensity at the data {} per core{}, at the caller {} per core{}; \
+                 selectivity {:.2e}{}; network {}{}; pushed calls ran {}",
                 gbps(u.push_rate),
+                assumed(a.push_rate),
                 gbps(u.pull_rate),
+                assumed(a.pull_rate),
                 u.selectivity.unwrap_or(0.0),
+                assumed(a.selectivity),
                 gbps(u.bandwidth),
+                assumed(a.bandwidth),
                 u.push_stretch
                     .map_or("(not measured yet)".to_string(), |s| {
                         format!("{s:.2}x their CPU time")
@@ -149,6 +175,16 @@ impl fmt::Display for Explain {
                     v.threads,
                     v.cores()
                 )?;
+                if v.running > 0 || v.queued > 0 {
+                    writeln!(
+                        f,
+                        "      its pool was busy with others' calls: {} running (the youngest for {}), {} queued; pushed work there waits about {}",
+                        v.running,
+                        ms(v.busy_for),
+                        v.queued,
+                        ms(v.wait()),
+                    )?;
+                }
             }
             for (name, e) in [
                 ("chosen", &p.chosen),
@@ -176,5 +212,74 @@ impl fmt::Display for Explain {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rule::{self, Caller, Figures, ShardWork};
+    use std::collections::BTreeMap;
+
+    fn explain(f: &Figures) -> String {
+        let shards = vec![ShardWork {
+            node: 1,
+            bytes_in: 1 << 20,
+            groups: 2,
+            only: None,
+        }];
+        let caller = Caller {
+            cores: 1.0,
+            call_cost: 1e-4,
+            push_arg_bytes: 0,
+            shared_cores: None,
+        };
+        let plan = rule::plan(&shards, &BTreeMap::new(), &caller, f, Choice::Auto);
+        Explain {
+            query: "q6".into(),
+            choice: Choice::Auto,
+            ops: vec![OpExplain {
+                operator: "q6 scan (lineitem)".into(),
+                shards_pushed: plan.counts().0,
+                shards_pulled: plan.counts().1,
+                calibrated: false,
+                fell_back: 0,
+                bytes_in: 1 << 20,
+                plan,
+                nodes: vec![],
+                planned_part: Duration::ZERO,
+                took: Duration::ZERO,
+            }],
+            shuffle: None,
+            total: Duration::ZERO,
+        }
+        .to_string()
+    }
+
+    #[test]
+    fn figures_not_measured_yet_are_printed_as_assumed() {
+        // Pulled once, never pushed: the data side's intensity is the caller's, assumed.
+        let f = Figures {
+            pull_rate: Some(2e9),
+            selectivity: Some(1e-3),
+            bandwidth: Some(3e9),
+            ..Figures::default()
+        };
+        let text = explain(&f);
+        let line = text
+            .lines()
+            .find(|l| l.contains("figures:"))
+            .expect("a figures line");
+        assert!(
+            line.contains("at the data 2.00 GB/s per core (assumed, not measured yet), at the caller 2.00 GB/s per core;"),
+            "{line}"
+        );
+        assert_eq!(line.matches("assumed").count(), 1, "{line}");
+        // Everything measured: nothing marked.
+        let f = Figures {
+            push_rate: Some(5e9),
+            ..f
+        };
+        assert!(!explain(&f).contains("assumed"), "{}", explain(&f));
     }
 }

@@ -47,6 +47,13 @@ pub mod table;
 pub use error::OpError;
 pub use expr::{CmpOp, Expr, Pred, MAX_DEPTH};
 pub use gen::{generate, row_groups, schema, write_csv, GenError, TableName};
+/// What pushed code uses inside its call, from the runtime's pushdown pool (so
+/// `granule::pushdown::reserve` is the name the README gives): take memory from the
+/// call's budget ([`reserve`]), see where it runs ([`here`]), and a pool's load as a
+/// caller asks it ([`load`]).
+pub use granule_runtime::pushdown::{
+    here, load, reserve, OverBudget, PoolFigures, PoolLoad, Reservation,
+};
 pub use ops::{Acc, Agg, JoinError, JoinTable, Output, Partial, Stage};
 pub use queries::{
     build_join, finalize, run_local, scan_local, BuildSide, Finalize, Query, QueryResult, Value,

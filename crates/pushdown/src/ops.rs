@@ -306,6 +306,21 @@ impl Stage {
         es
     }
 
+    /// Checks that every column the stage reads is in `schema`: a bad column number is
+    /// refused before anything runs, naming the table's width, rather than by a data node
+    /// halfway through a query.
+    pub fn check_columns(&self, schema: &crate::Schema) -> Result<(), OpError> {
+        let width = schema.cols.len();
+        match self.columns().into_iter().find(|&c| c >= width) {
+            Some(col) => Err(OpError::NoColumnIn {
+                col,
+                table: schema.table.clone(),
+                width,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Checks what can be checked without data: nesting, column kinds, the join's use.
     pub fn check(&self) -> Result<(), OpError> {
         self.filter.check_depth(crate::MAX_DEPTH)?;

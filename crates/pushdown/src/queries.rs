@@ -233,6 +233,7 @@ pub fn scan_local(
     table: &Table,
     join: Option<&JoinTable>,
 ) -> Result<Partial, OpError> {
+    stage.check_columns(&table.schema)?;
     let mut acc = stage.empty();
     for rg in &table.groups {
         acc.merge(stage.run(&Columns::of_group(rg), join)?)?;
@@ -247,6 +248,10 @@ pub fn run_local(q: &Query, tables: &BTreeMap<TableName, Table>) -> Result<Query
             .get(&t)
             .ok_or_else(|| OpError::NoTable(t.name().into()))
     };
+    if let Some(b) = &q.build {
+        b.stage.check_columns(&get(b.table)?.schema)?;
+    }
+    q.stage.check_columns(&get(q.table)?.schema)?;
     let join = match &q.build {
         Some(b) => {
             let rows = scan_local(&b.stage, get(b.table)?, None)?;

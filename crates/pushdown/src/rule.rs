@@ -121,6 +121,9 @@ const DEFAULT_SELECTIVITY: f64 = 0.1;
 const MIX_GAIN: f64 = 0.6;
 /// How far a measured correction may move an estimate, either way.
 const FIX_RANGE: (f64, f64) = (0.25, 8.0);
+/// The least a busy pool's running call is expected to go on, seconds (see
+/// [`NodeView::wait`]).
+pub const MIN_WAIT: f64 = 1e-3;
 /// Weight of a new observation in the running figures.
 const SMOOTHING: f64 = 0.3;
 /// The rule keeps the way it last ran an operator unless the other is estimated faster
@@ -172,13 +175,63 @@ pub struct NodeView {
     /// The scheduler period the cap's quota is given per, seconds (0: unknown; the cap
     /// is then taken as a steady rate).
     pub period: f64,
+    /// Pushed calls of others running on its pool when the executor last looked (before
+    /// planning): each holds a thread until it returns, its caller gone or not.
+    #[serde(default)]
+    pub running: usize,
+    /// Pushed calls of others waiting in its pool's queue then.
+    #[serde(default)]
+    pub queued: usize,
+    /// How long the most recently started of those running calls had run then, seconds.
+    #[serde(default)]
+    pub busy_for: f64,
 }
 
 impl NodeView {
-    /// Cores pushed work may use there now: the cap, the free CPU and the pool's threads,
-    /// whichever is least (never below a hundredth of a core, so the estimate stays finite).
+    /// A node as pushed calls report it: `cap`, `free` cores, `threads`, `period`, its
+    /// pool not known to be busy.
+    pub fn idle(cap: Option<f64>, free: f64, threads: usize, period: f64) -> NodeView {
+        NodeView {
+            cap,
+            free,
+            threads,
+            period,
+            running: 0,
+            queued: 0,
+            busy_for: 0.0,
+        }
+    }
+
+    /// Pool threads not taken by others' calls (at least one: this operator's calls get
+    /// one once the others' return, which [`NodeView::wait`] counts).
+    pub fn free_threads(&self) -> usize {
+        self.threads.max(1).saturating_sub(self.running).max(1)
+    }
+
+    /// Seconds this operator's first pushed call is expected to wait for a pool thread
+    /// there: none while a thread is free and nothing queues; else until a running call
+    /// returns, then a turn per `threads` calls queued ahead. How long a running call
+    /// goes on is unknown: one that has run for `t` is taken to run about `t` more (the
+    /// longer a call has run, the likelier it is a long one, such as a call whose caller
+    /// timed out and gave up), and at least [`MIN_WAIT`].
+    pub fn wait(&self) -> f64 {
+        let threads = self.threads.max(1);
+        if self.running < threads && self.queued == 0 {
+            return 0.0;
+        }
+        let turn = if self.busy_for.is_finite() {
+            self.busy_for.max(MIN_WAIT)
+        } else {
+            MIN_WAIT
+        };
+        turn * (1.0 + self.queued as f64 / threads as f64)
+    }
+
+    /// Cores pushed work may use there now: the cap, the free CPU and the pool's free
+    /// threads, whichever is least (never below a hundredth of a core, so the estimate
+    /// stays finite).
     pub fn cores(&self) -> f64 {
-        let mut c = self.free.min(self.threads.max(1) as f64);
+        let mut c = self.free.min(self.free_threads() as f64);
         if let Some(cap) = self.cap {
             c = c.min(cap);
         }
@@ -191,7 +244,7 @@ impl NodeView {
     /// than one period's quota is not slowed at all (assuming it starts with a period's
     /// quota unused).
     pub fn push_time(&self, cpu: f64) -> f64 {
-        let rate = self.free.min(self.threads.max(1) as f64).max(0.01);
+        let rate = self.free.min(self.free_threads() as f64).max(0.01);
         match self.cap {
             Some(cap) if self.period > 0.0 && cap < rate => {
                 let quota = cap * self.period;
@@ -212,6 +265,11 @@ pub struct ShardWork {
     pub bytes_in: u64,
     /// Row groups in it (one call each when pulled).
     pub groups: u64,
+    /// The only way the shard can run (`None`: either), e.g. pull where the node's
+    /// per-call budget cannot hold the operator's join table, or push where the
+    /// caller's build memory cannot. [`plan`] keeps to it unless forced.
+    #[serde(default)]
+    pub only: Option<Mode>,
 }
 
 /// What the caller brings: its cores for pulled compute, the fixed cost of a call, and
@@ -267,6 +325,23 @@ pub struct Plan {
     pub all_push: Estimate,
     /// The figures used (defaults filled in).
     pub used: Figures,
+    /// Which of `used` were not measured but assumed (a default, or the other side's).
+    #[serde(default)]
+    pub assumed: Assumed,
+}
+
+/// Which figures a plan assumed rather than measured (before the operator was first
+/// pushed, pulled, or the network probed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assumed {
+    /// The intensity at the data nodes (the caller's, or a default).
+    pub push_rate: bool,
+    /// The intensity at the caller (the data nodes', or a default).
+    pub pull_rate: bool,
+    /// The selectivity (a default).
+    pub selectivity: bool,
+    /// The network's bandwidth (a default).
+    pub bandwidth: bool,
 }
 
 impl Plan {
@@ -323,13 +398,16 @@ pub fn estimate(
         busiest_node: node_cpu
             .iter()
             .map(|(n, (cpu, calls))| {
-                let threads = nodes.get(n).map_or(1, |v| v.threads.max(1)) as f64;
+                let threads = nodes.get(n).map_or(1, NodeView::free_threads) as f64;
                 let t = match (f.push_stretch, nodes.get(n)) {
                     (Some(stretch), _) => cpu * stretch.max(1.0) / threads,
                     (None, Some(v)) => v.push_time(*cpu),
                     (None, None) => *cpu,
                 };
-                (t + calls) * push_fix
+                // Others' calls holding the pool delay all of it; what past runs measured
+                // (the correction) does not scale that.
+                let wait = nodes.get(n).map_or(0.0, NodeView::wait);
+                (t + calls) * push_fix + wait
             })
             .fold(0.0, f64::max),
         shared,
@@ -345,14 +423,16 @@ pub fn plan(
     choice: Choice,
 ) -> Plan {
     let n = shards.len();
-    let all = |m| vec![m; n];
+    // Every shard `m`, but those that can run only one way, that way ("all push" and
+    // "all pull" are then as far as each can go).
+    let all = |m: Mode| -> Vec<Mode> { shards.iter().map(|s| s.only.unwrap_or(m)).collect() };
     let all_pull = estimate(shards, &all(Mode::Pull), nodes, caller, f);
     let all_push = estimate(shards, &all(Mode::Push), nodes, caller, f);
     let modes = match choice {
-        Choice::Force(m) => all(m),
+        Choice::Force(m) => vec![m; n],
         Choice::Auto => {
             // Largest shards first: moving a big one changes the most.
-            let mut order: Vec<usize> = (0..n).collect();
+            let mut order: Vec<usize> = (0..n).filter(|&i| shards[i].only.is_none()).collect();
             order.sort_by_key(|&i| std::cmp::Reverse(shards[i].bytes_in));
             let mut modes = all(Mode::Push);
             let mut best = all_push.total();
@@ -404,6 +484,12 @@ pub fn plan(
             pull_fix: f.pull_fix,
             last: f.last,
         },
+        assumed: Assumed {
+            push_rate: f.push_rate.is_none(),
+            pull_rate: f.pull_rate.is_none(),
+            selectivity: f.selectivity.is_none(),
+            bandwidth: f.bandwidth.is_none(),
+        },
     }
 }
 
@@ -417,23 +503,14 @@ mod tests {
                 node: i as u64 % nodes,
                 bytes_in: bytes,
                 groups: 4,
+                only: None,
             })
             .collect()
     }
 
     fn nodes(k: u64, cap: Option<f64>) -> BTreeMap<u64, NodeView> {
         (0..k)
-            .map(|i| {
-                (
-                    i,
-                    NodeView {
-                        cap,
-                        free: 1.0,
-                        threads: 1,
-                        period: 0.0,
-                    },
-                )
-            })
+            .map(|i| (i, NodeView::idle(cap, 1.0, 1, 0.0)))
             .collect()
     }
 
@@ -480,6 +557,75 @@ mod tests {
         f.push_rate = Some(1.4e9);
         let p = plan(&s, &n, &c, &f, Choice::Auto);
         assert_eq!(p.counts(), (4, 0), "{p:?}");
+    }
+
+    #[test]
+    fn a_pool_held_by_others_calls_is_not_pushed_into_and_an_idle_one_is() {
+        // Q6-like: pushing wins clearly on idle pools.
+        let f = figures(10e9, 1e9, 1e-6, 3e9);
+        let s = shards(4, 2, 10 << 20);
+        let mut n = nodes(2, None);
+        assert_eq!(plan(&s, &n, &caller(), &f, Choice::Auto).counts(), (4, 0));
+        // Both pools' only thread is held by a call that has run 100 ms (one whose caller
+        // timed out, say): pushing waits about that long again; pulling does not.
+        for v in n.values_mut() {
+            v.running = 1;
+            v.busy_for = 0.1;
+        }
+        assert!((n[&0].wait() - 0.1).abs() < 1e-12);
+        let p = plan(&s, &n, &caller(), &f, Choice::Auto);
+        assert_eq!(p.counts(), (0, 4), "{p:?}");
+        // Having pushed last does not keep it pushing into the busy pools.
+        let mut sticky = f.clone();
+        sticky.last = Some(Mode::Push);
+        assert_eq!(
+            plan(&s, &n, &caller(), &sticky, Choice::Auto).counts(),
+            (0, 4)
+        );
+        // Only one pool busy: its shards are pulled, the other's pushed.
+        n.get_mut(&1).expect("node 1").running = 0;
+        let p = plan(&s, &n, &caller(), &f, Choice::Auto);
+        for (w, m) in s.iter().zip(&p.modes) {
+            let want = if w.node == 0 { Mode::Pull } else { Mode::Push };
+            assert_eq!(*m, want, "{p:?}");
+        }
+        // A free thread left, and nothing queued: no wait.
+        let v = NodeView {
+            running: 1,
+            busy_for: 5.0,
+            ..NodeView::idle(None, 2.0, 2, 0.0)
+        };
+        assert_eq!((v.wait(), v.free_threads()), (0.0, 1));
+        // Calls queued ahead add a turn each per thread.
+        let v = NodeView {
+            running: 2,
+            queued: 4,
+            busy_for: 0.01,
+            ..v
+        };
+        assert!((v.wait() - 0.03).abs() < 1e-12, "{}", v.wait());
+    }
+
+    #[test]
+    fn a_shard_that_can_run_one_way_only_runs_that_way_unless_forced() {
+        let f = figures(10e9, 1e9, 1e-6, 3e9);
+        let mut s = shards(4, 2, 10 << 20);
+        for w in s.iter_mut().filter(|w| w.node == 0) {
+            w.only = Some(Mode::Pull);
+        }
+        let n = nodes(2, None);
+        let p = plan(&s, &n, &caller(), &f, Choice::Auto);
+        for (w, m) in s.iter().zip(&p.modes) {
+            let want = if w.node == 0 { Mode::Pull } else { Mode::Push };
+            assert_eq!(*m, want, "{p:?}");
+        }
+        assert!(p.assumed == Assumed::default(), "{p:?}");
+        let p = plan(&s, &n, &caller(), &f, Choice::Force(Mode::Push));
+        assert_eq!(p.counts(), (4, 0));
+        // Nothing measured: every figure is marked assumed.
+        let p = plan(&s, &n, &caller(), &Figures::default(), Choice::Auto);
+        assert!(p.assumed.push_rate && p.assumed.pull_rate && p.assumed.selectivity);
+        assert!(p.assumed.bandwidth);
     }
 
     #[test]
@@ -645,6 +791,7 @@ mod tests {
             free: 2.0,
             threads: 4,
             period: 0.0,
+            ..NodeView::idle(None, 0.0, 0, 0.0)
         };
         assert_eq!(v.cores(), 0.5);
         let v = NodeView {
@@ -652,6 +799,7 @@ mod tests {
             free: 0.3,
             threads: 4,
             period: 0.0,
+            ..NodeView::idle(None, 0.0, 0, 0.0)
         };
         assert_eq!(v.cores(), 0.3);
         let v = NodeView {
@@ -659,6 +807,7 @@ mod tests {
             free: 0.0,
             threads: 0,
             period: 0.0,
+            ..NodeView::idle(None, 0.0, 0, 0.0)
         };
         assert_eq!(v.cores(), 0.01);
     }
@@ -670,6 +819,7 @@ mod tests {
             free: 1.0,
             threads: 1,
             period: 0.1,
+            ..NodeView::idle(None, 0.0, 0, 0.0)
         };
         // 10 ms of CPU fits in a period's 20 ms quota: 10 ms.
         assert!((v.push_time(0.010) - 0.010).abs() < 1e-12);

@@ -43,7 +43,11 @@
 //!   pushed call only reads it) and the node keeps serving;
 //! - accounting inside a pushed closure: [`reserve`] takes bytes from the call's budget
 //!   (a hash build that would exceed it gets [`OverBudget`] and can stop instead of
-//!   taking the node's memory), and [`here`] gives figures about where it runs.
+//!   taking the node's memory), and [`here`] gives figures about where it runs;
+//! - the pool's load as a caller sees it: [`load`], from any closure shipped to the node
+//!   (an ordinary read answers on a worker thread even while every pool thread is
+//!   taken), gives its queued and running calls, how long they ran, and what it admits,
+//!   so a caller can choose not to push into a busy pool.
 //!
 //! A pushed closure may call other proclets, and push to other nodes; it must not push
 //! to its own node's pool (it would wait for a pool thread while holding one: with one
@@ -320,6 +324,61 @@ pub fn here() -> Option<PoolFigures> {
     })
 }
 
+/// How busy the pushdown pool of a node is, and what it admits: what a caller asks
+/// ([`load`]) before deciding whether to push there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolLoad {
+    /// The node.
+    pub node: NodeId,
+    /// The pool's threads (`pushdown.threads`).
+    pub threads: usize,
+    /// Pushed calls waiting in its queue.
+    pub queued: usize,
+    /// Pushed calls running.
+    pub running: usize,
+    /// Of those, calls whose caller gave up on them (timed out or dropped): their answer
+    /// goes nowhere, but they keep their thread until their closure returns.
+    pub abandoned: usize,
+    /// How long the most recently started running call has run (zero when none runs).
+    pub busy_for: Duration,
+    /// The budget of a call that asks for none (`pushdown.call_memory`, at most
+    /// `memory`), bytes.
+    pub call_memory: u64,
+    /// The memory the pool admits calls into (`pushdown.memory`), bytes: a call with a
+    /// larger budget is refused.
+    pub memory: u64,
+    /// The pool's CPU cap in force, cores (`None`: uncapped).
+    pub cpu_cap: Option<f64>,
+    /// The scheduler period the cap's quota is given per (`cluster.cfs_period`).
+    pub cpu_period: Duration,
+    /// Idle CPU of the node as its monitor last saw it, cores.
+    pub free_cores: f64,
+}
+
+/// The load of the pushdown pool of the node the calling code runs on: any closure
+/// shipped to a node (an ordinary read such as `run_ref`, which runs on a worker thread
+/// and so answers even while every pool thread is taken, or a pushed call), or the
+/// node's own threads. `None` where no node runs.
+pub fn load() -> Option<PoolLoad> {
+    let node = context::current_node()?;
+    let shared = &node.pushdown.shared;
+    let busy = f64::from_bits(node.metrics.cores_busy.load(Ordering::Relaxed));
+    let q = shared.queue.lock();
+    Some(PoolLoad {
+        node: node.id,
+        threads: q.threads,
+        queued: q.queued(),
+        running: q.running,
+        abandoned: q.abandoned(),
+        busy_for: q.youngest_running(Instant::now()).unwrap_or_default(),
+        call_memory: shared.default_budget,
+        memory: q.memory,
+        cpu_cap: shared.cap(),
+        cpu_period: node.config.cluster.cfs_period,
+        free_cores: (shared.spec_cores - busy).max(0.0),
+    })
+}
+
 // ---- the queue's bookkeeping (pure) ------------------------------------------------------
 
 /// Why the pool would not take a call.
@@ -412,6 +471,8 @@ pub(crate) struct Queue<J> {
     running: usize,
     /// The budgets of the running calls, together.
     admitted: u64,
+    /// When each running call started (for how long the pool has been busy).
+    since: HashMap<u64, Instant>,
     stopped: bool,
     counts: PushCounts,
 }
@@ -426,6 +487,7 @@ impl<J> Queue<J> {
             stages: HashMap::new(),
             running: 0,
             admitted: 0,
+            since: HashMap::new(),
             stopped: false,
             counts: PushCounts::default(),
         }
@@ -500,6 +562,7 @@ impl<J> Queue<J> {
         self.running += 1;
         self.admitted += w.budget;
         self.stages.insert(w.ticket, Stage::Running);
+        self.since.insert(w.ticket, Instant::now());
         Some((w.ticket, w.budget, w.job))
     }
 
@@ -508,6 +571,7 @@ impl<J> Queue<J> {
     pub(crate) fn finish(&mut self, ticket: u64, budget: u64, panicked: bool) -> bool {
         self.running = self.running.saturating_sub(1);
         self.admitted = self.admitted.saturating_sub(budget);
+        self.since.remove(&ticket);
         let late = self.stages.remove(&ticket) == Some(Stage::Abandoned);
         if panicked {
             self.counts.panicked += 1;
@@ -577,6 +641,24 @@ impl<J> Queue<J> {
 
     pub(crate) fn queued(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// Running calls whose caller gave up on them (timed out or dropped): they hold
+    /// their thread until their closure returns.
+    pub(crate) fn abandoned(&self) -> usize {
+        self.stages
+            .values()
+            .filter(|s| **s == Stage::Abandoned)
+            .count()
+    }
+
+    /// How long the most recently started running call has run at `now` (`None`: none
+    /// runs).
+    pub(crate) fn youngest_running(&self, now: Instant) -> Option<Duration> {
+        self.since
+            .values()
+            .map(|t| now.saturating_duration_since(*t))
+            .min()
     }
 
     pub(crate) fn counts(&self) -> PushCounts {
@@ -1205,6 +1287,23 @@ mod tests {
     fn arrive_and_queue(q: &mut Queue<&'static str>, ticket: u64, budget: u64, job: &'static str) {
         q.arrive(ticket, budget).unwrap();
         assert!(q.enqueue(ticket, budget, job).is_ok());
+    }
+
+    #[test]
+    fn the_queue_knows_how_long_its_running_calls_ran_and_which_were_abandoned() {
+        let mut q = q(1, 100 * MIB, 10);
+        assert_eq!(q.youngest_running(Instant::now()), None);
+        arrive_and_queue(&mut q, 1, MIB, "a");
+        let t0 = Instant::now();
+        assert!(q.next().is_some());
+        let later = t0 + Duration::from_millis(300);
+        let ran = q.youngest_running(later).expect("one runs");
+        assert!(ran <= Duration::from_millis(300) && ran > Duration::from_millis(250));
+        assert_eq!(q.abandoned(), 0);
+        assert_eq!(q.cancel(1, Why::Timeout), CancelOutcome::TooLate);
+        assert_eq!(q.abandoned(), 1, "a timed-out call keeps its thread");
+        assert!(q.finish(1, MIB, false));
+        assert_eq!((q.abandoned(), q.youngest_running(later)), (0, None));
     }
 
     #[test]
