@@ -228,7 +228,8 @@ fn throughput(
     // Nodes one per vCPU (as the reaction part pins them), rayon's threads likewise:
     // unpinned, the kernel now and then runs two busy threads on one vCPU for several
     // milliseconds, which Greedy's workers rightly read as a contended core (see the
-    // README's Known limits); pinned, both systems get the two vCPUs whole.
+    // guide's known limits, docs/guide/known-limits.md); pinned, both systems get the
+    // two vCPUs whole.
     let pids: Vec<u32> = cluster
         .spawned_nodes()
         .iter()

@@ -599,8 +599,9 @@ fn not_a_claim(file: &'static str, phrase: &'static str, why: &'static str) -> C
     }
 }
 
-const README: &str = "README.md";
 const CONCEPTS: &str = "docs/guide/concepts.md";
+const PROGRAMMING: &str = "docs/guide/programming.md";
+const TESTING: &str = "docs/guide/testing.md";
 const CONFIGURATION: &str = "docs/guide/configuration.md";
 const MULTI: &str = "docs/guide/multi-machine.md";
 const OPERATIONS: &str = "docs/guide/operations.md";
@@ -643,21 +644,21 @@ fn claims() -> Vec<Claim> {
             "fs.stripe",
             "1MiB",
         ),
-        // README.md
+        // moved from the README: docs/guide/programming.md, testing.md, operations.md
         claim(
-            README,
+            PROGRAMMING,
             "starts, by default, a controller inside the",
             "a controller inside the",
             Check::Setting("cluster.controller", "off"),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "failure-detection timeout, default 1 s",
             "1 s",
             Check::Setting("cluster.failure_timeout", "1s"),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "`ArgmaxPolicy` the default",
             "ArgmaxPolicy",
             Check::Source(
@@ -666,7 +667,7 @@ fn claims() -> Vec<Claim> {
             ),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "low-latency default: at most 2 MiB",
             "2 MiB",
             Check::Value(
@@ -675,7 +676,7 @@ fn claims() -> Vec<Claim> {
             ),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "`Greedy` (the default)",
             "Greedy",
             Check::Source(
@@ -684,91 +685,67 @@ fn claims() -> Vec<Claim> {
             ),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "(`short`, default 64)",
             "64",
             Check::Source("crates/batch/src/policy.rs", "short: 64,"),
         ),
         setting(
-            README,
-            "(default `127.0.0.1:0`, a free port;",
-            "cluster.dashboard",
-            "127.0.0.1:0",
-        ),
-        setting(README, "(default `warn`;", "cluster.log", "warn"),
-        claim(
-            README,
-            "own given to `ClusterBuilder::defaults` (`granule demo` brings three nodes this way); the",
-            "three nodes",
-            Check::Source(
-                "crates/cli/src/demo.rs",
-                "\"cpu=1,mem=512MiB;cpu=1,mem=512MiB;cpu=1,mem=512MiB\"",
-            ),
-        ),
-        setting(
-            README,
+            TESTING,
             "`faults.enabled` is off by default",
             "faults.enabled",
             "off",
         ),
         claim(
-            README,
+            OPERATIONS,
             "throttled node stalls at most 20 ms, not the kernel default's 100)",
             "20 ms",
             Check::Setting("cluster.cfs_period", "20ms"),
         ),
         not_a_claim(
-            README,
+            OPERATIONS,
             "with the default weight",
             "the kernel's default cpu.shares; the value given next to it is an example flag",
         ),
         claim(
-            README,
-            "(DIR defaults to `docs/results`)",
-            "docs/results",
-            Check::Flag(&["bench"], "--out", "docs/results"),
-        ),
-        // README.md: defaults stated without the word (not required by the detector;
-        // checked all the same)
-        claim(
-            README,
+            PROGRAMMING,
             "in 512 KiB chunks",
             "512 KiB",
             Check::Setting("migration.chunk", "512KiB"),
         ),
-        setting(README, "chunks, 8 in flight", "migration.window", "8"),
+        setting(PROGRAMMING, "chunks, 8 in flight", "migration.window", "8"),
         claim(
-            README,
+            PROGRAMMING,
             "averaged with a 1 s time constant",
             "1 s",
             Check::Setting("pressure.cpu_window", "1s"),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "samples its memory every 5 ms",
             "5 ms",
             Check::Setting("pressure.mem_interval", "5ms"),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "10 % of the limit, at least 32 MiB and at most 256 MiB",
             "32 MiB",
             Check::Value(mem_free_min_accepts, MEM_FREE_MIN_AUTO),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "less than 2 s at the rate",
             "2 s",
             Check::Setting("pressure.mem_horizon", "2s"),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "throttled in more than 20 % of its",
             "20 %",
             Check::Setting("pressure.cpu_throttled_max", "0.2"),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "decided every 2 ms",
             "2 ms",
             Check::Value(
@@ -777,7 +754,7 @@ fn claims() -> Vec<Claim> {
             ),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "(`new()`, shards ≤ 2 MiB",
             "2 MiB",
             Check::Value(
@@ -786,7 +763,7 @@ fn claims() -> Vec<Claim> {
             ),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "(`batching()`, shards ≤ 32 MiB",
             "32 MiB",
             Check::Value(
@@ -795,13 +772,13 @@ fn claims() -> Vec<Claim> {
             ),
         ),
         claim(
-            README,
+            OPERATIONS,
             "heartbeats (every 100 ms)",
             "100 ms",
             Check::Setting("cluster.heartbeat", "100ms"),
         ),
         claim(
-            README,
+            OPERATIONS,
             "it keeps the last 2000",
             "2000",
             Check::Source(
@@ -810,7 +787,7 @@ fn claims() -> Vec<Claim> {
             ),
         ),
         claim(
-            README,
+            PROGRAMMING,
             "grows onto nodes with ≥ 0.6 idle cores",
             "0.6",
             Check::Value(
@@ -969,7 +946,12 @@ fn claims() -> Vec<Claim> {
             "1s",
             Check::Flag(&["top"], "--interval", "1s"),
         ),
-        setting(OPERATIONS, "(default `warn`; `info` shows", "cluster.log", "warn"),
+        setting(
+            OPERATIONS,
+            "(default `warn`; `info` shows",
+            "cluster.log",
+            "warn",
+        ),
         // docs/guide/troubleshooting.md
         setting(
             TROUBLESHOOTING,

@@ -1,7 +1,7 @@
 //! The controller's state and the decisions made on it (registration, placement, the
 //! location map, failure detection). Pure logic, no I/O: the server wraps it in a lock.
 //!
-//! Placement policy (documented in the README):
+//! Placement policy (documented in docs/guide/programming.md):
 //! - **compute** proclets go to the node with the most idle cores: spec cores − cores busy
 //!   in its last heartbeat − 0.25 for each compute proclet placed on it since;
 //! - **memory** proclets go to the node with the most free memory: spec memory − resident

@@ -110,4 +110,12 @@ pub mod guide {
     pub mod market {}
     #[doc = include_str!("../../../docs/guide/pushdown.md")]
     pub mod pushdown {}
+    #[doc = include_str!("../../../docs/guide/programming.md")]
+    pub mod programming {}
+    #[doc = include_str!("../../../docs/guide/testing.md")]
+    pub mod testing {}
+    #[doc = include_str!("../../../docs/guide/known-limits.md")]
+    pub mod known_limits {}
+    #[doc = include_str!("../../../docs/guide/migrating.md")]
+    pub mod migrating {}
 }

@@ -13,7 +13,7 @@
 //!   with a growing delay (up to a minute), not in a tight loop.
 //!
 //! Proclets of a node that died are not brought back: a replacement starts empty (see
-//! the README's "What a failure costs").
+//! "What a failure costs" in docs/guide/concepts.md).
 
 use crate::boot::{BootPayload, BOOT_ENV};
 use crate::error::ClusterError;

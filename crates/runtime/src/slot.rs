@@ -1,6 +1,6 @@
 //! A hosted proclet (its *slot*) and the lock that serializes calls on it.
 //!
-//! Synchronization rule (documented in the README and on `Proclet::run`):
+//! Synchronization rule (documented in docs/guide/programming.md and on `Proclet::run`):
 //! - `run` calls get `&mut S` and are serialized per proclet (one at a time);
 //! - `run_ref` calls get `&S` and run concurrently with each other, never with a `run`;
 //! - waiting calls are granted in arrival order (a waiting `run` is not starved by a
