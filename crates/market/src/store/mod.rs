@@ -463,6 +463,8 @@ impl Drop for OpenConn {
 /// A connection's own state.
 struct Conn {
     authed: bool,
+    /// The decoder, which resumes a partly received command where it stopped.
+    parser: resp::Parser,
 }
 
 async fn serve_conn(shared: &Shared, mut sock: TcpStream) {
@@ -470,7 +472,10 @@ async fn serve_conn(shared: &Shared, mut sock: TcpStream) {
     let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut args: Vec<(usize, usize)> = Vec::with_capacity(8);
-    let mut conn = Conn { authed: false };
+    let mut conn = Conn {
+        authed: false,
+        parser: resp::Parser::default(),
+    };
     loop {
         if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
             rbuf.reserve(READ_CHUNK);
@@ -535,7 +540,7 @@ impl Shared {
         let mut pos = 0;
         let mut guard: Option<parking_lot::MutexGuard<'_, Inner>> = None;
         loop {
-            match resp::parse(&buf[pos..], &self.limits, args) {
+            match conn.parser.parse(&buf[pos..], &self.limits, args) {
                 Ok(None) => return (pos, false),
                 Ok(Some(n)) => {
                     if args.is_empty() {
