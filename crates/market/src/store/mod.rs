@@ -29,6 +29,7 @@ use keyspace::{Keyspace, SetCond, SetOutcome, SetTtl};
 use parking_lot::Mutex;
 use resp::Limits;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,6 +37,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 
 /// One store's settings.
 #[derive(Clone, Debug)]
@@ -56,6 +58,10 @@ pub struct StoreConfig {
     pub max_bulk: usize,
     /// Most arguments in one command.
     pub max_args: usize,
+    /// How long a connection may stay unauthenticated before it is closed.
+    pub auth_timeout: Duration,
+    /// Unauthenticated connections at most; a new one beyond closes the oldest of them.
+    pub max_unauthenticated: usize,
 }
 
 impl StoreConfig {
@@ -80,6 +86,8 @@ impl StoreConfig {
             max_connections: usize::try_from(m.store_max_connections).unwrap_or(usize::MAX),
             max_bulk: usize::try_from(m.store_max_bulk).unwrap_or(usize::MAX),
             max_args: usize::try_from(m.store_max_args).unwrap_or(usize::MAX),
+            auth_timeout: m.store_auth_timeout,
+            max_unauthenticated: usize::try_from(m.store_max_unauthenticated).unwrap_or(usize::MAX),
         }
     }
 }
@@ -101,6 +109,11 @@ pub struct StoreStats {
     pub rate_limited: u64,
     /// Connections open now.
     pub connections: u64,
+    /// Of those, connections that have not authenticated.
+    pub unauthenticated: u64,
+    /// Bytes the connections hold in buffers (read buffers, replies, queued
+    /// transactions), counted against the capacity with the data.
+    pub buffer_bytes: u64,
     pub auth_failures: u64,
     pub commands: u64,
     pub protocol_errors: u64,
@@ -132,8 +145,26 @@ const NOT_INT: &[u8] = b"-ERR value is not an integer or out of range\r\n";
 /// How often the active expiry cycle runs.
 const EXPIRE_PERIOD: Duration = Duration::from_millis(100);
 
-/// A connection's read buffer grows by at least this much.
+/// A connection's read buffer grows by at least this much once it authenticated.
 const READ_CHUNK: usize = 16 << 10;
+
+/// ... and by this much before: a stranger's connection holds little.
+const PRE_AUTH_CHUNK: usize = 1 << 10;
+
+/// Buffers past this size are given back after the command that needed them (one large
+/// value or reply must not pin its buffer for the life of the connection); below it they
+/// are kept, so pipelined traffic does not reallocate per batch.
+const SHRINK_ABOVE: usize = 1 << 20;
+
+/// What a connection may send before it authenticates (Redis's rule: a multibulk of at
+/// most 10 arguments, bulk strings of at most 16 KiB; past them, a protocol error and the
+/// connection is closed). Enough for `AUTH`, `HELLO 3 AUTH user pass SETNAME name` and
+/// the commands clients send first.
+const PRE_AUTH: Limits = Limits {
+    max_bulk: 16 << 10,
+    max_args: 10,
+    max_inline: 16 << 10,
+};
 
 /// The state every connection of a store shares, behind one lock taken once per read.
 struct Inner {
@@ -195,6 +226,15 @@ struct Shared {
     limits: Limits,
     max_connections: u64,
     connections: AtomicU64,
+    auth_timeout: Duration,
+    max_unauthenticated: usize,
+    /// Connections not yet authenticated, oldest first (by connection number), each with
+    /// the signal that closes it when a newer stranger needs its place.
+    unauthed: Mutex<BTreeMap<u64, Arc<Notify>>>,
+    /// Connections numbered so far.
+    conn_ids: AtomicU64,
+    /// Bytes every connection's buffers hold now (see [`Counted`]).
+    buffers: AtomicU64,
     epoch: Instant,
     port: u16,
     consumer: String,
@@ -264,6 +304,11 @@ impl Store {
             },
             max_connections: cfg.max_connections as u64,
             connections: AtomicU64::new(0),
+            auth_timeout: cfg.auth_timeout,
+            max_unauthenticated: cfg.max_unauthenticated.max(1),
+            unauthed: Mutex::new(BTreeMap::new()),
+            conn_ids: AtomicU64::new(0),
+            buffers: AtomicU64::new(0),
             epoch: Instant::now(),
             port: addr.port(),
             consumer: cfg.consumer.clone(),
@@ -319,6 +364,8 @@ impl Store {
             rejected_writes: g.rejected_writes,
             rate_limited: g.rate_limited,
             connections: self.shared.connections.load(Ordering::Relaxed),
+            unauthenticated: self.shared.unauthed.lock().len() as u64,
+            buffer_bytes: self.shared.buffers.load(Ordering::Relaxed),
             auth_failures: g.auth_failures,
             commands: g.commands,
             protocol_errors: g.protocol_errors,
@@ -349,7 +396,10 @@ impl Store {
                 let _ = t.join();
             }
         }
-        self.shared.inner.lock().ks.clear();
+        let mut g = self.shared.inner.lock();
+        g.ks.clear();
+        // The connections' buffers went with the thread.
+        g.ks.set_buffers(0);
     }
 }
 
@@ -410,6 +460,7 @@ async fn serve(
                 tick.tick().await;
                 let now_ms = shared.epoch.elapsed().as_millis() as u64;
                 let mut g = shared.inner.lock();
+                g.ks.set_buffers(shared.buffers.load(Ordering::Relaxed));
                 // Like Redis: repeat while a quarter or more of a round had expired,
                 // within a bound so one cycle stays short.
                 for _ in 0..16 {
@@ -426,18 +477,42 @@ async fn serve(
             _ = stop.wait_for(|s| *s) => break,
             r = listener.accept() => match r {
                 Ok((sock, _peer)) => {
-                    let n = shared.connections.load(Ordering::Relaxed);
-                    if n >= shared.max_connections {
+                    let full = shared.connections.load(Ordering::Relaxed) >= shared.max_connections;
+                    let id = shared.conn_ids.fetch_add(1, Ordering::Relaxed);
+                    let kick = Arc::new(Notify::new());
+                    let victim = {
+                        let mut strangers = shared.unauthed.lock();
+                        // A new connection takes the place of the oldest that has not
+                        // authenticated when strangers hold their share, or every place:
+                        // silent sockets cannot lock the lease holder out.
+                        let victim = if strangers.len() >= shared.max_unauthenticated
+                            || (full && !strangers.is_empty())
+                        {
+                            strangers.pop_first()
+                        } else {
+                            None
+                        };
+                        if full && victim.is_none() {
+                            None
+                        } else {
+                            strangers.insert(id, kick.clone());
+                            Some(victim)
+                        }
+                    };
+                    let Some(victim) = victim else {
                         // A fresh socket has room for one short line: no need to wait.
                         let _ = sock.try_write(MAX_CLIENTS);
                         continue;
+                    };
+                    if let Some((_, k)) = victim {
+                        k.notify_one();
                     }
                     shared.connections.fetch_add(1, Ordering::Relaxed);
                     shared.inner.lock().connections_total += 1;
                     let sh = shared.clone();
                     tokio::spawn(async move {
-                        let _open = OpenConn(sh.clone());
-                        serve_conn(&sh, sock).await;
+                        let _open = OpenConn(sh.clone(), id);
+                        serve_conn(&sh, sock, id, kick).await;
                     });
                 }
                 Err(e) => {
@@ -451,12 +526,45 @@ async fn serve(
     expiry.abort();
 }
 
-/// Counts a connection as open while it lives (also when its task is dropped at shutdown).
-struct OpenConn(Arc<Shared>);
+/// Counts a connection as open (and, until it authenticates, as a stranger) while it
+/// lives, also when its task is dropped at shutdown.
+struct OpenConn(Arc<Shared>, u64);
 
 impl Drop for OpenConn {
     fn drop(&mut self) {
+        self.0.unauthed.lock().remove(&self.1);
         self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection's buffers as counted in [`Shared::buffers`]: updated when their size
+/// changes (a comparison per read otherwise), uncounted when the connection ends.
+struct Counted<'a> {
+    shared: &'a Shared,
+    bytes: u64,
+}
+
+impl Counted<'_> {
+    fn set(&mut self, bytes: usize) {
+        let bytes = bytes as u64;
+        if bytes != self.bytes {
+            if bytes > self.bytes {
+                self.shared
+                    .buffers
+                    .fetch_add(bytes - self.bytes, Ordering::Relaxed);
+            } else {
+                self.shared
+                    .buffers
+                    .fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+            }
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.set(0);
     }
 }
 
@@ -467,40 +575,85 @@ struct Conn {
     parser: resp::Parser,
 }
 
-async fn serve_conn(shared: &Shared, mut sock: TcpStream) {
+async fn serve_conn(shared: &Shared, mut sock: TcpStream, id: u64, kick: Arc<Notify>) {
     let _ = sock.set_nodelay(true);
-    let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
-    let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut counted = Counted { shared, bytes: 0 };
+    // Small until the connection authenticates: a stranger costs (almost) nothing.
+    let mut rbuf = BytesMut::with_capacity(PRE_AUTH_CHUNK);
+    let mut out: Vec<u8> = Vec::new();
     let mut args: Vec<(usize, usize)> = Vec::with_capacity(8);
     let mut conn = Conn {
         authed: false,
         parser: resp::Parser::default(),
     };
+    let deadline = tokio::time::Instant::now() + shared.auth_timeout;
     loop {
-        if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
-            rbuf.reserve(READ_CHUNK);
+        let chunk = if conn.authed {
+            READ_CHUNK
+        } else {
+            PRE_AUTH_CHUNK
+        };
+        if rbuf.capacity() - rbuf.len() < chunk / 4 {
+            rbuf.reserve(chunk);
         }
-        match sock.read_buf(&mut rbuf).await {
+        counted.set(buffer_bytes(&rbuf, &out, &args));
+        let read = if conn.authed {
+            sock.read_buf(&mut rbuf).await
+        } else {
+            tokio::select! {
+                r = sock.read_buf(&mut rbuf) => r,
+                () = kick.notified() => {
+                    let _ = sock.try_write(b"-ERR too many unauthenticated connections: closing the oldest\r\n");
+                    return;
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    let _ = sock.try_write(b"-ERR not authenticated in time: closing\r\n");
+                    return;
+                }
+            }
+        };
+        match read {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
+        counted.set(buffer_bytes(&rbuf, &out, &args));
+        let was_authed = conn.authed;
         let (used, close) = shared.process(&rbuf, &mut args, &mut out, &mut conn);
+        if conn.authed && !was_authed {
+            shared.unauthed.lock().remove(&id);
+        }
         rbuf.advance(used);
         if !out.is_empty() {
+            counted.set(buffer_bytes(&rbuf, &out, &args));
             if sock.write_all(&out).await.is_err() {
                 return;
             }
             out.clear();
-            if out.capacity() > (4 << 20) {
+            if out.capacity() > SHRINK_ABOVE {
                 // One large reply (MGET of big values) should not pin its buffer forever.
-                out = Vec::with_capacity(READ_CHUNK);
+                out = Vec::new();
             }
         }
         if close {
             let _ = sock.shutdown().await;
             return;
         }
+        // The same for a large command once it ran (what is left is a partial command:
+        // its bytes move along, and the parser's offsets, relative to its start, hold).
+        if rbuf.capacity() > SHRINK_ABOVE && rbuf.len() <= READ_CHUNK / 2 {
+            let mut small = BytesMut::with_capacity(READ_CHUNK);
+            small.extend_from_slice(&rbuf);
+            rbuf = small;
+        }
+        if args.capacity() > 1024 && !conn.parser.in_progress() {
+            args = Vec::with_capacity(8);
+        }
     }
+}
+
+/// Bytes a connection's buffers take.
+fn buffer_bytes(rbuf: &BytesMut, out: &Vec<u8>, args: &Vec<(usize, usize)>) -> usize {
+    rbuf.capacity() + out.capacity() + args.capacity() * std::mem::size_of::<(usize, usize)>()
 }
 
 /// One parsed command: its arguments as ranges of the read buffer.
@@ -540,7 +693,8 @@ impl Shared {
         let mut pos = 0;
         let mut guard: Option<parking_lot::MutexGuard<'_, Inner>> = None;
         loop {
-            match conn.parser.parse(&buf[pos..], &self.limits, args) {
+            let limits = if conn.authed { &self.limits } else { &PRE_AUTH };
+            match conn.parser.parse(&buf[pos..], limits, args) {
                 Ok(None) => return (pos, false),
                 Ok(Some(n)) => {
                     if args.is_empty() {
@@ -550,6 +704,7 @@ impl Shared {
                     let g = guard.get_or_insert_with(|| {
                         let mut g = self.inner.lock();
                         g.now_ms = self.epoch.elapsed().as_millis() as u64;
+                        g.ks.set_buffers(self.buffers.load(Ordering::Relaxed));
                         if g.bucket.rate != 0 {
                             g.bucket.refill(Instant::now());
                         }
@@ -575,7 +730,17 @@ impl Shared {
                 Err(e) => {
                     let g = guard.get_or_insert_with(|| self.inner.lock());
                     g.protocol_errors += 1;
-                    out.extend_from_slice(format!("-ERR Protocol error: {e}\r\n").as_bytes());
+                    // Worded as Redis words them before authentication.
+                    let text = match e {
+                        resp::ProtocolError::TooManyArgs { .. } if !conn.authed => {
+                            "unauthenticated multibulk length".to_string()
+                        }
+                        resp::ProtocolError::BulkTooLong { .. } if !conn.authed => {
+                            "unauthenticated bulk length".to_string()
+                        }
+                        e => e.to_string(),
+                    };
+                    out.extend_from_slice(format!("-ERR Protocol error: {text}\r\n").as_bytes());
                     return (pos, true);
                 }
             }
@@ -995,8 +1160,9 @@ impl Inner {
             s,
             "# Server\r\nredis_version:7.0.0\r\ngranule_store:{ver}\r\nredis_mode:standalone\r\n\
              process_id:{pid}\r\ntcp_port:{port}\r\nuptime_in_seconds:{up}\r\nlease_consumer:{consumer}\r\n\r\n\
-             # Clients\r\nconnected_clients:{conns}\r\nmaxclients:{maxc}\r\n\r\n\
-             # Memory\r\nused_memory:{used}\r\nmaxmemory:{cap}\r\nmaxmemory_policy:{policy}\r\n\r\n\
+             # Clients\r\nconnected_clients:{conns}\r\nunauthenticated_clients:{strangers}\r\nmaxclients:{maxc}\r\n\r\n\
+             # Memory\r\nused_memory:{used}\r\nused_memory_dataset:{data}\r\nmem_clients_normal:{bufs}\r\n\
+             maxmemory:{cap}\r\nmaxmemory_policy:{policy}\r\n\r\n\
              # Stats\r\ntotal_connections_received:{total}\r\ntotal_commands_processed:{cmds}\r\n\
              keyspace_hits:{hits}\r\nkeyspace_misses:{misses}\r\nevicted_keys:{ek}\r\nevicted_bytes:{eb}\r\n\
              expired_keys:{xk}\r\nrejected_writes:{rw}\r\nrate_limited:{rl}\r\nrate_limit_bps:{rate}\r\n\
@@ -1008,8 +1174,11 @@ impl Inner {
             up = shared.epoch.elapsed().as_secs(),
             consumer = printable(shared.consumer.as_bytes()),
             conns = shared.connections.load(Ordering::Relaxed),
+            strangers = shared.unauthed.lock().len(),
             maxc = shared.max_connections,
-            used = ks.used(),
+            used = ks.used() + ks.buffers(),
+            data = ks.used(),
+            bufs = ks.buffers(),
             cap = ks.capacity(),
             total = self.connections_total,
             cmds = self.commands,

@@ -451,3 +451,167 @@ fn shrink_in_proportion_to_sizes() {
     assert_eq!(got[1], full_small - small.stats().used_bytes);
     assert!(got[0] > 3 * got[1], "{got:?}");
 }
+
+// ---- strangers: what a client that has not authenticated may cost ----------------------
+
+/// Numeric fields of one `INFO` reply, asked over `c`.
+fn info_fields<const N: usize>(c: &mut Client, names: [&str; N]) -> [u64; N] {
+    let r = c.call(&[b"INFO"]);
+    names.map(|name| {
+        r.split("\r\n")
+            .find_map(|l| l.strip_prefix(&format!("{name}:"))?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO has no {name}: {r}"))
+    })
+}
+
+/// A numeric field of `INFO`, asked over `c`.
+fn info_field(c: &mut Client, name: &str) -> u64 {
+    info_fields(c, [name])[0]
+}
+
+/// A store with these bounds for connections.
+fn start_guarded(
+    max_connections: usize,
+    max_unauthenticated: usize,
+    auth_timeout: Duration,
+) -> Store {
+    let mut cfg = StoreConfig::new(64 << 20, SECRET, EvictionMode::Lru);
+    cfg.max_connections = max_connections;
+    cfg.max_unauthenticated = max_unauthenticated;
+    cfg.auth_timeout = auth_timeout;
+    Store::start("127.0.0.1:0", cfg).unwrap()
+}
+
+/// Unauthenticated clients each sending most of a 16 MB AUTH argument grew a 64 MiB
+/// store by hundreds of MiB. Before AUTH, a command is at most 10 arguments of at most
+/// 16 KiB (Redis's rule); what strangers do buffer counts against the store's memory.
+#[test]
+fn strangers_cannot_make_the_store_buffer_large_commands() {
+    let store = start(64 << 20, EvictionMode::Lru);
+    let mut holder = Client::authed(&store);
+    let mut strangers: Vec<Client> = (0..40).map(|_| Client::connect(&store)).collect();
+    for s in &mut strangers {
+        s.send(b"*2\r\n$4\r\nAUTH\r\n$16000000\r\n");
+        // The store may close before all of it is sent.
+        let _ = s.s.write_all(&[b'x'; 64 << 10]);
+    }
+    for s in &mut strangers {
+        assert_eq!(
+            s.reply(),
+            "-ERR Protocol error: unauthenticated bulk length"
+        );
+        assert!(s.closed());
+    }
+    let mut c = Client::connect(&store);
+    c.send(b"*11\r\n");
+    assert_eq!(
+        c.reply(),
+        "-ERR Protocol error: unauthenticated multibulk length"
+    );
+    assert!(c.closed());
+    // Within the bounds: a wrong password of 16 KiB is just a wrong password.
+    let mut c = Client::connect(&store);
+    assert_eq!(
+        c.call(&[b"AUTH", &[b'p'; 16 << 10]]),
+        "-WRONGPASS invalid password"
+    );
+    // Strangers in the middle of a (legal) command hold their bytes, counted with the data.
+    let mut strangers: Vec<Client> = (0..40).map(|_| Client::connect(&store)).collect();
+    for s in &mut strangers {
+        s.send(b"*2\r\n$4\r\nAUTH\r\n$16000\r\n");
+        s.send(&[b'x'; 15_000]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut held = 0;
+    while Instant::now() < deadline {
+        held = info_field(&mut holder, "mem_clients_normal");
+        if held >= 40 * 15_000 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(held >= 40 * 15_000, "buffers counted: {held}");
+    assert!(held <= 41 * (64 << 10), "40 strangers hold {held} bytes");
+    let [used, data, bufs] = info_fields(
+        &mut holder,
+        ["used_memory", "used_memory_dataset", "mem_clients_normal"],
+    );
+    assert_eq!(used, data + bufs);
+    // ... and the one that gave a wrong password.
+    assert_eq!(store.stats().unauthenticated, 41);
+    drop(strangers);
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.stats().connections > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        store.stats().buffer_bytes <= 64 << 10,
+        "{:?}",
+        store.stats()
+    );
+}
+
+/// 1,024 silent sockets locked the lease holder out of a store: strangers get a share of
+/// the connections (a new one closes the oldest), and are closed if they do not
+/// authenticate in time.
+#[test]
+fn silent_strangers_neither_lock_the_holder_out_nor_stay() {
+    let store = start_guarded(32, 8, Duration::from_millis(500));
+    let mut silent: Vec<StdStream> = (0..64)
+        .map(|_| StdStream::connect(store.addr()).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut holder = Client::connect(&store);
+    assert_eq!(holder.call(&[b"AUTH", SECRET.as_bytes()]), "+OK");
+    assert_eq!(holder.call(&[b"PING"]), "+PONG");
+    assert!(store.stats().unauthenticated <= 8, "{:?}", store.stats());
+    // The strangers still open are closed at the deadline; the holder stays.
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    let mut timed_out = 0;
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = Vec::new();
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        if got.starts_with(b"-ERR not authenticated in time") {
+            timed_out += 1;
+        }
+    }
+    assert!(timed_out >= 1, "no stranger timed out");
+    assert!(started.elapsed() < Duration::from_secs(4));
+    while store.stats().unauthenticated > 0 && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(store.stats().unauthenticated, 0);
+    assert_eq!(holder.call(&[b"PING"]), "+PONG");
+    // Authenticated clients keep the room strangers cannot take.
+    let mut clients: Vec<Client> = (0..31).map(|_| Client::authed(&store)).collect();
+    let mut late = Client::connect(&store);
+    assert_eq!(late.reply(), "-ERR max number of clients reached");
+    assert_eq!(clients[0].call(&[b"PING"]), "+PONG");
+}
+
+/// A large command's buffer is given back once it ran.
+#[test]
+fn buffers_shrink_after_a_large_command() {
+    let store = start(64 << 20, EvictionMode::Lru);
+    let mut c = Client::authed(&store);
+    let big = vec![b'v'; 8 << 20];
+    assert_eq!(c.call(&[b"SET", b"big", &big]), "+OK");
+    assert_eq!(
+        c.call(&[b"GET", b"big"]).len(),
+        "$8388608:".len() + (8 << 20)
+    );
+    assert_eq!(c.call(&[b"PING"]), "+PONG");
+    let held = info_field(&mut c, "mem_clients_normal");
+    assert!(
+        held <= 256 << 10,
+        "one connection holds {held} bytes after a large command"
+    );
+}
