@@ -117,6 +117,8 @@ pub struct StoreStats {
     pub auth_failures: u64,
     pub commands: u64,
     pub protocol_errors: u64,
+    /// Times the store gave freed memory back to the system.
+    pub memory_releases: u64,
 }
 
 /// Why a store could not start.
@@ -180,7 +182,38 @@ struct Inner {
     commands: u64,
     protocol_errors: u64,
     connections_total: u64,
+    /// Times freed memory was given back to the system.
+    memory_releases: u64,
+    /// The most the data held (as seen by the expiry cycle) since the last time.
+    peak_since_release: u64,
 }
+
+impl Inner {
+    /// Give the memory the allocator holds but no longer uses back to the system (after
+    /// FLUSHDB, an eviction wave, the lease's end): the machine's owner gets back what
+    /// the store no longer holds, not just what it never took.
+    fn release_memory(&mut self) {
+        granule_host::os::release_free_memory();
+        self.memory_releases += 1;
+        self.peak_since_release = self.ks.used();
+    }
+
+    /// [`Inner::release_memory`] once the data shrank by an eighth of the capacity (at
+    /// least [`RELEASE_WAVE_MIN`]) from its peak since the last time: after a wave of
+    /// deletes, expiries or evictions, not while a full LRU store replaces what it evicts
+    /// (its memory is about to be used again).
+    fn release_after_wave(&mut self) {
+        let used = self.ks.used();
+        self.peak_since_release = self.peak_since_release.max(used);
+        if self.peak_since_release - used >= (self.ks.capacity() / 8).max(RELEASE_WAVE_MIN) {
+            self.release_memory();
+        }
+    }
+}
+
+/// The smallest wave of dropped entries worth giving memory back for (a trim walks the
+/// allocator's free lists: not for every few deletes).
+const RELEASE_WAVE_MIN: u64 = 1 << 20;
 
 /// A token bucket: `rate` bytes per second, bursts of one second's worth. A request is
 /// refused while the bucket is empty; its cost (request and reply bytes) is charged
@@ -295,6 +328,8 @@ impl Store {
                 commands: 0,
                 protocol_errors: 0,
                 connections_total: 0,
+                memory_releases: 0,
+                peak_since_release: 0,
             }),
             secret: blake3::hash(cfg.secret.as_bytes()),
             limits: Limits {
@@ -369,6 +404,7 @@ impl Store {
             auth_failures: g.auth_failures,
             commands: g.commands,
             protocol_errors: g.protocol_errors,
+            memory_releases: g.memory_releases,
         }
     }
 
@@ -376,7 +412,12 @@ impl Store {
     /// bytes evicted. No-eviction: evict nothing and return 0; writes that would go past
     /// the new size are refused from now on (the holder is to be sent a revocation notice).
     pub fn resize(&self, bytes: u64) -> u64 {
-        self.shared.inner.lock().ks.set_capacity(bytes)
+        let mut g = self.shared.inner.lock();
+        let evicted = g.ks.set_capacity(bytes);
+        if evicted > 0 {
+            g.release_memory();
+        }
+        evicted
     }
 
     /// The store's eviction mode.
@@ -389,6 +430,7 @@ impl Store {
     pub fn shutdown(&self) {
         self.shared.stop.send_replace(true);
         let thread = self.thread.lock().take();
+        let first = thread.is_some();
         if let Some(t) = thread {
             // The store's own thread cannot join itself (nothing of the store calls this
             // from there, but a caller's callback could).
@@ -398,8 +440,11 @@ impl Store {
         }
         let mut g = self.shared.inner.lock();
         g.ks.clear();
-        // The connections' buffers went with the thread.
+        // The connections' buffers and the runtime went with the thread.
         g.ks.set_buffers(0);
+        if first {
+            g.release_memory();
+        }
     }
 }
 
@@ -469,6 +514,8 @@ async fn serve(
                         break;
                     }
                 }
+                // After deletes, expiries or evictions since the last tick.
+                g.release_after_wave();
             }
         })
     };
@@ -947,6 +994,7 @@ impl Inner {
                     out.extend_from_slice(SYNTAX);
                 } else {
                     self.ks.clear();
+                    self.release_memory();
                     ok(out);
                 }
             }

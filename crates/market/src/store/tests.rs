@@ -615,3 +615,46 @@ fn buffers_shrink_after_a_large_command() {
         "one connection holds {held} bytes after a large command"
     );
 }
+
+/// Freed memory goes back to the system after FLUSHDB, a wave of deletes or evictions,
+/// and the store's end (the RSS side: `tests/memory.rs`).
+#[test]
+fn memory_is_given_back_after_flushes_waves_and_the_end() {
+    let store = start(8 << 20, EvictionMode::Lru);
+    let mut c = Client::authed(&store);
+    let releases = || store.stats().memory_releases;
+    let val = vec![b'x'; 4000];
+    let fill = |c: &mut Client, n: usize| {
+        for i in 0..n {
+            assert_eq!(c.call(&[b"SET", format!("k{i}").as_bytes(), &val]), "+OK");
+        }
+    };
+    fill(&mut c, 1000);
+    assert_eq!(releases(), 0);
+    assert_eq!(c.call(&[b"FLUSHDB"]), "+OK");
+    assert_eq!(releases(), 1);
+    // A full LRU store replacing what it evicts keeps its memory (it is reused at once).
+    fill(&mut c, 4000);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(releases(), 1);
+    // A wave of deletes: given back by the next expiry cycle.
+    for i in 0..4000 {
+        c.call(&[b"DEL", format!("k{i}").as_bytes()]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while releases() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // (Once or more: the cycle may run while the deletes still come.)
+    let after_wave = releases();
+    assert!(after_wave >= 2);
+    // The harvester taking memory back.
+    fill(&mut c, 1000);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(releases(), after_wave);
+    assert!(store.resize(1 << 20) > 0);
+    assert_eq!(releases(), after_wave + 1);
+    store.shutdown();
+    store.shutdown();
+    assert_eq!(releases(), after_wave + 2);
+}
