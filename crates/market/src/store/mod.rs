@@ -1,31 +1,41 @@
 //! A producer's stores: one per lease, each a TCP server speaking the Redis protocol
-//! (RESP2) over the leased memory, so `redis-cli`, `redis-benchmark` and client libraries
-//! work against it unmodified.
+//! (RESP2, and RESP3 after `HELLO 3`) over the leased memory, so `redis-cli`,
+//! `redis-benchmark` and client libraries (redis-py with its defaults) work against it
+//! unmodified.
 //!
 //! What it owns:
 //! - [`Store`]: one store's thread, listener, connections and data. Each store runs on a
 //!   thread of its own with a single-threaded tokio runtime (optionally pinned to a vCPU):
 //!   one event loop per store, like Redis, so a store's work never migrates and the data's
 //!   lock is never contended by its own connections;
-//! - the commands (`AUTH` with the lease's secret, `GET`, `SET` with `EX`/`PX`/`NX`/`XX`,
-//!   `DEL`, `EXISTS`, `MGET`, `MSET`, `EXPIRE`, `TTL`, `PING`, `INFO`, `DBSIZE`, `FLUSHDB`,
-//!   `SELECT 0`, `QUIT`, `COMMAND`, and a few more clients send when they start), with
-//!   pipelining: every command parsed from one read is answered in one write;
+//! - the connections: pipelining (every command parsed from one read is answered in one
+//!   write), their buffers (small until a client authenticates, given back after a large
+//!   command, counted against the store's capacity with the data), the connection bounds;
 //! - the bounds (bulk length, argument count, connections), the per-consumer token bucket,
 //!   and the capacity: approximate-LRU eviction or, in no-eviction mode, `-OOM` refusals
 //!   ([`keyspace`]); [`shrink_in_proportion`] for a harvester taking memory back;
-//! - the request decoder ([`resp`]).
+//! - giving freed memory back to the system (after `FLUSHDB`, an eviction or delete wave,
+//!   the store's end), through `granule_host::os::release_free_memory`;
+//! - the commands and their replies (`commands`: `AUTH`, `HELLO`, `GET`, `SET` with its
+//!   options, `DEL`, `EXISTS`, `MGET`, `MSET`, `EXPIRE`, `TTL`, `MULTI`/`EXEC`/`DISCARD`,
+//!   `INFO`, `CONFIG GET`, `CLIENT`, ...) and the request decoder ([`resp`]).
 //!
-//! Security: until `AUTH` succeeds a connection gets `-NOAUTH` for everything but `AUTH`
-//! and `QUIT`; secrets are compared as BLAKE3 digests (constant-time equality). A protocol
-//! error closes that connection only, after an `-ERR Protocol error: ...` reply.
+//! Security: a client that has not authenticated costs the machine almost nothing. Until
+//! `AUTH` (or `HELLO … AUTH`) succeeds a connection gets `-NOAUTH` for everything else, may
+//! send commands of at most 10 arguments of at most 16 KiB (Redis's rule; past it, a
+//! protocol error and the connection is closed), is closed after
+//! `market.store_auth_timeout`, and is one of at most `market.store_max_unauthenticated`
+//! (a newer one closes the oldest), so strangers cannot hold the lease holder's room.
+//! Secrets are compared as BLAKE3 digests (constant-time equality). A protocol error
+//! closes that connection only, after an `-ERR Protocol error: ...` reply.
 
+mod commands;
 pub mod keyspace;
 pub mod resp;
 
 use bytes::{Buf, BytesMut};
 pub use granule_wire::market::EvictionMode;
-use keyspace::{Keyspace, SetCond, SetOutcome, SetTtl};
+use keyspace::Keyspace;
 use parking_lot::Mutex;
 use resp::Limits;
 use serde::Serialize;
@@ -138,7 +148,6 @@ pub enum StoreError {
 
 /// Reply texts clients recognise (kept as Redis words them where Redis has the case).
 const NOAUTH: &[u8] = b"-NOAUTH Authentication required.\r\n";
-const WRONGPASS: &[u8] = b"-WRONGPASS invalid password\r\n";
 const OOM: &[u8] = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n";
 const MAX_CLIENTS: &[u8] = b"-ERR max number of clients reached\r\n";
 const SYNTAX: &[u8] = b"-ERR syntax error\r\n";
@@ -617,7 +626,15 @@ impl Drop for Counted<'_> {
 
 /// A connection's own state.
 struct Conn {
+    /// The connection's number (`CLIENT ID`, `HELLO`), from 1.
+    id: u64,
     authed: bool,
+    /// Whether it chose RESP3 (`HELLO 3`): its nulls and maps are written as RESP3's.
+    resp3: bool,
+    /// Its `CLIENT SETNAME`.
+    name: Option<Box<[u8]>>,
+    /// The commands queued since `MULTI`, while in one.
+    multi: Option<commands::Queued>,
     /// The decoder, which resumes a partly received command where it stopped.
     parser: resp::Parser,
 }
@@ -630,7 +647,11 @@ async fn serve_conn(shared: &Shared, mut sock: TcpStream, id: u64, kick: Arc<Not
     let mut out: Vec<u8> = Vec::new();
     let mut args: Vec<(usize, usize)> = Vec::with_capacity(8);
     let mut conn = Conn {
+        id: id + 1,
         authed: false,
+        resp3: false,
+        name: None,
+        multi: None,
         parser: resp::Parser::default(),
     };
     let deadline = tokio::time::Instant::now() + shared.auth_timeout;
@@ -643,7 +664,7 @@ async fn serve_conn(shared: &Shared, mut sock: TcpStream, id: u64, kick: Arc<Not
         if rbuf.capacity() - rbuf.len() < chunk / 4 {
             rbuf.reserve(chunk);
         }
-        counted.set(buffer_bytes(&rbuf, &out, &args));
+        counted.set(buffer_bytes(&rbuf, &out, &args, &conn));
         let read = if conn.authed {
             sock.read_buf(&mut rbuf).await
         } else {
@@ -663,7 +684,7 @@ async fn serve_conn(shared: &Shared, mut sock: TcpStream, id: u64, kick: Arc<Not
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
-        counted.set(buffer_bytes(&rbuf, &out, &args));
+        counted.set(buffer_bytes(&rbuf, &out, &args, &conn));
         let was_authed = conn.authed;
         let (used, close) = shared.process(&rbuf, &mut args, &mut out, &mut conn);
         if conn.authed && !was_authed {
@@ -671,7 +692,7 @@ async fn serve_conn(shared: &Shared, mut sock: TcpStream, id: u64, kick: Arc<Not
         }
         rbuf.advance(used);
         if !out.is_empty() {
-            counted.set(buffer_bytes(&rbuf, &out, &args));
+            counted.set(buffer_bytes(&rbuf, &out, &args, &conn));
             if sock.write_all(&out).await.is_err() {
                 return;
             }
@@ -699,8 +720,11 @@ async fn serve_conn(shared: &Shared, mut sock: TcpStream, id: u64, kick: Arc<Not
 }
 
 /// Bytes a connection's buffers take.
-fn buffer_bytes(rbuf: &BytesMut, out: &Vec<u8>, args: &Vec<(usize, usize)>) -> usize {
-    rbuf.capacity() + out.capacity() + args.capacity() * std::mem::size_of::<(usize, usize)>()
+fn buffer_bytes(rbuf: &BytesMut, out: &Vec<u8>, args: &Vec<(usize, usize)>, conn: &Conn) -> usize {
+    rbuf.capacity()
+        + out.capacity()
+        + args.capacity() * std::mem::size_of::<(usize, usize)>()
+        + conn.multi.as_ref().map_or(0, |q| q.footprint())
 }
 
 /// One parsed command: its arguments as ranges of the read buffer.
@@ -801,10 +825,6 @@ fn ok(out: &mut Vec<u8>) {
     out.extend_from_slice(b"+OK\r\n");
 }
 
-fn nil(out: &mut Vec<u8>) {
-    out.extend_from_slice(b"$-1\r\n");
-}
-
 fn int(out: &mut Vec<u8>, n: i64) {
     out.push(b':');
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
@@ -860,405 +880,6 @@ fn parse_i64(b: &[u8]) -> Option<i64> {
 fn is(a: &[u8], upper: &[u8]) -> bool {
     a.eq_ignore_ascii_case(upper)
 }
-
-impl Inner {
-    fn run(&mut self, shared: &Shared, cmd: &Cmd<'_>, out: &mut Vec<u8>, conn: &mut Conn) -> After {
-        let name = cmd.arg(0);
-        self.commands += 1;
-        // The hot pair first, once authenticated.
-        if conn.authed && self.bucket.allows() {
-            if is(name, b"GET") {
-                self.get(cmd, out);
-                return After::Continue;
-            }
-            if is(name, b"SET") {
-                self.set(cmd, out);
-                return After::Continue;
-            }
-        }
-        if is(name, b"AUTH") {
-            self.auth(shared, cmd, out, conn);
-            return After::Continue;
-        }
-        if is(name, b"QUIT") {
-            ok(out);
-            return After::Close;
-        }
-        if !conn.authed {
-            out.extend_from_slice(NOAUTH);
-            return After::Continue;
-        }
-        if !self.bucket.allows() {
-            self.rate_limited += 1;
-            err(
-                out,
-                &format!(
-                    "rate limit exceeded for this lease ({} bytes/s)",
-                    self.bucket.rate
-                ),
-            );
-            return After::Continue;
-        }
-        let now = self.now_ms;
-        match () {
-            _ if is(name, b"PING") => match cmd.len() {
-                1 => out.extend_from_slice(b"+PONG\r\n"),
-                2 => bulk(out, cmd.arg(1)),
-                _ => wrong_args(out, "ping"),
-            },
-            _ if is(name, b"ECHO") => match cmd.len() {
-                2 => bulk(out, cmd.arg(1)),
-                _ => wrong_args(out, "echo"),
-            },
-            _ if is(name, b"DEL") || is(name, b"UNLINK") => {
-                if cmd.len() < 2 {
-                    wrong_args(out, "del");
-                } else {
-                    let n = (1..cmd.len())
-                        .filter(|&i| self.ks.del(cmd.arg(i), now))
-                        .count();
-                    int(out, n as i64);
-                }
-            }
-            _ if is(name, b"EXISTS") => {
-                if cmd.len() < 2 {
-                    wrong_args(out, "exists");
-                } else {
-                    let n = (1..cmd.len())
-                        .filter(|&i| self.ks.exists(cmd.arg(i), now))
-                        .count();
-                    int(out, n as i64);
-                }
-            }
-            _ if is(name, b"MGET") => {
-                if cmd.len() < 2 {
-                    wrong_args(out, "mget");
-                } else {
-                    array(out, cmd.len() - 1);
-                    for i in 1..cmd.len() {
-                        match self.ks.get(cmd.arg(i), now) {
-                            Some(v) => {
-                                bulk(out, v);
-                                self.hits += 1;
-                            }
-                            None => {
-                                nil(out);
-                                self.misses += 1;
-                            }
-                        }
-                    }
-                }
-            }
-            _ if is(name, b"MSET") => self.mset(cmd, out),
-            _ if is(name, b"EXPIRE") || is(name, b"PEXPIRE") => {
-                let ms = if is(name, b"EXPIRE") { 1000 } else { 1 };
-                if cmd.len() != 3 {
-                    wrong_args(out, if ms == 1 { "pexpire" } else { "expire" });
-                } else {
-                    match parse_i64(cmd.arg(2)).and_then(|t| t.checked_mul(ms)) {
-                        None => out.extend_from_slice(NOT_INT),
-                        Some(t) => {
-                            let at = if t <= 0 {
-                                now
-                            } else {
-                                now.saturating_add(t as u64)
-                            };
-                            int(out, i64::from(self.ks.expire(cmd.arg(1), at, now)));
-                        }
-                    }
-                }
-            }
-            _ if is(name, b"TTL") || is(name, b"PTTL") => {
-                let secs = is(name, b"TTL");
-                if cmd.len() != 2 {
-                    wrong_args(out, if secs { "ttl" } else { "pttl" });
-                } else {
-                    let r = match self.ks.ttl_ms(cmd.arg(1), now) {
-                        None => -2,
-                        Some(None) => -1,
-                        Some(Some(ms)) if secs => ms.div_ceil(1000) as i64,
-                        Some(Some(ms)) => ms as i64,
-                    };
-                    int(out, r);
-                }
-            }
-            _ if is(name, b"PERSIST") => match cmd.len() {
-                2 => int(out, i64::from(self.ks.persist(cmd.arg(1), now))),
-                _ => wrong_args(out, "persist"),
-            },
-            _ if is(name, b"DBSIZE") => int(out, self.ks.len() as i64),
-            _ if is(name, b"FLUSHDB") || is(name, b"FLUSHALL") => {
-                if cmd.len() > 2
-                    || (cmd.len() == 2 && !is(cmd.arg(1), b"ASYNC") && !is(cmd.arg(1), b"SYNC"))
-                {
-                    out.extend_from_slice(SYNTAX);
-                } else {
-                    self.ks.clear();
-                    self.release_memory();
-                    ok(out);
-                }
-            }
-            _ if is(name, b"SELECT") => match cmd.len() {
-                2 => match parse_i64(cmd.arg(1)) {
-                    Some(0) => ok(out),
-                    Some(_) => err(out, "DB index is out of range"),
-                    None => out.extend_from_slice(NOT_INT),
-                },
-                _ => wrong_args(out, "select"),
-            },
-            _ if is(name, b"INFO") => {
-                let text = self.info(shared);
-                bulk(out, text.as_bytes());
-            }
-            _ if is(name, b"COMMAND") => {
-                // Enough for clients to start: they ask for the count or the docs and go
-                // on without the table when it is empty.
-                if cmd.len() >= 2 && is(cmd.arg(1), b"COUNT") {
-                    int(out, COMMANDS.len() as i64);
-                } else {
-                    array(out, 0);
-                }
-            }
-            _ if is(name, b"CONFIG") => self.config(cmd, out),
-            _ if is(name, b"CLIENT") => {
-                if cmd.len() >= 2 && (is(cmd.arg(1), b"SETNAME") || is(cmd.arg(1), b"SETINFO")) {
-                    ok(out);
-                } else if cmd.len() == 2 && is(cmd.arg(1), b"GETNAME") {
-                    nil(out);
-                } else {
-                    err(out, "unsupported CLIENT subcommand");
-                }
-            }
-            _ if is(name, b"HELLO") => {
-                out.extend_from_slice(b"-NOPROTO this store speaks RESP2 only\r\n")
-            }
-            _ if is(name, b"GET") => self.get(cmd, out),
-            _ if is(name, b"SET") => self.set(cmd, out),
-            _ => err(out, &format!("unknown command '{}'", printable(name))),
-        }
-        After::Continue
-    }
-
-    fn auth(&mut self, shared: &Shared, cmd: &Cmd<'_>, out: &mut Vec<u8>, conn: &mut Conn) {
-        let (user, pass) = match cmd.len() {
-            2 => (None, cmd.arg(1)),
-            3 => (Some(cmd.arg(1)), cmd.arg(2)),
-            _ => return wrong_args(out, "auth"),
-        };
-        // Digest equality is constant-time (blake3::Hash's PartialEq), so the time
-        // taken says nothing about how much of the secret matched.
-        let good = blake3::hash(pass) == shared.secret && user.is_none_or(|u| is(u, b"DEFAULT"));
-        if good {
-            conn.authed = true;
-            ok(out);
-        } else {
-            self.auth_failures += 1;
-            out.extend_from_slice(WRONGPASS);
-        }
-    }
-
-    fn get(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
-        if cmd.len() != 2 {
-            return wrong_args(out, "get");
-        }
-        match self.ks.get(cmd.arg(1), self.now_ms) {
-            Some(v) => {
-                bulk(out, v);
-                self.hits += 1;
-            }
-            None => {
-                nil(out);
-                self.misses += 1;
-            }
-        }
-    }
-
-    fn set(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
-        if cmd.len() < 3 {
-            return wrong_args(out, "set");
-        }
-        let now = self.now_ms;
-        let mut cond = SetCond::Always;
-        let mut ttl = SetTtl::Clear;
-        let mut i = 3;
-        while i < cmd.len() {
-            let opt = cmd.arg(i);
-            let unit = if is(opt, b"EX") || is(opt, b"EXAT") {
-                Some(1000)
-            } else if is(opt, b"PX") || is(opt, b"PXAT") {
-                Some(1)
-            } else {
-                None
-            };
-            if let Some(unit) = unit {
-                if ttl != SetTtl::Clear || i + 1 >= cmd.len() {
-                    return out.extend_from_slice(SYNTAX);
-                }
-                let Some(t) = parse_i64(cmd.arg(i + 1)) else {
-                    return out.extend_from_slice(NOT_INT);
-                };
-                let Some(ms) = t.checked_mul(unit).filter(|&ms| t > 0 && ms > 0) else {
-                    return err(out, "invalid expire time in 'set' command");
-                };
-                let absolute = opt.len() == 4;
-                ttl = if absolute {
-                    // EXAT/PXAT: Unix time; the store's clock counts from its epoch.
-                    let unix_now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as u64);
-                    SetTtl::At(now + (ms as u64).saturating_sub(unix_now).max(1))
-                } else {
-                    SetTtl::At(now.saturating_add(ms as u64))
-                };
-                i += 2;
-                continue;
-            }
-            if is(opt, b"NX") && cond == SetCond::Always {
-                cond = SetCond::Nx;
-            } else if is(opt, b"XX") && cond == SetCond::Always {
-                cond = SetCond::Xx;
-            } else if is(opt, b"KEEPTTL") && ttl == SetTtl::Clear {
-                ttl = SetTtl::Keep;
-            } else {
-                return out.extend_from_slice(SYNTAX);
-            }
-            i += 1;
-        }
-        match self.ks.set(cmd.arg(1), cmd.arg(2), cond, ttl, now) {
-            SetOutcome::Written => ok(out),
-            SetOutcome::NotWritten => nil(out),
-            SetOutcome::NoRoom => {
-                self.rejected_writes += 1;
-                out.extend_from_slice(OOM);
-            }
-        }
-    }
-
-    fn mset(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
-        if cmd.len() < 3 || cmd.len().is_multiple_of(2) {
-            return wrong_args(out, "mset");
-        }
-        let now = self.now_ms;
-        // All or nothing in a no-eviction store: check the growth of the whole command
-        // first (a key given twice counts twice: a conservative bound).
-        let growth: u64 = (1..cmd.len())
-            .step_by(2)
-            .map(|i| self.ks.growth(cmd.arg(i), cmd.arg(i + 1).len()))
-            .sum();
-        if !self.ks.fits(growth) {
-            self.rejected_writes += 1;
-            return out.extend_from_slice(OOM);
-        }
-        let mut refused = false;
-        for i in (1..cmd.len()).step_by(2) {
-            let r = self.ks.set(
-                cmd.arg(i),
-                cmd.arg(i + 1),
-                SetCond::Always,
-                SetTtl::Clear,
-                now,
-            );
-            refused |= r == SetOutcome::NoRoom;
-        }
-        if refused {
-            // Only an entry larger than the whole store gets here.
-            self.rejected_writes += 1;
-            out.extend_from_slice(OOM);
-        } else {
-            ok(out);
-        }
-    }
-
-    fn config(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
-        if cmd.len() != 3 || !is(cmd.arg(1), b"GET") {
-            return err(out, "this store supports only CONFIG GET <name>");
-        }
-        let policy = match self.ks.mode() {
-            EvictionMode::Lru => "allkeys-lru",
-            EvictionMode::NoEviction => "noeviction",
-        };
-        let cap = self.ks.capacity().to_string();
-        let known: [(&str, &str); 4] = [
-            ("maxmemory", &cap),
-            ("maxmemory-policy", policy),
-            ("save", ""),
-            ("appendonly", "no"),
-        ];
-        let want = cmd.arg(2);
-        let hits: Vec<_> = known
-            .iter()
-            .filter(|(k, _)| want == b"*" || is(want, k.as_bytes()))
-            .collect();
-        array(out, hits.len() * 2);
-        for (k, v) in hits {
-            bulk(out, k.as_bytes());
-            bulk(out, v.as_bytes());
-        }
-    }
-
-    fn info(&self, shared: &Shared) -> String {
-        let ks = &self.ks;
-        let policy = match ks.mode() {
-            EvictionMode::Lru => "allkeys-lru",
-            EvictionMode::NoEviction => "noeviction",
-        };
-        let mut s = String::with_capacity(1024);
-        use std::fmt::Write;
-        let _ = write!(
-            s,
-            "# Server\r\nredis_version:7.0.0\r\ngranule_store:{ver}\r\nredis_mode:standalone\r\n\
-             process_id:{pid}\r\ntcp_port:{port}\r\nuptime_in_seconds:{up}\r\nlease_consumer:{consumer}\r\n\r\n\
-             # Clients\r\nconnected_clients:{conns}\r\nunauthenticated_clients:{strangers}\r\nmaxclients:{maxc}\r\n\r\n\
-             # Memory\r\nused_memory:{used}\r\nused_memory_dataset:{data}\r\nmem_clients_normal:{bufs}\r\n\
-             maxmemory:{cap}\r\nmaxmemory_policy:{policy}\r\n\r\n\
-             # Stats\r\ntotal_connections_received:{total}\r\ntotal_commands_processed:{cmds}\r\n\
-             keyspace_hits:{hits}\r\nkeyspace_misses:{misses}\r\nevicted_keys:{ek}\r\nevicted_bytes:{eb}\r\n\
-             expired_keys:{xk}\r\nrejected_writes:{rw}\r\nrate_limited:{rl}\r\nrate_limit_bps:{rate}\r\n\
-             auth_failures:{af}\r\nprotocol_errors:{pe}\r\n\r\n\
-             # Keyspace\r\n",
-            ver = env!("CARGO_PKG_VERSION"),
-            pid = std::process::id(),
-            port = shared.port,
-            up = shared.epoch.elapsed().as_secs(),
-            consumer = printable(shared.consumer.as_bytes()),
-            conns = shared.connections.load(Ordering::Relaxed),
-            strangers = shared.unauthed.lock().len(),
-            maxc = shared.max_connections,
-            used = ks.used() + ks.buffers(),
-            data = ks.used(),
-            bufs = ks.buffers(),
-            cap = ks.capacity(),
-            total = self.connections_total,
-            cmds = self.commands,
-            hits = self.hits,
-            misses = self.misses,
-            ek = ks.evicted_keys,
-            eb = ks.evicted_bytes,
-            xk = ks.expired_keys,
-            rw = self.rejected_writes,
-            rl = self.rate_limited,
-            rate = self.bucket.rate,
-            af = self.auth_failures,
-            pe = self.protocol_errors,
-        );
-        if !ks.is_empty() {
-            let _ = write!(
-                s,
-                "db0:keys={},expires={},avg_ttl=0\r\n",
-                ks.len(),
-                ks.volatile()
-            );
-        }
-        s
-    }
-}
-
-/// The commands a store answers (for `COMMAND COUNT`).
-const COMMANDS: &[&str] = &[
-    "AUTH", "QUIT", "PING", "ECHO", "GET", "SET", "DEL", "UNLINK", "EXISTS", "MGET", "MSET",
-    "EXPIRE", "PEXPIRE", "TTL", "PTTL", "PERSIST", "DBSIZE", "FLUSHDB", "FLUSHALL", "SELECT",
-    "INFO", "COMMAND", "CONFIG", "CLIENT", "HELLO",
-];
 
 #[cfg(test)]
 mod tests;

@@ -90,8 +90,9 @@ fn render(b: &[u8]) -> Option<(String, usize)> {
             let body = String::from_utf8_lossy(&b[cr + 2..end]);
             Some((format!("${n}:{body}"), end + 2))
         }
-        b'*' => {
-            let n: i64 = line[1..].parse().ok()?;
+        b'*' | b'%' => {
+            // A RESP3 map of n pairs is 2n elements.
+            let n: i64 = line[1..].parse::<i64>().ok()? * if b[0] == b'%' { 2 } else { 1 };
             let mut pos = cr + 2;
             let mut parts = vec![line];
             for _ in 0..n.max(0) {
@@ -121,10 +122,13 @@ fn noauth_until_auth_and_wrong_password() {
     ] {
         assert_eq!(c.call(args), "-NOAUTH Authentication required.", "{args:?}");
     }
-    assert_eq!(c.call(&[b"AUTH", b"wrong"]), "-WRONGPASS invalid password");
+    assert_eq!(
+        c.call(&[b"AUTH", b"wrong"]),
+        "-WRONGPASS invalid username-password pair or user is disabled."
+    );
     assert_eq!(
         c.call(&[b"AUTH", b"other", SECRET.as_bytes()]),
-        "-WRONGPASS invalid password"
+        "-WRONGPASS invalid username-password pair or user is disabled."
     );
     assert_eq!(c.call(&[b"GET", b"k"]), "-NOAUTH Authentication required.");
     assert_eq!(store.stats().auth_failures, 2);
@@ -190,7 +194,10 @@ fn commands_answer_like_redis() {
         c.call(&[b"GET"]),
         "-ERR wrong number of arguments for 'get' command"
     );
-    assert_eq!(c.call(&[b"KEYS", b"*"]), "-ERR unknown command 'KEYS'");
+    assert_eq!(
+        c.call(&[b"KEYS", b"*"]),
+        "-ERR unknown command 'KEYS', with args beginning with: '*' "
+    );
     assert_eq!(c.call(&[b"COMMAND", b"DOCS"]), "*0");
     assert_eq!(
         c.call(&[b"CONFIG", b"GET", b"maxmemory"]),
@@ -513,7 +520,7 @@ fn strangers_cannot_make_the_store_buffer_large_commands() {
     let mut c = Client::connect(&store);
     assert_eq!(
         c.call(&[b"AUTH", &[b'p'; 16 << 10]]),
-        "-WRONGPASS invalid password"
+        "-WRONGPASS invalid username-password pair or user is disabled."
     );
     // Strangers in the middle of a (legal) command hold their bytes, counted with the data.
     let mut strangers: Vec<Client> = (0..40).map(|_| Client::connect(&store)).collect();
@@ -645,7 +652,8 @@ fn memory_is_given_back_after_flushes_waves_and_the_end() {
     while releases() < 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    // (Once or more: the cycle may run while the deletes still come.)
+    // (Once or more: the cycle may run while the deletes still come; let it settle.)
+    std::thread::sleep(Duration::from_millis(300));
     let after_wave = releases();
     assert!(after_wave >= 2);
     // The harvester taking memory back.
@@ -657,4 +665,173 @@ fn memory_is_given_back_after_flushes_waves_and_the_end() {
     store.shutdown();
     store.shutdown();
     assert_eq!(releases(), after_wave + 2);
+}
+
+// ---- transactions, HELLO and where the store answered otherwise than Redis ------------
+
+/// Nothing queued after MULTI runs before EXEC (redis-py's default pipeline() is a
+/// MULTI/EXEC): the store used to refuse MULTI and apply the queued writes at once.
+#[test]
+fn transactions_queue_until_exec_and_abort_on_a_refused_command() {
+    let store = start(1 << 20, EvictionMode::Lru);
+    let mut c = Client::authed(&store);
+    let mut other = Client::authed(&store);
+    assert_eq!(c.call(&[b"MULTI"]), "+OK");
+    assert_eq!(c.call(&[b"SET", b"a", b"1"]), "+QUEUED");
+    assert_eq!(c.call(&[b"GET", b"a"]), "+QUEUED");
+    assert_eq!(other.call(&[b"GET", b"a"]), "$-1");
+    assert_eq!(c.call(&[b"EXEC"]), "*2 +OK $1:1");
+    // A command Redis refuses when queued aborts the whole transaction.
+    assert_eq!(c.call(&[b"MULTI"]), "+OK");
+    assert_eq!(c.call(&[b"SET", b"a", b"2"]), "+QUEUED");
+    assert_eq!(
+        c.call(&[b"NOSUCH", b"x"]),
+        "-ERR unknown command 'NOSUCH', with args beginning with: 'x' "
+    );
+    assert_eq!(
+        c.call(&[b"GET"]),
+        "-ERR wrong number of arguments for 'get' command"
+    );
+    assert_eq!(other.call(&[b"GET", b"a"]), "$1:1");
+    assert_eq!(
+        c.call(&[b"EXEC"]),
+        "-EXECABORT Transaction discarded because of previous errors."
+    );
+    assert_eq!(other.call(&[b"GET", b"a"]), "$1:1");
+    // An error when run is that command's reply; the others apply.
+    assert_eq!(c.call(&[b"MULTI"]), "+OK");
+    assert_eq!(c.call(&[b"MULTI"]), "-ERR MULTI calls can not be nested");
+    assert_eq!(c.call(&[b"SET", b"a", b"3", b"BOGUS"]), "+QUEUED");
+    assert_eq!(c.call(&[b"SET", b"b", b"3"]), "+QUEUED");
+    assert_eq!(c.call(&[b"EXEC"]), "*2 -ERR syntax error +OK");
+    assert_eq!(other.call(&[b"MGET", b"a", b"b"]), "*2 $1:1 $1:3");
+    assert_eq!(c.call(&[b"MULTI"]), "+OK");
+    assert_eq!(c.call(&[b"DEL", b"a"]), "+QUEUED");
+    assert_eq!(c.call(&[b"DISCARD"]), "+OK");
+    assert_eq!(c.call(&[b"EXISTS", b"a"]), ":1");
+    assert_eq!(c.call(&[b"EXEC"]), "-ERR EXEC without MULTI");
+    assert_eq!(c.call(&[b"DISCARD"]), "-ERR DISCARD without MULTI");
+    // Pipelined, as redis-py sends it.
+    let mut batch = cmd(&[b"MULTI"]);
+    batch.extend(cmd(&[b"SET", b"p", b"1"]));
+    batch.extend(cmd(&[b"EXPIRE", b"p", b"100"]));
+    batch.extend(cmd(&[b"EXEC"]));
+    c.send(&batch);
+    let replies: Vec<String> = (0..4).map(|_| c.reply()).collect();
+    assert_eq!(replies, ["+OK", "+QUEUED", "+QUEUED", "*2 +OK :1"]);
+}
+
+/// redis-py 8 starts with `HELLO 3 AUTH default <secret>`: it authenticates and
+/// switches to RESP3 (whose clients do not read RESP2's `$-1`).
+#[test]
+fn hello_authenticates_and_chooses_resp3() {
+    let store = start(1 << 20, EvictionMode::Lru);
+    let mut c = Client::connect(&store);
+    assert!(c
+        .call(&[b"HELLO", b"3"])
+        .starts_with("-NOAUTH HELLO must be called"));
+    assert_eq!(
+        c.call(&[b"HELLO", b"3", b"AUTH", b"default", b"wrong"]),
+        "-WRONGPASS invalid username-password pair or user is disabled."
+    );
+    assert_eq!(
+        c.call(&[b"HELLO", b"4", b"AUTH", b"default", SECRET.as_bytes()]),
+        "-NOPROTO unsupported protocol version"
+    );
+    assert_eq!(c.call(&[b"GET", b"k"]), "-NOAUTH Authentication required.");
+    assert_eq!(
+        c.call(&[b"HELLO", b"3", b"AUTH", b"default", SECRET.as_bytes(), b"SETNAME", b"me"]),
+        "%7 $6:server $5:redis $7:version $5:7.0.0 $5:proto :3 $2:id :1 $4:mode $10:standalone $4:role $6:master $7:modules *0"
+    );
+    assert_eq!(c.call(&[b"GET", b"k"]), "_");
+    assert_eq!(c.call(&[b"MGET", b"k", b"k"]), "*2 _ _");
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), "$2:me");
+    assert_eq!(
+        c.call(&[b"CONFIG", b"GET", b"maxmemory"]),
+        "%1 $9:maxmemory $7:1048576"
+    );
+    assert!(c.call(&[b"HELLO", b"2"]).starts_with("*14 $6:server"));
+    assert_eq!(c.call(&[b"GET", b"k"]), "$-1");
+}
+
+/// Where the store answered otherwise than Redis 7 (checked side by side against
+/// redis-server in tests/redis_parity.rs).
+#[test]
+fn expiry_client_info_and_config_answer_as_redis() {
+    let store = start(1 << 20, EvictionMode::Lru);
+    let mut c = Client::authed(&store);
+    // SET with EXAT in the past: written and gone (NX/XX still decide first).
+    assert_eq!(c.call(&[b"SET", b"k", b"v", b"EXAT", b"1"]), "+OK");
+    assert_eq!(c.call(&[b"EXISTS", b"k"]), ":0");
+    assert_eq!(c.call(&[b"SET", b"k", b"v"]), "+OK");
+    assert_eq!(c.call(&[b"SET", b"k", b"w", b"NX", b"EXAT", b"1"]), "$-1");
+    assert_eq!(c.call(&[b"GET", b"k"]), "$1:v");
+    assert_eq!(
+        c.call(&[b"SET", b"k", b"v", b"EX", b"9223372036854775"]),
+        "-ERR invalid expire time in 'set' command"
+    );
+    // TTL rounds to the nearest second.
+    assert_eq!(c.call(&[b"SET", b"k", b"v", b"PX", b"1400"]), "+OK");
+    assert_eq!(c.call(&[b"TTL", b"k"]), ":1");
+    // EXPIRE past i64 milliseconds is an error, not a wrapped time.
+    assert_eq!(
+        c.call(&[b"EXPIRE", b"k", b"9223372036854775807"]),
+        "-ERR invalid expire time in 'expire' command"
+    );
+    assert_eq!(
+        c.call(&[b"PEXPIRE", b"k", b"9223372036854775000"]),
+        "-ERR invalid expire time in 'pexpire' command"
+    );
+    assert_eq!(c.call(&[b"EXPIRE", b"k", b"100", b"NX"]), ":0");
+    assert_eq!(c.call(&[b"EXPIRE", b"k", b"100", b"GT"]), ":1");
+    assert_eq!(c.call(&[b"EXPIRE", b"k", b"50", b"GT"]), ":0");
+    assert_eq!(c.call(&[b"EXPIRE", b"k", b"50", b"LT"]), ":1");
+    assert_eq!(
+        c.call(&[b"EXPIRE", b"k", b"1", b"FOO"]),
+        "-ERR Unsupported option FOO"
+    );
+    assert_eq!(c.call(&[b"EXPIRE", b"k", b"-1"]), ":1");
+    assert_eq!(c.call(&[b"EXISTS", b"k"]), ":0");
+    // CLIENT SETNAME / GETNAME.
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), "$-1");
+    assert_eq!(c.call(&[b"CLIENT", b"SETNAME", b"bob"]), "+OK");
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), "$3:bob");
+    assert_eq!(
+        c.call(&[b"CLIENT", b"SETNAME", b"a b"]),
+        "-ERR Client names cannot contain spaces, newlines or special characters."
+    );
+    assert_eq!(
+        c.call(&[b"CLIENT", b"FOO"]),
+        "-ERR unknown subcommand 'FOO'. Try CLIENT HELP."
+    );
+    // INFO <section> gives that section only.
+    assert_eq!(c.call(&[b"SET", b"k", b"v"]), "+OK");
+    assert_eq!(
+        c.call(&[b"INFO", b"keyspace"]),
+        "$44:# Keyspace\r\ndb0:keys=1,expires=0,avg_ttl=0\r\n"
+    );
+    assert_eq!(c.call(&[b"INFO", b"nosuch"]), "$0:");
+    let two = c.call(&[b"INFO", b"clients", b"memory"]);
+    assert!(
+        two.contains("# Clients\r\n") && two.contains("\r\n\r\n# Memory\r\n"),
+        "{two}"
+    );
+    assert!(
+        !two.contains("# Server") && !two.contains("# Stats"),
+        "{two}"
+    );
+    // CONFIG GET takes glob patterns, several of them.
+    assert_eq!(
+        c.call(&[b"CONFIG", b"GET", b"maxmemory*"]),
+        "*4 $9:maxmemory $7:1048576 $16:maxmemory-policy $11:allkeys-lru"
+    );
+    assert_eq!(
+        c.call(&[b"CONFIG", b"GET", b"save", b"appendonly"]),
+        "*4 $4:save $0: $10:appendonly $2:no"
+    );
+    assert_eq!(c.call(&[b"CONFIG", b"GET", b"nosuch"]), "*0");
+    assert_eq!(
+        c.call(&[b"CONFIG", b"GET"]),
+        "-ERR wrong number of arguments for 'config|get' command"
+    );
 }
