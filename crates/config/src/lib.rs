@@ -428,9 +428,10 @@ pub struct Market {
     pub revoke_grace: Duration,
     /// How long a store's connection may stay without authenticating before it is closed.
     pub store_auth_timeout: Duration,
-    /// Connections of one store not yet authenticated, at most; a new connection beyond
-    /// closes the oldest of them. The rest of `store_max_connections` stays for clients
-    /// that authenticated (the lease holder's).
+    /// Connections of one store not yet authenticated: past this many (or when all of
+    /// `store_max_connections` are open), a new connection closes the oldest of them that
+    /// had a tenth of `store_auth_timeout` to authenticate. Strangers cannot hold the
+    /// lease holder's room; a client opening many connections at once is not cut off.
     pub store_max_unauthenticated: u64,
     // ---- stores: more settings go here ----
 

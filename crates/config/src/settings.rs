@@ -832,7 +832,7 @@ pub static SETTINGS: &[Setting] = &[
         "market.store_max_unauthenticated",
         "GRANULE_MARKET_STORE_MAX_UNAUTHENTICATED",
         "a whole number in 1..=1000000",
-        "connections of one producer store that have not authenticated yet, at most: a new connection beyond closes the oldest of them, so strangers cannot take the room of store_max_connections from the lease holder's clients",
+        "connections of one producer store that have not authenticated yet: past this many (or when store_max_connections are open), a new connection closes the oldest of them that had a tenth of store_auth_timeout to authenticate, so strangers cannot take the lease holder's room",
         market.store_max_unauthenticated,
         |v: &str| int_in(v, 1, 1_000_000).map(|n| n as u64),
         |n: &u64| n.to_string(),

@@ -24,8 +24,9 @@
 //! `AUTH` (or `HELLO … AUTH`) succeeds a connection gets `-NOAUTH` for everything else, may
 //! send commands of at most 10 arguments of at most 16 KiB (Redis's rule; past it, a
 //! protocol error and the connection is closed), is closed after
-//! `market.store_auth_timeout`, and is one of at most `market.store_max_unauthenticated`
-//! (a newer one closes the oldest), so strangers cannot hold the lease holder's room.
+//! `market.store_auth_timeout`, and past `market.store_max_unauthenticated` of them (or
+//! when every connection is taken) a new connection closes the oldest that had a tenth of
+//! that time to authenticate, so strangers cannot hold the lease holder's room.
 //! Secrets are compared as BLAKE3 digests (constant-time equality). A protocol error
 //! closes that connection only, after an `-ERR Protocol error: ...` reply.
 
@@ -70,7 +71,8 @@ pub struct StoreConfig {
     pub max_args: usize,
     /// How long a connection may stay unauthenticated before it is closed.
     pub auth_timeout: Duration,
-    /// Unauthenticated connections at most; a new one beyond closes the oldest of them.
+    /// Unauthenticated connections past which (or when all connections are open) a new
+    /// one closes the oldest that had `auth_timeout / 10` to authenticate.
     pub max_unauthenticated: usize,
 }
 
@@ -271,8 +273,9 @@ struct Shared {
     auth_timeout: Duration,
     max_unauthenticated: usize,
     /// Connections not yet authenticated, oldest first (by connection number), each with
-    /// the signal that closes it when a newer stranger needs its place.
-    unauthed: Mutex<BTreeMap<u64, Arc<Notify>>>,
+    /// the signal that closes it when a newer connection needs its place, and when it
+    /// was accepted.
+    unauthed: Mutex<BTreeMap<u64, (Arc<Notify>, Instant)>>,
     /// Connections numbered so far.
     conn_ids: AtomicU64,
     /// Bytes every connection's buffers hold now (see [`Counted`]).
@@ -540,9 +543,17 @@ async fn serve(
                         let mut strangers = shared.unauthed.lock();
                         // A new connection takes the place of the oldest that has not
                         // authenticated when strangers hold their share, or every place:
-                        // silent sockets cannot lock the lease holder out.
-                        let victim = if strangers.len() >= shared.max_unauthenticated
-                            || (full && !strangers.is_empty())
+                        // silent sockets cannot lock the lease holder out. Only one that
+                        // had time to authenticate, though: a client opening many
+                        // connections at once (redis-benchmark -c 500) sends its AUTHs
+                        // after it opened them all.
+                        let now = Instant::now();
+                        let grace = shared.auth_timeout / 10;
+                        let old = strangers
+                            .first_key_value()
+                            .is_some_and(|(_, (_, since))| now.duration_since(*since) >= grace);
+                        let victim = if old
+                            && (strangers.len() >= shared.max_unauthenticated || full)
                         {
                             strangers.pop_first()
                         } else {
@@ -551,7 +562,7 @@ async fn serve(
                         if full && victim.is_none() {
                             None
                         } else {
-                            strangers.insert(id, kick.clone());
+                            strangers.insert(id, (kick.clone(), now));
                             Some(victim)
                         }
                     };
@@ -560,7 +571,7 @@ async fn serve(
                         let _ = sock.try_write(MAX_CLIENTS);
                         continue;
                     };
-                    if let Some((_, k)) = victim {
+                    if let Some((_, (k, _))) = victim {
                         k.notify_one();
                     }
                     shared.connections.fetch_add(1, Ordering::Relaxed);
