@@ -5,11 +5,12 @@
 //! argument outside the buffer, and keep its bounds whatever a header claims. This target
 //! feeds the input as a connection's byte stream: split into commands the way a store's
 //! connection does it (parse, run, advance; stop at the first protocol error), once whole
-//! and once delivered in two pieces at a point the input chooses, under the default
-//! limits and under small ones, and checks that both deliveries give the same commands.
+//! and once delivered in two pieces at a point the input chooses (the connection's
+//! parser resuming a partial command where it stopped), under the default limits and
+//! under small ones, and checks that both deliveries give the same commands.
 #![no_main]
 
-use granule_market::store::resp::{parse, Limits};
+use granule_market::store::resp::{Limits, Parser};
 use libfuzzer_sys::fuzz_target;
 
 type Outcome = (Vec<Vec<Vec<u8>>>, bool);
@@ -18,11 +19,12 @@ type Outcome = (Vec<Vec<Vec<u8>>>, bool);
 /// protocol error stopped it.
 fn stream(data: &[u8], cut: usize, limits: &Limits) -> Outcome {
     let mut out = Vec::new();
+    let mut parser = Parser::default();
     let mut args = Vec::new();
     let mut pos = 0;
     let mut avail = cut.min(data.len());
     loop {
-        match parse(&data[pos..avail], limits, &mut args) {
+        match parser.parse(&data[pos..avail], limits, &mut args) {
             Ok(Some(n)) => {
                 assert!(n > 0 && pos + n <= avail, "consumed {n} of {}", avail - pos);
                 assert!(args.len() <= limits.max_args);

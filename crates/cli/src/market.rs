@@ -316,8 +316,18 @@ pub fn market_lines(v: &granule_wire::market::MarketView) -> Vec<String> {
         v.queued_slabs
     )];
     out.push(format!(
-        "  {:<5} {:<22} {:<4} {:>10} {:>10} {:>10} {:>5} {:>6} {:>5}  {}",
-        "ID", "PRODUCER", "UP", "LIMIT", "WAS", "HARVESTED", "FREE", "LEASED", "REP", "POLICY"
+        "  {:<5} {:<22} {:<4} {:>10} {:>10} {:>10} {:>5} {:>6} {:>10} {:>5}  {}",
+        "ID",
+        "PRODUCER",
+        "UP",
+        "LIMIT",
+        "WAS",
+        "HARVESTED",
+        "FREE",
+        "LEASED",
+        "RSS",
+        "REP",
+        "POLICY"
     ));
     for p in &v.producers {
         let s = &p.state;
@@ -328,7 +338,7 @@ pub fn market_lines(v: &granule_wire::market::MarketView) -> Vec<String> {
             b => bytes(b),
         };
         out.push(format!(
-            "  {:<5} {:<22} {:<4} {:>10} {:>10} {:>10} {:>5} {:>6} {:>5.2}  {}",
+            "  {:<5} {:<22} {:<4} {:>10} {:>10} {:>10} {:>5} {:>6} {:>10} {:>5.2}  {}",
             p.producer,
             p.name,
             if p.connected { "yes" } else { "NO" },
@@ -337,6 +347,13 @@ pub fn market_lines(v: &granule_wire::market::MarketView) -> Vec<String> {
             bytes(s.harvested_bytes),
             s.free_slabs,
             s.leased_slabs,
+            // The producer's footprint beside its leases: memory held past them (after
+            // a flush or a lease's end) shows here.
+            if s.resident_bytes == 0 {
+                "-".to_string()
+            } else {
+                bytes(s.resident_bytes)
+            },
             p.reputation,
             s.policy_state
         ));
@@ -385,4 +402,41 @@ pub async fn market_view(addr: &str, program: &str) -> Option<granule_wire::mark
     let v = c.status().await.ok();
     c.close("done");
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use granule_wire::market::{MarketView, ProducerState, ProducerView};
+
+    /// The producer's footprint is shown beside its leases (and `-` when not reported).
+    #[test]
+    fn market_lines_show_each_producers_footprint() {
+        let producer = |id, resident_bytes| ProducerView {
+            producer: id,
+            name: format!("p{id}"),
+            addr: "127.0.0.1:1".into(),
+            connected: true,
+            state: ProducerState {
+                leased_slabs: 2,
+                resident_bytes,
+                ..ProducerState::default()
+            },
+            predicted_free_slabs: 0.0,
+            reputation: 1.0,
+        };
+        let v = MarketView {
+            producers: vec![producer(1, 150 << 20), producer(2, 0)],
+            ..MarketView::default()
+        };
+        let lines = market_lines(&v);
+        assert!(
+            lines[1].contains("LEASED") && lines[1].contains("RSS"),
+            "{lines:?}"
+        );
+        // Right-aligned under the RSS heading.
+        let rss = lines[1].find("RSS").unwrap() + 3;
+        assert!(lines[2][..rss].ends_with("150.0 MiB"), "{lines:?}");
+        assert!(lines[3][..rss].ends_with(" -"), "{lines:?}");
+    }
 }

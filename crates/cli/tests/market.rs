@@ -332,7 +332,7 @@ fn granule_kv_puts_and_gets_across_commands() {
         .expect("granule status");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("memory market") && text.contains("donor"),
+        text.contains("memory market") && text.contains("donor") && text.contains("RSS"),
         "status: {text}"
     );
 }

@@ -426,6 +426,13 @@ pub struct Market {
     /// How long a no-eviction lease's holder has to move its data after a revocation
     /// notice, before its store is dropped.
     pub revoke_grace: Duration,
+    /// How long a store's connection may stay without authenticating before it is closed.
+    pub store_auth_timeout: Duration,
+    /// Connections of one store not yet authenticated: past this many (or when all of
+    /// `store_max_connections` are open), a new connection closes the oldest of them that
+    /// had a tenth of `store_auth_timeout` to authenticate. Strangers cannot hold the
+    /// lease holder's room; a client opening many connections at once is not cut off.
+    pub store_max_unauthenticated: u64,
     // ---- stores: more settings go here ----
 
     // ---- broker ----
@@ -493,6 +500,8 @@ impl Default for Market {
             store_max_args: 1 << 20,
             store_rate: 0,
             revoke_grace: Duration::from_secs(10),
+            store_auth_timeout: Duration::from_secs(10),
+            store_max_unauthenticated: 256,
             broker: None,
             report_interval: Duration::from_secs(1),
             lease_time: Duration::from_secs(600),

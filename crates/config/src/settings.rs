@@ -819,6 +819,24 @@ pub static SETTINGS: &[Setting] = &[
         |v: &str| dur_in(v, Duration::ZERO, Duration::from_secs(3600)),
         |d: &Duration| format_duration(*d),
     ),
+    setting!(
+        "market.store_auth_timeout",
+        "GRANULE_MARKET_STORE_AUTH_TIMEOUT",
+        "a duration in 100ms..=1h",
+        "how long a connection to a producer store may stay without authenticating (AUTH, or HELLO with AUTH) before it is closed",
+        market.store_auth_timeout,
+        |v: &str| dur_in(v, Duration::from_millis(100), Duration::from_secs(3600)),
+        |d: &Duration| format_duration(*d),
+    ),
+    setting!(
+        "market.store_max_unauthenticated",
+        "GRANULE_MARKET_STORE_MAX_UNAUTHENTICATED",
+        "a whole number in 1..=1000000",
+        "connections of one producer store that have not authenticated yet: past this many (or when store_max_connections are open), a new connection closes the oldest of them that had a tenth of store_auth_timeout to authenticate, so strangers cannot take the lease holder's room",
+        market.store_max_unauthenticated,
+        |v: &str| int_in(v, 1, 1_000_000).map(|n| n as u64),
+        |n: &u64| n.to_string(),
+    ),
     // ---- market: stores, more settings go above this line ----
     // ---- market: broker --------------------------------------------------------------------
     setting!(

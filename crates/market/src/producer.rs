@@ -387,6 +387,7 @@ impl Inner {
             cpu_idle_cores: self.cpu.lock().read(),
             // Not measured (0): the same for every producer, so it does not rank them.
             bandwidth_bps: 0,
+            resident_bytes: granule_host::proc::resident_bytes(),
         }
     }
 

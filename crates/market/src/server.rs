@@ -535,6 +535,8 @@ impl BrokerService {
                 .set(p.state.harvested_bytes as f64);
             metrics::gauge!("granule_market_producer_limit_bytes", "producer" => name.clone())
                 .set(p.state.limit_bytes as f64);
+            metrics::gauge!("granule_market_producer_resident_bytes", "producer" => name.clone())
+                .set(p.state.resident_bytes as f64);
             metrics::gauge!("granule_market_producer_reputation", "producer" => name)
                 .set(p.reputation);
         }

@@ -116,6 +116,10 @@ pub struct ProducerState {
     pub cpu_idle_cores: f64,
     /// Network bandwidth the producer offers, bytes per second (its configuration).
     pub bandwidth_bps: u64,
+    /// The producer process's resident memory, bytes (its stores' data and buffers and
+    /// its own; 0: not measured): shown beside its leases, so an owner sees what the
+    /// producer costs the machine against what it leases.
+    pub resident_bytes: u64,
 }
 
 /// One lease as the status views show it.

@@ -86,6 +86,9 @@ pub struct Keyspace {
     hasher: foldhash::fast::RandomState,
     used: u64,
     capacity: u64,
+    /// Bytes of the capacity the store's connections hold in buffers (read buffers,
+    /// replies being written, queued transactions): the data gets what is left.
+    buffers: u64,
     mode: EvictionMode,
     clock: u64,
     rng: u64,
@@ -104,6 +107,7 @@ impl Keyspace {
             hasher: foldhash::fast::RandomState::default(),
             used: 0,
             capacity,
+            buffers: 0,
             mode,
             clock: 0,
             // Any odd non-zero seed; the sampling only needs to be spread, not secret.
@@ -137,6 +141,25 @@ impl Keyspace {
 
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// The room the data has: the capacity less the connections' buffers.
+    fn room(&self) -> u64 {
+        self.capacity.saturating_sub(self.buffers)
+    }
+
+    /// Bytes the connections hold in buffers, as last told by [`Keyspace::set_buffers`].
+    pub fn buffers(&self) -> u64 {
+        self.buffers
+    }
+
+    /// Count `bytes` of connection buffers against the capacity. An LRU store evicts to
+    /// keep data and buffers within it; a no-eviction store refuses writes until they fit.
+    pub fn set_buffers(&mut self, bytes: u64) {
+        self.buffers = bytes;
+        if self.mode == EvictionMode::Lru && self.used > self.room() {
+            self.evict_to(self.room(), None);
+        }
     }
 
     pub fn mode(&self) -> EvictionMode {
@@ -235,7 +258,7 @@ impl Keyspace {
     /// Whether a write adding `extra` bytes fits a no-eviction store (always true for an
     /// LRU store, which evicts instead).
     pub fn fits(&self, extra: u64) -> bool {
-        self.mode == EvictionMode::Lru || self.used.saturating_add(extra) <= self.capacity
+        self.mode == EvictionMode::Lru || self.used.saturating_add(extra) <= self.room()
     }
 
     /// The bytes the store would grow by if `key` were set to a value of `val_len` bytes.
@@ -258,12 +281,12 @@ impl Keyspace {
             (Some(_), SetCond::Nx) | (None, SetCond::Xx) => return SetOutcome::NotWritten,
             _ => {}
         }
-        if new_size > self.capacity {
+        let room = self.room();
+        if new_size > room {
             return SetOutcome::NoRoom;
         }
         let old_size = existing.map_or(0, |i| self.slots[i].size());
-        if self.mode == EvictionMode::NoEviction && self.used - old_size + new_size > self.capacity
-        {
+        if self.mode == EvictionMode::NoEviction && self.used - old_size + new_size > room {
             return SetOutcome::NoRoom;
         }
         let t = self.tick();
@@ -302,8 +325,8 @@ impl Keyspace {
         if let SetTtl::At(at) = ttl {
             self.set_expire(i, at.max(1));
         }
-        if self.used > self.capacity {
-            self.evict_to(self.capacity, Some(i));
+        if self.used > room {
+            self.evict_to(room, Some(i));
         }
         SetOutcome::Written
     }
@@ -365,7 +388,7 @@ impl Keyspace {
     pub fn set_capacity(&mut self, bytes: u64) -> u64 {
         self.capacity = bytes;
         match self.mode {
-            EvictionMode::Lru => self.evict_to(bytes, None),
+            EvictionMode::Lru => self.evict_to(self.room(), None),
             EvictionMode::NoEviction => 0,
         }
     }
@@ -431,6 +454,36 @@ mod tests {
 
     fn key(i: usize) -> Vec<u8> {
         format!("key:{i:06}").into_bytes()
+    }
+
+    /// Connection buffers count against the capacity: an LRU store evicts to keep data
+    /// and buffers within it, a no-eviction store refuses writes that would not fit.
+    #[test]
+    fn buffers_take_room_from_the_data() {
+        let per = entry_size(2, 1000);
+        let mut ks = Keyspace::with_seed(per * 10, EvictionMode::Lru, 7);
+        for i in 0..10 {
+            ks.set(
+                format!("k{i}").as_bytes(),
+                &[0; 1000],
+                SetCond::Always,
+                SetTtl::Clear,
+                0,
+            );
+        }
+        assert_eq!(ks.len(), 10);
+        ks.set_buffers(per * 3);
+        assert!(ks.used() + ks.buffers() <= ks.capacity());
+        assert_eq!(ks.len(), 7);
+        let mut ks = Keyspace::new(per * 10, EvictionMode::NoEviction);
+        ks.set_buffers(per * 9);
+        let w =
+            |ks: &mut Keyspace, k: &[u8]| ks.set(k, &[0; 1000], SetCond::Always, SetTtl::Clear, 0);
+        assert_eq!(w(&mut ks, b"k1"), SetOutcome::Written);
+        assert_eq!(w(&mut ks, b"k2"), SetOutcome::NoRoom);
+        assert!(!ks.fits(per));
+        ks.set_buffers(0);
+        assert_eq!(w(&mut ks, b"k2"), SetOutcome::Written);
     }
 
     #[test]

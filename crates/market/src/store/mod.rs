@@ -1,34 +1,46 @@
 //! A producer's stores: one per lease, each a TCP server speaking the Redis protocol
-//! (RESP2) over the leased memory, so `redis-cli`, `redis-benchmark` and client libraries
-//! work against it unmodified.
+//! (RESP2, and RESP3 after `HELLO 3`) over the leased memory, so `redis-cli`,
+//! `redis-benchmark` and client libraries (redis-py with its defaults) work against it
+//! unmodified.
 //!
 //! What it owns:
 //! - [`Store`]: one store's thread, listener, connections and data. Each store runs on a
 //!   thread of its own with a single-threaded tokio runtime (optionally pinned to a vCPU):
 //!   one event loop per store, like Redis, so a store's work never migrates and the data's
 //!   lock is never contended by its own connections;
-//! - the commands (`AUTH` with the lease's secret, `GET`, `SET` with `EX`/`PX`/`NX`/`XX`,
-//!   `DEL`, `EXISTS`, `MGET`, `MSET`, `EXPIRE`, `TTL`, `PING`, `INFO`, `DBSIZE`, `FLUSHDB`,
-//!   `SELECT 0`, `QUIT`, `COMMAND`, and a few more clients send when they start), with
-//!   pipelining: every command parsed from one read is answered in one write;
+//! - the connections: pipelining (every command parsed from one read is answered in one
+//!   write), their buffers (small until a client authenticates, given back after a large
+//!   command, counted against the store's capacity with the data), the connection bounds;
 //! - the bounds (bulk length, argument count, connections), the per-consumer token bucket,
 //!   and the capacity: approximate-LRU eviction or, in no-eviction mode, `-OOM` refusals
 //!   ([`keyspace`]); [`shrink_in_proportion`] for a harvester taking memory back;
-//! - the request decoder ([`resp`]).
+//! - giving freed memory back to the system (after `FLUSHDB`, an eviction or delete wave,
+//!   the store's end), through `granule_host::os::release_free_memory`;
+//! - the commands and their replies (`commands`: `AUTH`, `HELLO`, `GET`, `SET` with its
+//!   options, `DEL`, `EXISTS`, `MGET`, `MSET`, `EXPIRE`, `TTL`, `MULTI`/`EXEC`/`DISCARD`,
+//!   `INFO`, `CONFIG GET`, `CLIENT`, ...) and the request decoder ([`resp`]).
 //!
-//! Security: until `AUTH` succeeds a connection gets `-NOAUTH` for everything but `AUTH`
-//! and `QUIT`; secrets are compared as BLAKE3 digests (constant-time equality). A protocol
-//! error closes that connection only, after an `-ERR Protocol error: ...` reply.
+//! Security: a client that has not authenticated costs the machine almost nothing. Until
+//! `AUTH` (or `HELLO … AUTH`) succeeds a connection gets `-NOAUTH` for everything else, may
+//! send commands of at most 10 arguments of at most 16 KiB (Redis's rule; past it, a
+//! protocol error and the connection is closed), is closed after
+//! `market.store_auth_timeout`, and past `market.store_max_unauthenticated` of them (or
+//! when every connection is taken) a new connection closes the oldest that had a tenth of
+//! that time to authenticate, so strangers cannot hold the lease holder's room.
+//! Secrets are compared as BLAKE3 digests (constant-time equality). A protocol error
+//! closes that connection only, after an `-ERR Protocol error: ...` reply.
 
+mod commands;
 pub mod keyspace;
 pub mod resp;
 
 use bytes::{Buf, BytesMut};
 pub use granule_wire::market::EvictionMode;
-use keyspace::{Keyspace, SetCond, SetOutcome, SetTtl};
+use keyspace::Keyspace;
 use parking_lot::Mutex;
 use resp::Limits;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,6 +48,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 
 /// One store's settings.
 #[derive(Clone, Debug)]
@@ -56,6 +69,11 @@ pub struct StoreConfig {
     pub max_bulk: usize,
     /// Most arguments in one command.
     pub max_args: usize,
+    /// How long a connection may stay unauthenticated before it is closed.
+    pub auth_timeout: Duration,
+    /// Unauthenticated connections past which (or when all connections are open) a new
+    /// one closes the oldest that had `auth_timeout / 10` to authenticate.
+    pub max_unauthenticated: usize,
 }
 
 impl StoreConfig {
@@ -80,6 +98,8 @@ impl StoreConfig {
             max_connections: usize::try_from(m.store_max_connections).unwrap_or(usize::MAX),
             max_bulk: usize::try_from(m.store_max_bulk).unwrap_or(usize::MAX),
             max_args: usize::try_from(m.store_max_args).unwrap_or(usize::MAX),
+            auth_timeout: m.store_auth_timeout,
+            max_unauthenticated: usize::try_from(m.store_max_unauthenticated).unwrap_or(usize::MAX),
         }
     }
 }
@@ -101,9 +121,16 @@ pub struct StoreStats {
     pub rate_limited: u64,
     /// Connections open now.
     pub connections: u64,
+    /// Of those, connections that have not authenticated.
+    pub unauthenticated: u64,
+    /// Bytes the connections hold in buffers (read buffers, replies, queued
+    /// transactions), counted against the capacity with the data.
+    pub buffer_bytes: u64,
     pub auth_failures: u64,
     pub commands: u64,
     pub protocol_errors: u64,
+    /// Times the store gave freed memory back to the system.
+    pub memory_releases: u64,
 }
 
 /// Why a store could not start.
@@ -123,7 +150,6 @@ pub enum StoreError {
 
 /// Reply texts clients recognise (kept as Redis words them where Redis has the case).
 const NOAUTH: &[u8] = b"-NOAUTH Authentication required.\r\n";
-const WRONGPASS: &[u8] = b"-WRONGPASS invalid password\r\n";
 const OOM: &[u8] = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n";
 const MAX_CLIENTS: &[u8] = b"-ERR max number of clients reached\r\n";
 const SYNTAX: &[u8] = b"-ERR syntax error\r\n";
@@ -132,8 +158,26 @@ const NOT_INT: &[u8] = b"-ERR value is not an integer or out of range\r\n";
 /// How often the active expiry cycle runs.
 const EXPIRE_PERIOD: Duration = Duration::from_millis(100);
 
-/// A connection's read buffer grows by at least this much.
+/// A connection's read buffer grows by at least this much once it authenticated.
 const READ_CHUNK: usize = 16 << 10;
+
+/// ... and by this much before: a stranger's connection holds little.
+const PRE_AUTH_CHUNK: usize = 1 << 10;
+
+/// Buffers past this size are given back after the command that needed them (one large
+/// value or reply must not pin its buffer for the life of the connection); below it they
+/// are kept, so pipelined traffic does not reallocate per batch.
+const SHRINK_ABOVE: usize = 1 << 20;
+
+/// What a connection may send before it authenticates (Redis's rule: a multibulk of at
+/// most 10 arguments, bulk strings of at most 16 KiB; past them, a protocol error and the
+/// connection is closed). Enough for `AUTH`, `HELLO 3 AUTH user pass SETNAME name` and
+/// the commands clients send first.
+const PRE_AUTH: Limits = Limits {
+    max_bulk: 16 << 10,
+    max_args: 10,
+    max_inline: 16 << 10,
+};
 
 /// The state every connection of a store shares, behind one lock taken once per read.
 struct Inner {
@@ -149,7 +193,38 @@ struct Inner {
     commands: u64,
     protocol_errors: u64,
     connections_total: u64,
+    /// Times freed memory was given back to the system.
+    memory_releases: u64,
+    /// The most the data held (as seen by the expiry cycle) since the last time.
+    peak_since_release: u64,
 }
+
+impl Inner {
+    /// Give the memory the allocator holds but no longer uses back to the system (after
+    /// FLUSHDB, an eviction wave, the lease's end): the machine's owner gets back what
+    /// the store no longer holds, not just what it never took.
+    fn release_memory(&mut self) {
+        granule_host::os::release_free_memory();
+        self.memory_releases += 1;
+        self.peak_since_release = self.ks.used();
+    }
+
+    /// [`Inner::release_memory`] once the data shrank by an eighth of the capacity (at
+    /// least [`RELEASE_WAVE_MIN`]) from its peak since the last time: after a wave of
+    /// deletes, expiries or evictions, not while a full LRU store replaces what it evicts
+    /// (its memory is about to be used again).
+    fn release_after_wave(&mut self) {
+        let used = self.ks.used();
+        self.peak_since_release = self.peak_since_release.max(used);
+        if self.peak_since_release - used >= (self.ks.capacity() / 8).max(RELEASE_WAVE_MIN) {
+            self.release_memory();
+        }
+    }
+}
+
+/// The smallest wave of dropped entries worth giving memory back for (a trim walks the
+/// allocator's free lists: not for every few deletes).
+const RELEASE_WAVE_MIN: u64 = 1 << 20;
 
 /// A token bucket: `rate` bytes per second, bursts of one second's worth. A request is
 /// refused while the bucket is empty; its cost (request and reply bytes) is charged
@@ -195,6 +270,16 @@ struct Shared {
     limits: Limits,
     max_connections: u64,
     connections: AtomicU64,
+    auth_timeout: Duration,
+    max_unauthenticated: usize,
+    /// Connections not yet authenticated, oldest first (by connection number), each with
+    /// the signal that closes it when a newer connection needs its place, and when it
+    /// was accepted.
+    unauthed: Mutex<BTreeMap<u64, (Arc<Notify>, Instant)>>,
+    /// Connections numbered so far.
+    conn_ids: AtomicU64,
+    /// Bytes every connection's buffers hold now (see [`Counted`]).
+    buffers: AtomicU64,
     epoch: Instant,
     port: u16,
     consumer: String,
@@ -255,6 +340,8 @@ impl Store {
                 commands: 0,
                 protocol_errors: 0,
                 connections_total: 0,
+                memory_releases: 0,
+                peak_since_release: 0,
             }),
             secret: blake3::hash(cfg.secret.as_bytes()),
             limits: Limits {
@@ -264,6 +351,11 @@ impl Store {
             },
             max_connections: cfg.max_connections as u64,
             connections: AtomicU64::new(0),
+            auth_timeout: cfg.auth_timeout,
+            max_unauthenticated: cfg.max_unauthenticated.max(1),
+            unauthed: Mutex::new(BTreeMap::new()),
+            conn_ids: AtomicU64::new(0),
+            buffers: AtomicU64::new(0),
             epoch: Instant::now(),
             port: addr.port(),
             consumer: cfg.consumer.clone(),
@@ -319,9 +411,12 @@ impl Store {
             rejected_writes: g.rejected_writes,
             rate_limited: g.rate_limited,
             connections: self.shared.connections.load(Ordering::Relaxed),
+            unauthenticated: self.shared.unauthed.lock().len() as u64,
+            buffer_bytes: self.shared.buffers.load(Ordering::Relaxed),
             auth_failures: g.auth_failures,
             commands: g.commands,
             protocol_errors: g.protocol_errors,
+            memory_releases: g.memory_releases,
         }
     }
 
@@ -329,7 +424,12 @@ impl Store {
     /// bytes evicted. No-eviction: evict nothing and return 0; writes that would go past
     /// the new size are refused from now on (the holder is to be sent a revocation notice).
     pub fn resize(&self, bytes: u64) -> u64 {
-        self.shared.inner.lock().ks.set_capacity(bytes)
+        let mut g = self.shared.inner.lock();
+        let evicted = g.ks.set_capacity(bytes);
+        if evicted > 0 {
+            g.release_memory();
+        }
+        evicted
     }
 
     /// The store's eviction mode.
@@ -342,6 +442,7 @@ impl Store {
     pub fn shutdown(&self) {
         self.shared.stop.send_replace(true);
         let thread = self.thread.lock().take();
+        let first = thread.is_some();
         if let Some(t) = thread {
             // The store's own thread cannot join itself (nothing of the store calls this
             // from there, but a caller's callback could).
@@ -349,7 +450,13 @@ impl Store {
                 let _ = t.join();
             }
         }
-        self.shared.inner.lock().ks.clear();
+        let mut g = self.shared.inner.lock();
+        g.ks.clear();
+        // The connections' buffers and the runtime went with the thread.
+        g.ks.set_buffers(0);
+        if first {
+            g.release_memory();
+        }
     }
 }
 
@@ -410,6 +517,7 @@ async fn serve(
                 tick.tick().await;
                 let now_ms = shared.epoch.elapsed().as_millis() as u64;
                 let mut g = shared.inner.lock();
+                g.ks.set_buffers(shared.buffers.load(Ordering::Relaxed));
                 // Like Redis: repeat while a quarter or more of a round had expired,
                 // within a bound so one cycle stays short.
                 for _ in 0..16 {
@@ -418,6 +526,8 @@ async fn serve(
                         break;
                     }
                 }
+                // After deletes, expiries or evictions since the last tick.
+                g.release_after_wave();
             }
         })
     };
@@ -426,18 +536,50 @@ async fn serve(
             _ = stop.wait_for(|s| *s) => break,
             r = listener.accept() => match r {
                 Ok((sock, _peer)) => {
-                    let n = shared.connections.load(Ordering::Relaxed);
-                    if n >= shared.max_connections {
+                    let full = shared.connections.load(Ordering::Relaxed) >= shared.max_connections;
+                    let id = shared.conn_ids.fetch_add(1, Ordering::Relaxed);
+                    let kick = Arc::new(Notify::new());
+                    let victim = {
+                        let mut strangers = shared.unauthed.lock();
+                        // A new connection takes the place of the oldest that has not
+                        // authenticated when strangers hold their share, or every place:
+                        // silent sockets cannot lock the lease holder out. Only one that
+                        // had time to authenticate, though: a client opening many
+                        // connections at once (redis-benchmark -c 500) sends its AUTHs
+                        // after it opened them all.
+                        let now = Instant::now();
+                        let grace = shared.auth_timeout / 10;
+                        let old = strangers
+                            .first_key_value()
+                            .is_some_and(|(_, (_, since))| now.duration_since(*since) >= grace);
+                        let victim = if old
+                            && (strangers.len() >= shared.max_unauthenticated || full)
+                        {
+                            strangers.pop_first()
+                        } else {
+                            None
+                        };
+                        if full && victim.is_none() {
+                            None
+                        } else {
+                            strangers.insert(id, (kick.clone(), now));
+                            Some(victim)
+                        }
+                    };
+                    let Some(victim) = victim else {
                         // A fresh socket has room for one short line: no need to wait.
                         let _ = sock.try_write(MAX_CLIENTS);
                         continue;
+                    };
+                    if let Some((_, (k, _))) = victim {
+                        k.notify_one();
                     }
                     shared.connections.fetch_add(1, Ordering::Relaxed);
                     shared.inner.lock().connections_total += 1;
                     let sh = shared.clone();
                     tokio::spawn(async move {
-                        let _open = OpenConn(sh.clone());
-                        serve_conn(&sh, sock).await;
+                        let _open = OpenConn(sh.clone(), id);
+                        serve_conn(&sh, sock, id, kick).await;
                     });
                 }
                 Err(e) => {
@@ -451,51 +593,149 @@ async fn serve(
     expiry.abort();
 }
 
-/// Counts a connection as open while it lives (also when its task is dropped at shutdown).
-struct OpenConn(Arc<Shared>);
+/// Counts a connection as open (and, until it authenticates, as a stranger) while it
+/// lives, also when its task is dropped at shutdown.
+struct OpenConn(Arc<Shared>, u64);
 
 impl Drop for OpenConn {
     fn drop(&mut self) {
+        self.0.unauthed.lock().remove(&self.1);
         self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection's buffers as counted in [`Shared::buffers`]: updated when their size
+/// changes (a comparison per read otherwise), uncounted when the connection ends.
+struct Counted<'a> {
+    shared: &'a Shared,
+    bytes: u64,
+}
+
+impl Counted<'_> {
+    fn set(&mut self, bytes: usize) {
+        let bytes = bytes as u64;
+        if bytes != self.bytes {
+            if bytes > self.bytes {
+                self.shared
+                    .buffers
+                    .fetch_add(bytes - self.bytes, Ordering::Relaxed);
+            } else {
+                self.shared
+                    .buffers
+                    .fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+            }
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.set(0);
     }
 }
 
 /// A connection's own state.
 struct Conn {
+    /// The connection's number (`CLIENT ID`, `HELLO`), from 1.
+    id: u64,
     authed: bool,
+    /// Whether it chose RESP3 (`HELLO 3`): its nulls and maps are written as RESP3's.
+    resp3: bool,
+    /// Its `CLIENT SETNAME`.
+    name: Option<Box<[u8]>>,
+    /// The commands queued since `MULTI`, while in one.
+    multi: Option<commands::Queued>,
+    /// The decoder, which resumes a partly received command where it stopped.
+    parser: resp::Parser,
 }
 
-async fn serve_conn(shared: &Shared, mut sock: TcpStream) {
+async fn serve_conn(shared: &Shared, mut sock: TcpStream, id: u64, kick: Arc<Notify>) {
     let _ = sock.set_nodelay(true);
-    let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
-    let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut counted = Counted { shared, bytes: 0 };
+    // Small until the connection authenticates: a stranger costs (almost) nothing.
+    let mut rbuf = BytesMut::with_capacity(PRE_AUTH_CHUNK);
+    let mut out: Vec<u8> = Vec::new();
     let mut args: Vec<(usize, usize)> = Vec::with_capacity(8);
-    let mut conn = Conn { authed: false };
+    let mut conn = Conn {
+        id: id + 1,
+        authed: false,
+        resp3: false,
+        name: None,
+        multi: None,
+        parser: resp::Parser::default(),
+    };
+    let deadline = tokio::time::Instant::now() + shared.auth_timeout;
     loop {
-        if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
-            rbuf.reserve(READ_CHUNK);
+        let chunk = if conn.authed {
+            READ_CHUNK
+        } else {
+            PRE_AUTH_CHUNK
+        };
+        if rbuf.capacity() - rbuf.len() < chunk / 4 {
+            rbuf.reserve(chunk);
         }
-        match sock.read_buf(&mut rbuf).await {
+        counted.set(buffer_bytes(&rbuf, &out, &args, &conn));
+        let read = if conn.authed {
+            sock.read_buf(&mut rbuf).await
+        } else {
+            tokio::select! {
+                r = sock.read_buf(&mut rbuf) => r,
+                () = kick.notified() => {
+                    let _ = sock.try_write(b"-ERR too many unauthenticated connections: closing the oldest\r\n");
+                    return;
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    let _ = sock.try_write(b"-ERR not authenticated in time: closing\r\n");
+                    return;
+                }
+            }
+        };
+        match read {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
+        counted.set(buffer_bytes(&rbuf, &out, &args, &conn));
+        let was_authed = conn.authed;
         let (used, close) = shared.process(&rbuf, &mut args, &mut out, &mut conn);
+        if conn.authed && !was_authed {
+            shared.unauthed.lock().remove(&id);
+        }
         rbuf.advance(used);
         if !out.is_empty() {
+            counted.set(buffer_bytes(&rbuf, &out, &args, &conn));
             if sock.write_all(&out).await.is_err() {
                 return;
             }
             out.clear();
-            if out.capacity() > (4 << 20) {
+            if out.capacity() > SHRINK_ABOVE {
                 // One large reply (MGET of big values) should not pin its buffer forever.
-                out = Vec::with_capacity(READ_CHUNK);
+                out = Vec::new();
             }
         }
         if close {
             let _ = sock.shutdown().await;
             return;
         }
+        // The same for a large command once it ran (what is left is a partial command:
+        // its bytes move along, and the parser's offsets, relative to its start, hold).
+        if rbuf.capacity() > SHRINK_ABOVE && rbuf.len() <= READ_CHUNK / 2 {
+            let mut small = BytesMut::with_capacity(READ_CHUNK);
+            small.extend_from_slice(&rbuf);
+            rbuf = small;
+        }
+        if args.capacity() > 1024 && !conn.parser.in_progress() {
+            args = Vec::with_capacity(8);
+        }
     }
+}
+
+/// Bytes a connection's buffers take.
+fn buffer_bytes(rbuf: &BytesMut, out: &Vec<u8>, args: &Vec<(usize, usize)>, conn: &Conn) -> usize {
+    rbuf.capacity()
+        + out.capacity()
+        + args.capacity() * std::mem::size_of::<(usize, usize)>()
+        + conn.multi.as_ref().map_or(0, |q| q.footprint())
 }
 
 /// One parsed command: its arguments as ranges of the read buffer.
@@ -535,7 +775,8 @@ impl Shared {
         let mut pos = 0;
         let mut guard: Option<parking_lot::MutexGuard<'_, Inner>> = None;
         loop {
-            match resp::parse(&buf[pos..], &self.limits, args) {
+            let limits = if conn.authed { &self.limits } else { &PRE_AUTH };
+            match conn.parser.parse(&buf[pos..], limits, args) {
                 Ok(None) => return (pos, false),
                 Ok(Some(n)) => {
                     if args.is_empty() {
@@ -545,6 +786,7 @@ impl Shared {
                     let g = guard.get_or_insert_with(|| {
                         let mut g = self.inner.lock();
                         g.now_ms = self.epoch.elapsed().as_millis() as u64;
+                        g.ks.set_buffers(self.buffers.load(Ordering::Relaxed));
                         if g.bucket.rate != 0 {
                             g.bucket.refill(Instant::now());
                         }
@@ -570,7 +812,17 @@ impl Shared {
                 Err(e) => {
                     let g = guard.get_or_insert_with(|| self.inner.lock());
                     g.protocol_errors += 1;
-                    out.extend_from_slice(format!("-ERR Protocol error: {e}\r\n").as_bytes());
+                    // Worded as Redis words them before authentication.
+                    let text = match e {
+                        resp::ProtocolError::TooManyArgs { .. } if !conn.authed => {
+                            "unauthenticated multibulk length".to_string()
+                        }
+                        resp::ProtocolError::BulkTooLong { .. } if !conn.authed => {
+                            "unauthenticated bulk length".to_string()
+                        }
+                        e => e.to_string(),
+                    };
+                    out.extend_from_slice(format!("-ERR Protocol error: {text}\r\n").as_bytes());
                     return (pos, true);
                 }
             }
@@ -582,10 +834,6 @@ impl Shared {
 
 fn ok(out: &mut Vec<u8>) {
     out.extend_from_slice(b"+OK\r\n");
-}
-
-fn nil(out: &mut Vec<u8>) {
-    out.extend_from_slice(b"$-1\r\n");
 }
 
 fn int(out: &mut Vec<u8>, n: i64) {
@@ -643,400 +891,6 @@ fn parse_i64(b: &[u8]) -> Option<i64> {
 fn is(a: &[u8], upper: &[u8]) -> bool {
     a.eq_ignore_ascii_case(upper)
 }
-
-impl Inner {
-    fn run(&mut self, shared: &Shared, cmd: &Cmd<'_>, out: &mut Vec<u8>, conn: &mut Conn) -> After {
-        let name = cmd.arg(0);
-        self.commands += 1;
-        // The hot pair first, once authenticated.
-        if conn.authed && self.bucket.allows() {
-            if is(name, b"GET") {
-                self.get(cmd, out);
-                return After::Continue;
-            }
-            if is(name, b"SET") {
-                self.set(cmd, out);
-                return After::Continue;
-            }
-        }
-        if is(name, b"AUTH") {
-            self.auth(shared, cmd, out, conn);
-            return After::Continue;
-        }
-        if is(name, b"QUIT") {
-            ok(out);
-            return After::Close;
-        }
-        if !conn.authed {
-            out.extend_from_slice(NOAUTH);
-            return After::Continue;
-        }
-        if !self.bucket.allows() {
-            self.rate_limited += 1;
-            err(
-                out,
-                &format!(
-                    "rate limit exceeded for this lease ({} bytes/s)",
-                    self.bucket.rate
-                ),
-            );
-            return After::Continue;
-        }
-        let now = self.now_ms;
-        match () {
-            _ if is(name, b"PING") => match cmd.len() {
-                1 => out.extend_from_slice(b"+PONG\r\n"),
-                2 => bulk(out, cmd.arg(1)),
-                _ => wrong_args(out, "ping"),
-            },
-            _ if is(name, b"ECHO") => match cmd.len() {
-                2 => bulk(out, cmd.arg(1)),
-                _ => wrong_args(out, "echo"),
-            },
-            _ if is(name, b"DEL") || is(name, b"UNLINK") => {
-                if cmd.len() < 2 {
-                    wrong_args(out, "del");
-                } else {
-                    let n = (1..cmd.len())
-                        .filter(|&i| self.ks.del(cmd.arg(i), now))
-                        .count();
-                    int(out, n as i64);
-                }
-            }
-            _ if is(name, b"EXISTS") => {
-                if cmd.len() < 2 {
-                    wrong_args(out, "exists");
-                } else {
-                    let n = (1..cmd.len())
-                        .filter(|&i| self.ks.exists(cmd.arg(i), now))
-                        .count();
-                    int(out, n as i64);
-                }
-            }
-            _ if is(name, b"MGET") => {
-                if cmd.len() < 2 {
-                    wrong_args(out, "mget");
-                } else {
-                    array(out, cmd.len() - 1);
-                    for i in 1..cmd.len() {
-                        match self.ks.get(cmd.arg(i), now) {
-                            Some(v) => {
-                                bulk(out, v);
-                                self.hits += 1;
-                            }
-                            None => {
-                                nil(out);
-                                self.misses += 1;
-                            }
-                        }
-                    }
-                }
-            }
-            _ if is(name, b"MSET") => self.mset(cmd, out),
-            _ if is(name, b"EXPIRE") || is(name, b"PEXPIRE") => {
-                let ms = if is(name, b"EXPIRE") { 1000 } else { 1 };
-                if cmd.len() != 3 {
-                    wrong_args(out, if ms == 1 { "pexpire" } else { "expire" });
-                } else {
-                    match parse_i64(cmd.arg(2)).and_then(|t| t.checked_mul(ms)) {
-                        None => out.extend_from_slice(NOT_INT),
-                        Some(t) => {
-                            let at = if t <= 0 {
-                                now
-                            } else {
-                                now.saturating_add(t as u64)
-                            };
-                            int(out, i64::from(self.ks.expire(cmd.arg(1), at, now)));
-                        }
-                    }
-                }
-            }
-            _ if is(name, b"TTL") || is(name, b"PTTL") => {
-                let secs = is(name, b"TTL");
-                if cmd.len() != 2 {
-                    wrong_args(out, if secs { "ttl" } else { "pttl" });
-                } else {
-                    let r = match self.ks.ttl_ms(cmd.arg(1), now) {
-                        None => -2,
-                        Some(None) => -1,
-                        Some(Some(ms)) if secs => ms.div_ceil(1000) as i64,
-                        Some(Some(ms)) => ms as i64,
-                    };
-                    int(out, r);
-                }
-            }
-            _ if is(name, b"PERSIST") => match cmd.len() {
-                2 => int(out, i64::from(self.ks.persist(cmd.arg(1), now))),
-                _ => wrong_args(out, "persist"),
-            },
-            _ if is(name, b"DBSIZE") => int(out, self.ks.len() as i64),
-            _ if is(name, b"FLUSHDB") || is(name, b"FLUSHALL") => {
-                if cmd.len() > 2
-                    || (cmd.len() == 2 && !is(cmd.arg(1), b"ASYNC") && !is(cmd.arg(1), b"SYNC"))
-                {
-                    out.extend_from_slice(SYNTAX);
-                } else {
-                    self.ks.clear();
-                    ok(out);
-                }
-            }
-            _ if is(name, b"SELECT") => match cmd.len() {
-                2 => match parse_i64(cmd.arg(1)) {
-                    Some(0) => ok(out),
-                    Some(_) => err(out, "DB index is out of range"),
-                    None => out.extend_from_slice(NOT_INT),
-                },
-                _ => wrong_args(out, "select"),
-            },
-            _ if is(name, b"INFO") => {
-                let text = self.info(shared);
-                bulk(out, text.as_bytes());
-            }
-            _ if is(name, b"COMMAND") => {
-                // Enough for clients to start: they ask for the count or the docs and go
-                // on without the table when it is empty.
-                if cmd.len() >= 2 && is(cmd.arg(1), b"COUNT") {
-                    int(out, COMMANDS.len() as i64);
-                } else {
-                    array(out, 0);
-                }
-            }
-            _ if is(name, b"CONFIG") => self.config(cmd, out),
-            _ if is(name, b"CLIENT") => {
-                if cmd.len() >= 2 && (is(cmd.arg(1), b"SETNAME") || is(cmd.arg(1), b"SETINFO")) {
-                    ok(out);
-                } else if cmd.len() == 2 && is(cmd.arg(1), b"GETNAME") {
-                    nil(out);
-                } else {
-                    err(out, "unsupported CLIENT subcommand");
-                }
-            }
-            _ if is(name, b"HELLO") => {
-                out.extend_from_slice(b"-NOPROTO this store speaks RESP2 only\r\n")
-            }
-            _ if is(name, b"GET") => self.get(cmd, out),
-            _ if is(name, b"SET") => self.set(cmd, out),
-            _ => err(out, &format!("unknown command '{}'", printable(name))),
-        }
-        After::Continue
-    }
-
-    fn auth(&mut self, shared: &Shared, cmd: &Cmd<'_>, out: &mut Vec<u8>, conn: &mut Conn) {
-        let (user, pass) = match cmd.len() {
-            2 => (None, cmd.arg(1)),
-            3 => (Some(cmd.arg(1)), cmd.arg(2)),
-            _ => return wrong_args(out, "auth"),
-        };
-        // Digest equality is constant-time (blake3::Hash's PartialEq), so the time
-        // taken says nothing about how much of the secret matched.
-        let good = blake3::hash(pass) == shared.secret && user.is_none_or(|u| is(u, b"DEFAULT"));
-        if good {
-            conn.authed = true;
-            ok(out);
-        } else {
-            self.auth_failures += 1;
-            out.extend_from_slice(WRONGPASS);
-        }
-    }
-
-    fn get(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
-        if cmd.len() != 2 {
-            return wrong_args(out, "get");
-        }
-        match self.ks.get(cmd.arg(1), self.now_ms) {
-            Some(v) => {
-                bulk(out, v);
-                self.hits += 1;
-            }
-            None => {
-                nil(out);
-                self.misses += 1;
-            }
-        }
-    }
-
-    fn set(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
-        if cmd.len() < 3 {
-            return wrong_args(out, "set");
-        }
-        let now = self.now_ms;
-        let mut cond = SetCond::Always;
-        let mut ttl = SetTtl::Clear;
-        let mut i = 3;
-        while i < cmd.len() {
-            let opt = cmd.arg(i);
-            let unit = if is(opt, b"EX") || is(opt, b"EXAT") {
-                Some(1000)
-            } else if is(opt, b"PX") || is(opt, b"PXAT") {
-                Some(1)
-            } else {
-                None
-            };
-            if let Some(unit) = unit {
-                if ttl != SetTtl::Clear || i + 1 >= cmd.len() {
-                    return out.extend_from_slice(SYNTAX);
-                }
-                let Some(t) = parse_i64(cmd.arg(i + 1)) else {
-                    return out.extend_from_slice(NOT_INT);
-                };
-                let Some(ms) = t.checked_mul(unit).filter(|&ms| t > 0 && ms > 0) else {
-                    return err(out, "invalid expire time in 'set' command");
-                };
-                let absolute = opt.len() == 4;
-                ttl = if absolute {
-                    // EXAT/PXAT: Unix time; the store's clock counts from its epoch.
-                    let unix_now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as u64);
-                    SetTtl::At(now + (ms as u64).saturating_sub(unix_now).max(1))
-                } else {
-                    SetTtl::At(now.saturating_add(ms as u64))
-                };
-                i += 2;
-                continue;
-            }
-            if is(opt, b"NX") && cond == SetCond::Always {
-                cond = SetCond::Nx;
-            } else if is(opt, b"XX") && cond == SetCond::Always {
-                cond = SetCond::Xx;
-            } else if is(opt, b"KEEPTTL") && ttl == SetTtl::Clear {
-                ttl = SetTtl::Keep;
-            } else {
-                return out.extend_from_slice(SYNTAX);
-            }
-            i += 1;
-        }
-        match self.ks.set(cmd.arg(1), cmd.arg(2), cond, ttl, now) {
-            SetOutcome::Written => ok(out),
-            SetOutcome::NotWritten => nil(out),
-            SetOutcome::NoRoom => {
-                self.rejected_writes += 1;
-                out.extend_from_slice(OOM);
-            }
-        }
-    }
-
-    fn mset(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
-        if cmd.len() < 3 || cmd.len().is_multiple_of(2) {
-            return wrong_args(out, "mset");
-        }
-        let now = self.now_ms;
-        // All or nothing in a no-eviction store: check the growth of the whole command
-        // first (a key given twice counts twice: a conservative bound).
-        let growth: u64 = (1..cmd.len())
-            .step_by(2)
-            .map(|i| self.ks.growth(cmd.arg(i), cmd.arg(i + 1).len()))
-            .sum();
-        if !self.ks.fits(growth) {
-            self.rejected_writes += 1;
-            return out.extend_from_slice(OOM);
-        }
-        let mut refused = false;
-        for i in (1..cmd.len()).step_by(2) {
-            let r = self.ks.set(
-                cmd.arg(i),
-                cmd.arg(i + 1),
-                SetCond::Always,
-                SetTtl::Clear,
-                now,
-            );
-            refused |= r == SetOutcome::NoRoom;
-        }
-        if refused {
-            // Only an entry larger than the whole store gets here.
-            self.rejected_writes += 1;
-            out.extend_from_slice(OOM);
-        } else {
-            ok(out);
-        }
-    }
-
-    fn config(&mut self, cmd: &Cmd<'_>, out: &mut Vec<u8>) {
-        if cmd.len() != 3 || !is(cmd.arg(1), b"GET") {
-            return err(out, "this store supports only CONFIG GET <name>");
-        }
-        let policy = match self.ks.mode() {
-            EvictionMode::Lru => "allkeys-lru",
-            EvictionMode::NoEviction => "noeviction",
-        };
-        let cap = self.ks.capacity().to_string();
-        let known: [(&str, &str); 4] = [
-            ("maxmemory", &cap),
-            ("maxmemory-policy", policy),
-            ("save", ""),
-            ("appendonly", "no"),
-        ];
-        let want = cmd.arg(2);
-        let hits: Vec<_> = known
-            .iter()
-            .filter(|(k, _)| want == b"*" || is(want, k.as_bytes()))
-            .collect();
-        array(out, hits.len() * 2);
-        for (k, v) in hits {
-            bulk(out, k.as_bytes());
-            bulk(out, v.as_bytes());
-        }
-    }
-
-    fn info(&self, shared: &Shared) -> String {
-        let ks = &self.ks;
-        let policy = match ks.mode() {
-            EvictionMode::Lru => "allkeys-lru",
-            EvictionMode::NoEviction => "noeviction",
-        };
-        let mut s = String::with_capacity(1024);
-        use std::fmt::Write;
-        let _ = write!(
-            s,
-            "# Server\r\nredis_version:7.0.0\r\ngranule_store:{ver}\r\nredis_mode:standalone\r\n\
-             process_id:{pid}\r\ntcp_port:{port}\r\nuptime_in_seconds:{up}\r\nlease_consumer:{consumer}\r\n\r\n\
-             # Clients\r\nconnected_clients:{conns}\r\nmaxclients:{maxc}\r\n\r\n\
-             # Memory\r\nused_memory:{used}\r\nmaxmemory:{cap}\r\nmaxmemory_policy:{policy}\r\n\r\n\
-             # Stats\r\ntotal_connections_received:{total}\r\ntotal_commands_processed:{cmds}\r\n\
-             keyspace_hits:{hits}\r\nkeyspace_misses:{misses}\r\nevicted_keys:{ek}\r\nevicted_bytes:{eb}\r\n\
-             expired_keys:{xk}\r\nrejected_writes:{rw}\r\nrate_limited:{rl}\r\nrate_limit_bps:{rate}\r\n\
-             auth_failures:{af}\r\nprotocol_errors:{pe}\r\n\r\n\
-             # Keyspace\r\n",
-            ver = env!("CARGO_PKG_VERSION"),
-            pid = std::process::id(),
-            port = shared.port,
-            up = shared.epoch.elapsed().as_secs(),
-            consumer = printable(shared.consumer.as_bytes()),
-            conns = shared.connections.load(Ordering::Relaxed),
-            maxc = shared.max_connections,
-            used = ks.used(),
-            cap = ks.capacity(),
-            total = self.connections_total,
-            cmds = self.commands,
-            hits = self.hits,
-            misses = self.misses,
-            ek = ks.evicted_keys,
-            eb = ks.evicted_bytes,
-            xk = ks.expired_keys,
-            rw = self.rejected_writes,
-            rl = self.rate_limited,
-            rate = self.bucket.rate,
-            af = self.auth_failures,
-            pe = self.protocol_errors,
-        );
-        if !ks.is_empty() {
-            let _ = write!(
-                s,
-                "db0:keys={},expires={},avg_ttl=0\r\n",
-                ks.len(),
-                ks.volatile()
-            );
-        }
-        s
-    }
-}
-
-/// The commands a store answers (for `COMMAND COUNT`).
-const COMMANDS: &[&str] = &[
-    "AUTH", "QUIT", "PING", "ECHO", "GET", "SET", "DEL", "UNLINK", "EXISTS", "MGET", "MSET",
-    "EXPIRE", "PEXPIRE", "TTL", "PTTL", "PERSIST", "DBSIZE", "FLUSHDB", "FLUSHALL", "SELECT",
-    "INFO", "COMMAND", "CONFIG", "CLIENT", "HELLO",
-];
 
 #[cfg(test)]
 mod tests;

@@ -88,20 +88,208 @@ impl std::error::Error for ProtocolError {}
 /// The longest header line (`*N` or `$N`) accepted: 20 digits of a u64 and a sign.
 const MAX_HEADER: usize = 24;
 
-/// Parse one command from the start of `buf`. `Ok(Some(n))`: a command took the first
-/// `n` bytes and its arguments are in `args` as `(start, end)` ranges of `buf` (possibly
-/// none: an empty line or an empty array, which callers skip); `Ok(None)`: the command
-/// is not complete yet (read more and call again with the same start).
+/// Parse one command from the start of `buf` (the stateless form of [`Parser::parse`],
+/// which re-examines a partial command from its start on every call).
 pub fn parse(
     buf: &[u8],
     limits: &Limits,
     args: &mut Vec<(usize, usize)>,
 ) -> Result<Option<usize>, ProtocolError> {
-    args.clear();
-    match buf.first() {
-        None => Ok(None),
-        Some(b'*') => parse_multibulk(buf, limits, args),
-        Some(_) => parse_inline(buf, limits, args),
+    Parser::default().parse(buf, limits, args)
+}
+
+/// A connection's decoder: [`Parser::parse`] resumes a partial command where the last
+/// call stopped, so a command arriving in many reads (a million-argument `MGET` over a
+/// slow link) is examined once, not once per read.
+#[derive(Debug, Default)]
+pub struct Parser {
+    /// A multibulk command in progress: arguments still to come and where the next one
+    /// starts (its `$` header, or its payload when `bulk` is set).
+    multibulk: Option<Pending>,
+    /// An inline command in progress: how far the search for its newline got.
+    inline_scanned: usize,
+    /// Bytes examined since the parser was made: headers and lines scanned, payloads
+    /// accepted. Parsing is incremental when this stays near the bytes received.
+    scanned: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    remaining: u64,
+    next: usize,
+    /// The payload of the argument being read, once its header was parsed: `(start, end)`.
+    bulk: Option<(usize, usize)>,
+}
+
+impl Parser {
+    /// Bytes examined so far (see the field's doc).
+    pub fn scanned(&self) -> u64 {
+        self.scanned
+    }
+
+    /// Whether a command is partly parsed (its arguments so far are in the caller's vector).
+    pub fn in_progress(&self) -> bool {
+        self.multibulk.is_some() || self.inline_scanned > 0
+    }
+
+    /// Parse one command from the start of `buf`. `Ok(Some(n))`: a command took the first
+    /// `n` bytes and its arguments are in `args` as `(start, end)` ranges of `buf`
+    /// (possibly none: an empty line or an empty array, which callers skip); `Ok(None)`:
+    /// the command is not complete yet: read more and call again with a buffer that starts
+    /// at the same byte, holds the same bytes and more, and the same `args` untouched.
+    /// After an error the parser starts afresh (the connection is to be closed anyway).
+    pub fn parse(
+        &mut self,
+        buf: &[u8],
+        limits: &Limits,
+        args: &mut Vec<(usize, usize)>,
+    ) -> Result<Option<usize>, ProtocolError> {
+        let r = match (self.multibulk, buf.first()) {
+            (Some(p), _) => self.resume_multibulk(buf, limits, args, p),
+            (None, None) => return Ok(None),
+            (None, Some(b'*')) => {
+                args.clear();
+                self.inline_scanned = 0;
+                self.start_multibulk(buf, limits, args)
+            }
+            (None, Some(_)) => {
+                if self.inline_scanned == 0 {
+                    args.clear();
+                }
+                self.parse_inline(buf, limits, args)
+            }
+        };
+        match r {
+            Ok(Some(_)) | Err(_) => {
+                self.multibulk = None;
+                self.inline_scanned = 0;
+            }
+            Ok(None) => {}
+        }
+        r
+    }
+
+    /// [`find_crlf`], counting the bytes it examines.
+    fn find_crlf(
+        &mut self,
+        buf: &[u8],
+        from: usize,
+        max: usize,
+    ) -> Result<Option<usize>, ProtocolError> {
+        let r = find_crlf(buf, from, max);
+        let upto = match r {
+            Ok(Some(cr)) => cr + 2,
+            _ => buf.len().min(from.saturating_add(max + 2)),
+        };
+        self.scanned += upto.saturating_sub(from) as u64;
+        r
+    }
+
+    fn start_multibulk(
+        &mut self,
+        buf: &[u8],
+        limits: &Limits,
+        args: &mut Vec<(usize, usize)>,
+    ) -> Result<Option<usize>, ProtocolError> {
+        let Some(cr) = self.find_crlf(buf, 1, MAX_HEADER)? else {
+            return Ok(None);
+        };
+        let count = parse_int(&buf[1..cr]).ok_or(ProtocolError::BadMultibulkLength)?;
+        let pos = cr + 2;
+        if count <= 0 {
+            // `*0` and `*-1`: nothing to run (Redis skips them the same way).
+            return Ok(Some(pos));
+        }
+        let count = count as u64;
+        if count > limits.max_args as u64 {
+            return Err(ProtocolError::TooManyArgs {
+                count,
+                max: limits.max_args,
+            });
+        }
+        let p = Pending {
+            remaining: count,
+            next: pos,
+            bulk: None,
+        };
+        self.resume_multibulk(buf, limits, args, p)
+    }
+
+    fn resume_multibulk(
+        &mut self,
+        buf: &[u8],
+        limits: &Limits,
+        args: &mut Vec<(usize, usize)>,
+        mut p: Pending,
+    ) -> Result<Option<usize>, ProtocolError> {
+        while p.remaining > 0 {
+            let (start, end) = match p.bulk {
+                Some(b) => b,
+                None => {
+                    let pos = p.next;
+                    let Some(&first) = buf.get(pos) else {
+                        self.multibulk = Some(p);
+                        return Ok(None);
+                    };
+                    if first != b'$' {
+                        return Err(ProtocolError::ExpectedBulk(first));
+                    }
+                    let Some(cr) = self.find_crlf(buf, pos + 1, MAX_HEADER)? else {
+                        self.multibulk = Some(p);
+                        return Ok(None);
+                    };
+                    let len = parse_int(&buf[pos + 1..cr]).ok_or(ProtocolError::BadBulkLength)?;
+                    if len < 0 {
+                        return Err(ProtocolError::BadBulkLength);
+                    }
+                    let len = len as u64;
+                    if len > limits.max_bulk as u64 {
+                        return Err(ProtocolError::BulkTooLong {
+                            len,
+                            max: limits.max_bulk,
+                        });
+                    }
+                    let start = cr + 2;
+                    (start, start + len as usize)
+                }
+            };
+            if buf.len() < end + 2 {
+                p.bulk = Some((start, end));
+                self.multibulk = Some(p);
+                return Ok(None);
+            }
+            self.scanned += (end + 2 - start) as u64;
+            if &buf[end..end + 2] != b"\r\n" {
+                return Err(ProtocolError::MissingCrlf);
+            }
+            args.push((start, end));
+            p = Pending {
+                remaining: p.remaining - 1,
+                next: end + 2,
+                bulk: None,
+            };
+        }
+        Ok(Some(p.next))
+    }
+
+    fn parse_inline(
+        &mut self,
+        buf: &[u8],
+        limits: &Limits,
+        args: &mut Vec<(usize, usize)>,
+    ) -> Result<Option<usize>, ProtocolError> {
+        let end = buf.len().min(limits.max_inline + 1);
+        let from = self.inline_scanned.min(end);
+        self.scanned += (end - from) as u64;
+        let Some(nl) = buf[from..end].iter().position(|&b| b == b'\n') else {
+            if buf.len() > limits.max_inline {
+                return Err(ProtocolError::InlineTooLong(limits.max_inline));
+            }
+            // Never 0 here (`buf` is not empty), so `in_progress` holds.
+            self.inline_scanned = buf.len();
+            return Ok(None);
+        };
+        split_inline(buf, from + nl, limits, args)
     }
 }
 
@@ -143,74 +331,13 @@ fn parse_int(s: &[u8]) -> Option<i64> {
     Some(if neg { -n } else { n })
 }
 
-fn parse_multibulk(
+/// Split the inline line ending with the newline at `nl` into arguments.
+fn split_inline(
     buf: &[u8],
+    nl: usize,
     limits: &Limits,
     args: &mut Vec<(usize, usize)>,
 ) -> Result<Option<usize>, ProtocolError> {
-    let Some(cr) = find_crlf(buf, 1, MAX_HEADER)? else {
-        return Ok(None);
-    };
-    let count = parse_int(&buf[1..cr]).ok_or(ProtocolError::BadMultibulkLength)?;
-    let mut pos = cr + 2;
-    if count <= 0 {
-        // `*0` and `*-1`: nothing to run (Redis skips them the same way).
-        return Ok(Some(pos));
-    }
-    let count = count as u64;
-    if count > limits.max_args as u64 {
-        return Err(ProtocolError::TooManyArgs {
-            count,
-            max: limits.max_args,
-        });
-    }
-    for _ in 0..count {
-        let Some(&first) = buf.get(pos) else {
-            return Ok(None);
-        };
-        if first != b'$' {
-            return Err(ProtocolError::ExpectedBulk(first));
-        }
-        let Some(cr) = find_crlf(buf, pos + 1, MAX_HEADER)? else {
-            return Ok(None);
-        };
-        let len = parse_int(&buf[pos + 1..cr]).ok_or(ProtocolError::BadBulkLength)?;
-        if len < 0 {
-            return Err(ProtocolError::BadBulkLength);
-        }
-        let len = len as u64;
-        if len > limits.max_bulk as u64 {
-            return Err(ProtocolError::BulkTooLong {
-                len,
-                max: limits.max_bulk,
-            });
-        }
-        let start = cr + 2;
-        let end = start + len as usize;
-        if buf.len() < end + 2 {
-            return Ok(None);
-        }
-        if &buf[end..end + 2] != b"\r\n" {
-            return Err(ProtocolError::MissingCrlf);
-        }
-        args.push((start, end));
-        pos = end + 2;
-    }
-    Ok(Some(pos))
-}
-
-fn parse_inline(
-    buf: &[u8],
-    limits: &Limits,
-    args: &mut Vec<(usize, usize)>,
-) -> Result<Option<usize>, ProtocolError> {
-    let scan = &buf[..buf.len().min(limits.max_inline + 1)];
-    let Some(nl) = scan.iter().position(|&b| b == b'\n') else {
-        if buf.len() > limits.max_inline {
-            return Err(ProtocolError::InlineTooLong(limits.max_inline));
-        }
-        return Ok(None);
-    };
     let line_end = if nl > 0 && buf[nl - 1] == b'\r' {
         nl - 1
     } else {
@@ -288,6 +415,68 @@ mod tests {
         assert!(args.is_empty());
         assert_eq!(one(b"GET \"k"), Ok(None));
         assert_eq!(one(b"GET \"k\n"), Err(ProtocolError::UnbalancedQuotes));
+    }
+
+    /// Feed `stream` to one parser `chunk` bytes per "read", as a store's connection does
+    /// (parse, consume what a command took, keep the rest). Returns the commands' argument
+    /// counts and the bytes the parser examined.
+    fn feed(stream: &[u8], chunk: usize, limits: &Limits) -> (Vec<usize>, u64) {
+        let mut p = Parser::default();
+        let mut args = Vec::new();
+        let mut cmds = Vec::new();
+        let (mut start, mut avail) = (0, 0);
+        while avail < stream.len() {
+            avail = (avail + chunk).min(stream.len());
+            while let Some(n) = p.parse(&stream[start..avail], limits, &mut args).unwrap() {
+                cmds.push(args.len());
+                start += n;
+            }
+        }
+        assert_eq!(start, stream.len());
+        (cmds, p.scanned())
+    }
+
+    /// A million-argument MGET arriving slowly cost the store seconds of CPU when every
+    /// read re-parsed the command from its start: the bytes examined must stay near the
+    /// bytes received, however the command is cut.
+    #[test]
+    fn a_command_arriving_in_many_reads_is_parsed_once() {
+        let n = 100_000;
+        let mut cmd = format!("*{}\r\n$4\r\nMGET\r\n", n + 1).into_bytes();
+        for i in 0..n {
+            let k = format!("key:{i}");
+            cmd.extend_from_slice(format!("${}\r\n{k}\r\n", k.len()).as_bytes());
+        }
+        cmd.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
+        let limits = Limits::default();
+        for chunk in [4096, 1000, 7] {
+            let (cmds, scanned) = feed(&cmd, chunk, &limits);
+            assert_eq!(cmds, vec![n + 1, 1]);
+            let reads = cmd.len().div_ceil(chunk) as u64;
+            // Each read may look again at one partial header (at most MAX_HEADER + 2 bytes).
+            let bound = cmd.len() as u64 + reads * (MAX_HEADER as u64 + 3);
+            assert!(
+                scanned <= bound,
+                "{chunk}-byte reads: parsed {scanned} bytes for a {}-byte stream (bound {bound})",
+                cmd.len()
+            );
+        }
+        // A long inline line arriving a byte at a time is scanned once too.
+        let line = format!("GET {}\r\n", "k".repeat(20_000));
+        let (cmds, scanned) = feed(line.as_bytes(), 1, &limits);
+        assert_eq!(cmds, vec![2]);
+        assert!(scanned <= 2 * line.len() as u64, "inline: {scanned} bytes");
+    }
+
+    /// Any split of any stream gives the same commands as the stream whole.
+    #[test]
+    fn resumed_parsing_matches_whole_parsing() {
+        let stream: &[u8] = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\nPING\r\n*0\r\nset a 'b c'\n*2\r\n$3\r\nGET\r\n$0\r\n\r\n";
+        let limits = Limits::default();
+        let (whole, _) = feed(stream, stream.len(), &limits);
+        for chunk in 1..stream.len() {
+            assert_eq!(feed(stream, chunk, &limits).0, whole, "chunk {chunk}");
+        }
     }
 
     #[test]

@@ -90,8 +90,9 @@ fn render(b: &[u8]) -> Option<(String, usize)> {
             let body = String::from_utf8_lossy(&b[cr + 2..end]);
             Some((format!("${n}:{body}"), end + 2))
         }
-        b'*' => {
-            let n: i64 = line[1..].parse().ok()?;
+        b'*' | b'%' => {
+            // A RESP3 map of n pairs is 2n elements.
+            let n: i64 = line[1..].parse::<i64>().ok()? * if b[0] == b'%' { 2 } else { 1 };
             let mut pos = cr + 2;
             let mut parts = vec![line];
             for _ in 0..n.max(0) {
@@ -121,10 +122,13 @@ fn noauth_until_auth_and_wrong_password() {
     ] {
         assert_eq!(c.call(args), "-NOAUTH Authentication required.", "{args:?}");
     }
-    assert_eq!(c.call(&[b"AUTH", b"wrong"]), "-WRONGPASS invalid password");
+    assert_eq!(
+        c.call(&[b"AUTH", b"wrong"]),
+        "-WRONGPASS invalid username-password pair or user is disabled."
+    );
     assert_eq!(
         c.call(&[b"AUTH", b"other", SECRET.as_bytes()]),
-        "-WRONGPASS invalid password"
+        "-WRONGPASS invalid username-password pair or user is disabled."
     );
     assert_eq!(c.call(&[b"GET", b"k"]), "-NOAUTH Authentication required.");
     assert_eq!(store.stats().auth_failures, 2);
@@ -190,7 +194,10 @@ fn commands_answer_like_redis() {
         c.call(&[b"GET"]),
         "-ERR wrong number of arguments for 'get' command"
     );
-    assert_eq!(c.call(&[b"KEYS", b"*"]), "-ERR unknown command 'KEYS'");
+    assert_eq!(
+        c.call(&[b"KEYS", b"*"]),
+        "-ERR unknown command 'KEYS', with args beginning with: '*' "
+    );
     assert_eq!(c.call(&[b"COMMAND", b"DOCS"]), "*0");
     assert_eq!(
         c.call(&[b"CONFIG", b"GET", b"maxmemory"]),
@@ -450,4 +457,397 @@ fn shrink_in_proportion_to_sizes() {
     assert_eq!(got[0], full_big - big.stats().used_bytes);
     assert_eq!(got[1], full_small - small.stats().used_bytes);
     assert!(got[0] > 3 * got[1], "{got:?}");
+}
+
+// ---- strangers: what a client that has not authenticated may cost ----------------------
+
+/// Numeric fields of one `INFO` reply, asked over `c`.
+fn info_fields<const N: usize>(c: &mut Client, names: [&str; N]) -> [u64; N] {
+    let r = c.call(&[b"INFO"]);
+    names.map(|name| {
+        r.split("\r\n")
+            .find_map(|l| l.strip_prefix(&format!("{name}:"))?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO has no {name}: {r}"))
+    })
+}
+
+/// A numeric field of `INFO`, asked over `c`.
+fn info_field(c: &mut Client, name: &str) -> u64 {
+    info_fields(c, [name])[0]
+}
+
+/// A store with these bounds for connections.
+fn start_guarded(
+    max_connections: usize,
+    max_unauthenticated: usize,
+    auth_timeout: Duration,
+) -> Store {
+    let mut cfg = StoreConfig::new(64 << 20, SECRET, EvictionMode::Lru);
+    cfg.max_connections = max_connections;
+    cfg.max_unauthenticated = max_unauthenticated;
+    cfg.auth_timeout = auth_timeout;
+    Store::start("127.0.0.1:0", cfg).unwrap()
+}
+
+/// Unauthenticated clients each sending most of a 16 MB AUTH argument grew a 64 MiB
+/// store by hundreds of MiB. Before AUTH, a command is at most 10 arguments of at most
+/// 16 KiB (Redis's rule); what strangers do buffer counts against the store's memory.
+#[test]
+fn strangers_cannot_make_the_store_buffer_large_commands() {
+    let store = start(64 << 20, EvictionMode::Lru);
+    let mut holder = Client::authed(&store);
+    let mut strangers: Vec<Client> = (0..40).map(|_| Client::connect(&store)).collect();
+    for s in &mut strangers {
+        s.send(b"*2\r\n$4\r\nAUTH\r\n$16000000\r\n");
+        // The store may close before all of it is sent.
+        let _ = s.s.write_all(&[b'x'; 64 << 10]);
+    }
+    for s in &mut strangers {
+        assert_eq!(
+            s.reply(),
+            "-ERR Protocol error: unauthenticated bulk length"
+        );
+        assert!(s.closed());
+    }
+    let mut c = Client::connect(&store);
+    c.send(b"*11\r\n");
+    assert_eq!(
+        c.reply(),
+        "-ERR Protocol error: unauthenticated multibulk length"
+    );
+    assert!(c.closed());
+    // Within the bounds: a wrong password of 16 KiB is just a wrong password.
+    let mut c = Client::connect(&store);
+    assert_eq!(
+        c.call(&[b"AUTH", &[b'p'; 16 << 10]]),
+        "-WRONGPASS invalid username-password pair or user is disabled."
+    );
+    // Strangers in the middle of a (legal) command hold their bytes, counted with the data.
+    let mut strangers: Vec<Client> = (0..40).map(|_| Client::connect(&store)).collect();
+    for s in &mut strangers {
+        s.send(b"*2\r\n$4\r\nAUTH\r\n$16000\r\n");
+        s.send(&[b'x'; 15_000]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut held = 0;
+    while Instant::now() < deadline {
+        held = info_field(&mut holder, "mem_clients_normal");
+        if held >= 40 * 15_000 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(held >= 40 * 15_000, "buffers counted: {held}");
+    assert!(held <= 41 * (64 << 10), "40 strangers hold {held} bytes");
+    let [used, data, bufs] = info_fields(
+        &mut holder,
+        ["used_memory", "used_memory_dataset", "mem_clients_normal"],
+    );
+    assert_eq!(used, data + bufs);
+    // ... and the one that gave a wrong password.
+    assert_eq!(store.stats().unauthenticated, 41);
+    drop(strangers);
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.stats().connections > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        store.stats().buffer_bytes <= 64 << 10,
+        "{:?}",
+        store.stats()
+    );
+}
+
+/// 1,024 silent sockets locked the lease holder out of a store: strangers get a share of
+/// the connections (a new one closes the oldest), and are closed if they do not
+/// authenticate in time.
+#[test]
+fn silent_strangers_neither_lock_the_holder_out_nor_stay() {
+    let store = start_guarded(32, 8, Duration::from_millis(500));
+    let mut silent: Vec<StdStream> = (0..64)
+        .map(|_| StdStream::connect(store.addr()).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut holder = Client::connect(&store);
+    assert_eq!(holder.call(&[b"AUTH", SECRET.as_bytes()]), "+OK");
+    assert_eq!(holder.call(&[b"PING"]), "+PONG");
+
+    // The strangers still open are closed at the deadline; the holder stays.
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    let mut timed_out = 0;
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = Vec::new();
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        if got.starts_with(b"-ERR not authenticated in time") {
+            timed_out += 1;
+        }
+    }
+    assert!(timed_out >= 1, "no stranger timed out");
+    assert!(started.elapsed() < Duration::from_secs(4));
+    while store.stats().unauthenticated > 0 && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(store.stats().unauthenticated, 0);
+    assert_eq!(holder.call(&[b"PING"]), "+PONG");
+    // Authenticated clients keep the room strangers cannot take.
+    let mut clients: Vec<Client> = (0..31).map(|_| Client::authed(&store)).collect();
+    let mut late = Client::connect(&store);
+    assert_eq!(late.reply(), "-ERR max number of clients reached");
+    assert_eq!(clients[0].call(&[b"PING"]), "+PONG");
+}
+
+/// A client opening many connections at once, then authenticating on each (what
+/// redis-benchmark does), gets them all: only strangers that had time to authenticate
+/// give their place to newer connections.
+#[test]
+fn a_burst_of_connections_past_the_strangers_share_is_not_cut_off() {
+    let store = start_guarded(64, 8, Duration::from_secs(10));
+    let mut clients: Vec<Client> = (0..40).map(|_| Client::connect(&store)).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    for c in &mut clients {
+        assert_eq!(c.call(&[b"AUTH", SECRET.as_bytes()]), "+OK");
+    }
+    for c in &mut clients {
+        assert_eq!(c.call(&[b"PING"]), "+PONG");
+    }
+}
+
+/// A large command's buffer is given back once it ran.
+#[test]
+fn buffers_shrink_after_a_large_command() {
+    let store = start(64 << 20, EvictionMode::Lru);
+    let mut c = Client::authed(&store);
+    let big = vec![b'v'; 8 << 20];
+    assert_eq!(c.call(&[b"SET", b"big", &big]), "+OK");
+    assert_eq!(
+        c.call(&[b"GET", b"big"]).len(),
+        "$8388608:".len() + (8 << 20)
+    );
+    assert_eq!(c.call(&[b"PING"]), "+PONG");
+    let held = info_field(&mut c, "mem_clients_normal");
+    assert!(
+        held <= 256 << 10,
+        "one connection holds {held} bytes after a large command"
+    );
+}
+
+/// Freed memory goes back to the system after FLUSHDB, a wave of deletes or evictions,
+/// and the store's end (the RSS side: `tests/memory.rs`).
+#[test]
+fn memory_is_given_back_after_flushes_waves_and_the_end() {
+    let store = start(8 << 20, EvictionMode::Lru);
+    let mut c = Client::authed(&store);
+    let releases = || store.stats().memory_releases;
+    let val = vec![b'x'; 4000];
+    let fill = |c: &mut Client, n: usize| {
+        for i in 0..n {
+            assert_eq!(c.call(&[b"SET", format!("k{i}").as_bytes(), &val]), "+OK");
+        }
+    };
+    fill(&mut c, 1000);
+    assert_eq!(releases(), 0);
+    assert_eq!(c.call(&[b"FLUSHDB"]), "+OK");
+    assert_eq!(releases(), 1);
+    // A full LRU store replacing what it evicts keeps its memory (it is reused at once).
+    fill(&mut c, 4000);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(releases(), 1);
+    // A wave of deletes: given back by the next expiry cycle.
+    for i in 0..4000 {
+        c.call(&[b"DEL", format!("k{i}").as_bytes()]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while releases() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // (Once or more: the cycle may run while the deletes still come; let it settle.)
+    std::thread::sleep(Duration::from_millis(300));
+    let after_wave = releases();
+    assert!(after_wave >= 2);
+    // The harvester taking memory back.
+    fill(&mut c, 1000);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(releases(), after_wave);
+    assert!(store.resize(1 << 20) > 0);
+    assert_eq!(releases(), after_wave + 1);
+    store.shutdown();
+    store.shutdown();
+    assert_eq!(releases(), after_wave + 2);
+}
+
+// ---- transactions, HELLO and where the store answered otherwise than Redis ------------
+
+/// Nothing queued after MULTI runs before EXEC (redis-py's default pipeline() is a
+/// MULTI/EXEC): the store used to refuse MULTI and apply the queued writes at once.
+#[test]
+fn transactions_queue_until_exec_and_abort_on_a_refused_command() {
+    let store = start(1 << 20, EvictionMode::Lru);
+    let mut c = Client::authed(&store);
+    let mut other = Client::authed(&store);
+    assert_eq!(c.call(&[b"MULTI"]), "+OK");
+    assert_eq!(c.call(&[b"SET", b"a", b"1"]), "+QUEUED");
+    assert_eq!(c.call(&[b"GET", b"a"]), "+QUEUED");
+    assert_eq!(other.call(&[b"GET", b"a"]), "$-1");
+    assert_eq!(c.call(&[b"EXEC"]), "*2 +OK $1:1");
+    // A command Redis refuses when queued aborts the whole transaction.
+    assert_eq!(c.call(&[b"MULTI"]), "+OK");
+    assert_eq!(c.call(&[b"SET", b"a", b"2"]), "+QUEUED");
+    assert_eq!(
+        c.call(&[b"NOSUCH", b"x"]),
+        "-ERR unknown command 'NOSUCH', with args beginning with: 'x' "
+    );
+    assert_eq!(
+        c.call(&[b"GET"]),
+        "-ERR wrong number of arguments for 'get' command"
+    );
+    assert_eq!(other.call(&[b"GET", b"a"]), "$1:1");
+    assert_eq!(
+        c.call(&[b"EXEC"]),
+        "-EXECABORT Transaction discarded because of previous errors."
+    );
+    assert_eq!(other.call(&[b"GET", b"a"]), "$1:1");
+    // An error when run is that command's reply; the others apply.
+    assert_eq!(c.call(&[b"MULTI"]), "+OK");
+    assert_eq!(c.call(&[b"MULTI"]), "-ERR MULTI calls can not be nested");
+    assert_eq!(c.call(&[b"SET", b"a", b"3", b"BOGUS"]), "+QUEUED");
+    assert_eq!(c.call(&[b"SET", b"b", b"3"]), "+QUEUED");
+    assert_eq!(c.call(&[b"EXEC"]), "*2 -ERR syntax error +OK");
+    assert_eq!(other.call(&[b"MGET", b"a", b"b"]), "*2 $1:1 $1:3");
+    assert_eq!(c.call(&[b"MULTI"]), "+OK");
+    assert_eq!(c.call(&[b"DEL", b"a"]), "+QUEUED");
+    assert_eq!(c.call(&[b"DISCARD"]), "+OK");
+    assert_eq!(c.call(&[b"EXISTS", b"a"]), ":1");
+    assert_eq!(c.call(&[b"EXEC"]), "-ERR EXEC without MULTI");
+    assert_eq!(c.call(&[b"DISCARD"]), "-ERR DISCARD without MULTI");
+    // Pipelined, as redis-py sends it.
+    let mut batch = cmd(&[b"MULTI"]);
+    batch.extend(cmd(&[b"SET", b"p", b"1"]));
+    batch.extend(cmd(&[b"EXPIRE", b"p", b"100"]));
+    batch.extend(cmd(&[b"EXEC"]));
+    c.send(&batch);
+    let replies: Vec<String> = (0..4).map(|_| c.reply()).collect();
+    assert_eq!(replies, ["+OK", "+QUEUED", "+QUEUED", "*2 +OK :1"]);
+}
+
+/// redis-py 8 starts with `HELLO 3 AUTH default <secret>`: it authenticates and
+/// switches to RESP3 (whose clients do not read RESP2's `$-1`).
+#[test]
+fn hello_authenticates_and_chooses_resp3() {
+    let store = start(1 << 20, EvictionMode::Lru);
+    let mut c = Client::connect(&store);
+    assert!(c
+        .call(&[b"HELLO", b"3"])
+        .starts_with("-NOAUTH HELLO must be called"));
+    assert_eq!(
+        c.call(&[b"HELLO", b"3", b"AUTH", b"default", b"wrong"]),
+        "-WRONGPASS invalid username-password pair or user is disabled."
+    );
+    assert_eq!(
+        c.call(&[b"HELLO", b"4", b"AUTH", b"default", SECRET.as_bytes()]),
+        "-NOPROTO unsupported protocol version"
+    );
+    assert_eq!(c.call(&[b"GET", b"k"]), "-NOAUTH Authentication required.");
+    assert_eq!(
+        c.call(&[b"HELLO", b"3", b"AUTH", b"default", SECRET.as_bytes(), b"SETNAME", b"me"]),
+        "%7 $6:server $5:redis $7:version $5:7.0.0 $5:proto :3 $2:id :1 $4:mode $10:standalone $4:role $6:master $7:modules *0"
+    );
+    assert_eq!(c.call(&[b"GET", b"k"]), "_");
+    assert_eq!(c.call(&[b"MGET", b"k", b"k"]), "*2 _ _");
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), "$2:me");
+    assert_eq!(
+        c.call(&[b"CONFIG", b"GET", b"maxmemory"]),
+        "%1 $9:maxmemory $7:1048576"
+    );
+    assert!(c.call(&[b"HELLO", b"2"]).starts_with("*14 $6:server"));
+    assert_eq!(c.call(&[b"GET", b"k"]), "$-1");
+}
+
+/// Where the store answered otherwise than Redis 7 (checked side by side against
+/// redis-server in tests/redis_parity.rs).
+#[test]
+fn expiry_client_info_and_config_answer_as_redis() {
+    let store = start(1 << 20, EvictionMode::Lru);
+    let mut c = Client::authed(&store);
+    // SET with EXAT in the past: written and gone (NX/XX still decide first).
+    assert_eq!(c.call(&[b"SET", b"k", b"v", b"EXAT", b"1"]), "+OK");
+    assert_eq!(c.call(&[b"EXISTS", b"k"]), ":0");
+    assert_eq!(c.call(&[b"SET", b"k", b"v"]), "+OK");
+    assert_eq!(c.call(&[b"SET", b"k", b"w", b"NX", b"EXAT", b"1"]), "$-1");
+    assert_eq!(c.call(&[b"GET", b"k"]), "$1:v");
+    assert_eq!(
+        c.call(&[b"SET", b"k", b"v", b"EX", b"9223372036854775"]),
+        "-ERR invalid expire time in 'set' command"
+    );
+    // TTL rounds to the nearest second.
+    assert_eq!(c.call(&[b"SET", b"k", b"v", b"PX", b"1400"]), "+OK");
+    assert_eq!(c.call(&[b"TTL", b"k"]), ":1");
+    // EXPIRE past i64 milliseconds is an error, not a wrapped time.
+    assert_eq!(
+        c.call(&[b"EXPIRE", b"k", b"9223372036854775807"]),
+        "-ERR invalid expire time in 'expire' command"
+    );
+    assert_eq!(
+        c.call(&[b"PEXPIRE", b"k", b"9223372036854775000"]),
+        "-ERR invalid expire time in 'pexpire' command"
+    );
+    assert_eq!(c.call(&[b"EXPIRE", b"k", b"100", b"NX"]), ":0");
+    assert_eq!(c.call(&[b"EXPIRE", b"k", b"100", b"GT"]), ":1");
+    assert_eq!(c.call(&[b"EXPIRE", b"k", b"50", b"GT"]), ":0");
+    assert_eq!(c.call(&[b"EXPIRE", b"k", b"50", b"LT"]), ":1");
+    assert_eq!(
+        c.call(&[b"EXPIRE", b"k", b"1", b"FOO"]),
+        "-ERR Unsupported option FOO"
+    );
+    assert_eq!(c.call(&[b"EXPIRE", b"k", b"-1"]), ":1");
+    assert_eq!(c.call(&[b"EXISTS", b"k"]), ":0");
+    // CLIENT SETNAME / GETNAME.
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), "$-1");
+    assert_eq!(c.call(&[b"CLIENT", b"SETNAME", b"bob"]), "+OK");
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), "$3:bob");
+    assert_eq!(
+        c.call(&[b"CLIENT", b"SETNAME", b"a b"]),
+        "-ERR Client names cannot contain spaces, newlines or special characters."
+    );
+    assert_eq!(
+        c.call(&[b"CLIENT", b"FOO"]),
+        "-ERR unknown subcommand 'FOO'. Try CLIENT HELP."
+    );
+    // INFO <section> gives that section only.
+    assert_eq!(c.call(&[b"SET", b"k", b"v"]), "+OK");
+    assert_eq!(
+        c.call(&[b"INFO", b"keyspace"]),
+        "$44:# Keyspace\r\ndb0:keys=1,expires=0,avg_ttl=0\r\n"
+    );
+    assert_eq!(c.call(&[b"INFO", b"nosuch"]), "$0:");
+    let two = c.call(&[b"INFO", b"clients", b"memory"]);
+    assert!(
+        two.contains("# Clients\r\n") && two.contains("\r\n\r\n# Memory\r\n"),
+        "{two}"
+    );
+    assert!(
+        !two.contains("# Server") && !two.contains("# Stats"),
+        "{two}"
+    );
+    // CONFIG GET takes glob patterns, several of them.
+    assert_eq!(
+        c.call(&[b"CONFIG", b"GET", b"maxmemory*"]),
+        "*4 $9:maxmemory $7:1048576 $16:maxmemory-policy $11:allkeys-lru"
+    );
+    assert_eq!(
+        c.call(&[b"CONFIG", b"GET", b"save", b"appendonly"]),
+        "*4 $4:save $0: $10:appendonly $2:no"
+    );
+    assert_eq!(c.call(&[b"CONFIG", b"GET", b"nosuch"]), "*0");
+    assert_eq!(
+        c.call(&[b"CONFIG", b"GET"]),
+        "-ERR wrong number of arguments for 'config|get' command"
+    );
 }
