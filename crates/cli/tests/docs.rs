@@ -607,6 +607,7 @@ const MULTI: &str = "docs/guide/multi-machine.md";
 const OPERATIONS: &str = "docs/guide/operations.md";
 const TROUBLESHOOTING: &str = "docs/guide/troubleshooting.md";
 const TUTORIAL: &str = "docs/guide/tutorial.md";
+const PUSHDOWN: &str = "docs/guide/pushdown.md";
 const LIB: &str = "crates/granule/src/lib.rs";
 
 fn two_default_nodes() -> String {
@@ -714,6 +715,12 @@ fn claims() -> Vec<Claim> {
             Check::Setting("migration.chunk", "512KiB"),
         ),
         setting(PROGRAMMING, "chunks, 8 in flight", "migration.window", "8"),
+        claim(
+            PUSHDOWN,
+            "1 GiB by default, set from the cluster's configuration",
+            "1 GiB",
+            Check::Setting("pushdown.caller_build_memory", "1GiB"),
+        ),
         claim(
             PROGRAMMING,
             "averaged with a 1 s time constant",
