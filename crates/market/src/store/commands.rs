@@ -364,16 +364,7 @@ impl Inner {
             _ if is(name, b"MGET") => {
                 array(out, cmd.len() - 1);
                 for i in 1..cmd.len() {
-                    match self.ks.get(cmd.arg(i), now) {
-                        Some(v) => {
-                            bulk(out, v);
-                            self.hits += 1;
-                        }
-                        None => {
-                            nil(out, resp3);
-                            self.misses += 1;
-                        }
-                    }
+                    self.answer_value(cmd.arg(i), now, out, resp3);
                 }
             }
             _ if is(name, b"MSET") => self.mset(cmd, out),
@@ -534,7 +525,13 @@ impl Inner {
         if cmd.len() != 2 {
             return wrong_args(out, "get");
         }
-        match self.ks.get(cmd.arg(1), self.now_ms) {
+        self.answer_value(cmd.arg(1), self.now_ms, out, resp3);
+    }
+
+    /// A key's value as GET and MGET answer it (a bulk, or nil when absent), counted as a
+    /// hit or a miss.
+    fn answer_value(&mut self, key: &[u8], now: u64, out: &mut Vec<u8>, resp3: bool) {
+        match self.ks.get(key, now) {
             Some(v) => {
                 bulk(out, v);
                 self.hits += 1;
