@@ -1098,7 +1098,14 @@ impl Executor {
 
     /// Compare the planned part's measured times with what the model (without its
     /// corrections) estimated for its pushed and its pulled shards, and fold the ratios
-    /// into the operator's corrections.
+    /// into the operator's corrections. Call it after [`Executor::learn`] of the same run.
+    ///
+    /// A figure the plan had to assume (an intensity before the first run that way, a
+    /// node not yet seen) is a guess, not the model's error: the estimate compared uses
+    /// what this run measured in its place. Otherwise a first pull planned with the
+    /// default intensity, several times off, became a correction of the same size that
+    /// took a dozen runs to fade, and kept the rule pushing where pulling was twice as
+    /// fast.
     #[allow(clippy::too_many_arguments)]
     fn learn_fixes(
         &self,
@@ -1110,9 +1117,21 @@ impl Executor {
         figures: &Figures,
         m: &Measured,
     ) {
+        let network = *lock(&self.network);
+        let mut nodes = nodes.clone();
+        for (k, v) in &m.nodes {
+            nodes.entry(*k).or_insert_with(|| v.clone());
+        }
+        let nodes = &nodes;
+        let now = self.figures(key).unwrap_or_default();
         let raw = Figures {
             push_fix: None,
             pull_fix: None,
+            push_rate: figures.push_rate.or(now.push_rate),
+            pull_rate: figures.pull_rate.or(now.pull_rate),
+            selectivity: figures.selectivity.or(now.selectivity),
+            push_stretch: figures.push_stretch.or(now.push_stretch),
+            bandwidth: figures.bandwidth.or(network),
             ..figures.clone()
         };
         let part = |mode: Mode| -> Vec<ShardWork> {

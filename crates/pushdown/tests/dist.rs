@@ -514,3 +514,49 @@ fn bad_columns_are_named_pulled_errors_say_pulled_and_tables_start_on_different_
         c.shutdown();
     });
 }
+
+/// A first run is planned with assumed figures (the default intensity, no node seen yet),
+/// which can be several times off. That guess is not the model's error: the corrections
+/// learned from the run compare its times with an estimate from what it measured, so
+/// they stay near 1 instead of starting at the guess's error (a word count's first pull
+/// taught a pulled-part correction of 6.6, which kept the rule pushing for eight runs
+/// where pulling took half the time).
+#[test]
+fn a_first_runs_assumed_figures_do_not_become_the_models_corrections() {
+    bounded(Duration::from_secs(600), || {
+        let c = cluster();
+        let g = row_groups(TableName::Docs, 0.05, 23, 2048).expect("generator");
+        let docs = Table {
+            schema: g.schema().clone(),
+            groups: g.collect(),
+        };
+        let local = BTreeMap::from([(TableName::Docs, docs)]);
+        let tables = load(&c, &local);
+        let q = queries::all()
+            .expect("queries")
+            .into_iter()
+            .find(|q| q.name == "wordcount")
+            .expect("the word count");
+        let want = run_local(&q, &local).expect("reference");
+        let key = "wordcount scan (docs)";
+        let exec = Executor::new();
+        for mode in [Mode::Pull, Mode::Push] {
+            let (got, explain) = exec.run(&q, &tables, Choice::Force(mode)).expect("run");
+            assert_eq!(got, want);
+            let f = exec.figures(key).expect("figures");
+            let fix = match mode {
+                Mode::Pull => f.pull_fix,
+                Mode::Push => f.push_fix,
+            };
+            let fix = fix.unwrap_or_else(|| panic!("no {mode:?} correction learned: {explain}"));
+            assert!(
+                (0.5..2.0).contains(&fix),
+                "the first {mode:?} run's correction is {fix:.2}: {f:?}\n{explain}"
+            );
+        }
+        for (_, t) in tables {
+            t.destroy().expect("destroy");
+        }
+        c.shutdown();
+    });
+}
