@@ -816,7 +816,7 @@ fn check_read_back(dir: &Path) -> anyhow::Result<()> {
 fn measure(
     dir: &Path,
     p: &Params,
-    progress: &crate::Progress,
+    progress: &granule_report::Progress,
     fs: Fs,
     after_write: &mut dyn FnMut(),
 ) -> anyhow::Result<Sample> {
@@ -907,7 +907,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
             .with_context(|| format!("{}: reading back what was written", fs.name()))?;
     }
 
-    let progress = crate::Progress::new((p.reps * (1 + 4 * Fs::ALL.len())) as u64, "fs");
+    let progress = granule_report::Progress::new((p.reps * (1 + 4 * Fs::ALL.len())) as u64, "fs");
     let mut samples: [Vec<Sample>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     let mut tcp = Vec::new();
     // The mount's status with the first sequential file in place, and at the end.

@@ -870,7 +870,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         ));
     }
 
-    let progress = crate::Progress::new(plan.len() as u64, "harvest");
+    let progress = granule_report::Progress::new(plan.len() as u64, "harvest");
     let mut runs: Vec<RunOut> = Vec::new();
     for (round, spec) in plan {
         check_interrupted()?;

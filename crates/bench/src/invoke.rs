@@ -431,7 +431,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     } else {
         Duration::from_millis(400)
     };
-    let progress = crate::Progress::new(reps as u64 + 2, "invoke");
+    let progress = granule_report::Progress::new(reps as u64 + 2, "invoke");
     let mut s = Setup::new()?;
     progress.step("warming up every call path");
     eprintln!(

@@ -38,11 +38,11 @@
 //! The default pricing ([`granule_market::broker::RevenueSearch`]) is compared with a
 //! grid of fixed prices run on the same world ("best fixed price in hindsight").
 
-use crate::{BenchOpts, Progress};
+use crate::BenchOpts;
 use anyhow::Context;
 use granule_market::broker::{Action, Broker, BrokerConfig, FixedPrice, Placement, Request};
 use granule_market::wire::{EvictionMode, LeaseId, ProducerId, ProducerState};
-use granule_report::{Cell, Meta, Plot, Report, Table};
+use granule_report::{Cell, Meta, Plot, Progress, Report, Table};
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::f64::consts::PI;

@@ -456,7 +456,7 @@ fn num(v: f64) -> Cell {
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let reps = if opts.quick { REPS_QUICK } else { REPS_FULL };
     let affinity = crate::affinity::SavedAffinity::unpin();
-    let progress = crate::Progress::new(SIZES.len() as u64 + 2, "migrate");
+    let progress = granule_report::Progress::new(SIZES.len() as u64 + 2, "migrate");
     let cluster = Cluster::builder()
         .nodes(NODES)?
         .driver(NodeSpec {

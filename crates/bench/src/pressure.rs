@@ -1550,7 +1550,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     // ratios are medians; the timeline shows the repetition whose Granule ratio is the
     // median, and the counters (node deaths, lost calls) add up every repetition.
     let mut pairs: Vec<[RunResult; 2]> = Vec::with_capacity(p.reps);
-    let progress = crate::Progress::new(2 * p.reps as u64, "pressure");
+    let progress = granule_report::Progress::new(2 * p.reps as u64, "pressure");
     for i in 0..p.reps {
         if i > 0 {
             std::thread::sleep(SETTLE);

@@ -109,7 +109,7 @@ impl Setting {
 /// Run the benchmark and write its report.
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let p = Params::new(opts.quick);
-    let progress = crate::Progress::new(p.caps.len() as u64 + 3, "pushdown");
+    let progress = granule_report::Progress::new(p.caps.len() as u64 + 3, "pushdown");
     let local = generate(&p)?;
     let queries = queries::all()?;
     let reference: BTreeMap<String, QueryResult> = queries

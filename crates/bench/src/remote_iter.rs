@@ -183,7 +183,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let p = Params::new(opts.quick);
     let affinity = SavedAffinity::unpin();
     let vcpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let progress = crate::Progress::new(2, "remote-iter");
+    let progress = granule_report::Progress::new(2, "remote-iter");
     let cluster = Cluster::builder()
         .nodes("cpu=1,mem=1GiB")?
         .shed(false)

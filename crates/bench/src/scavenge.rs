@@ -1328,7 +1328,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let (scav_nodes, res_nodes) = (s.scav_nodes(), s.res_nodes());
     let weight = s.victim_weight();
     let steps = 3 + 2 * s.pairs + 2 * s.rounds;
-    let progress = crate::Progress::new(steps as u64, "scavenge");
+    let progress = granule_report::Progress::new(steps as u64, "scavenge");
     progress.note(format!(
         "data per round {:.1} MiB; scavenging: {scav_nodes} own node(s) of {} MiB + {} stores of {} MiB \
          (victim weight {weight}); reservation: {res_nodes} own nodes of {} MiB; logs: {}",

@@ -225,7 +225,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     };
     let sat_secs = if opts.quick { 1.0 } else { 4.0 };
 
-    let progress = crate::Progress::new(6, "service");
+    let progress = granule_report::Progress::new(6, "service");
     let cluster = Cluster::builder()
         .nodes("cpu=2,mem=1GiB;cpu=2,mem=1GiB")?
         .shed(false)

@@ -25,12 +25,15 @@
 //! ```
 //!
 //! This module owns [`Report`], which ties the pieces together and writes the files.
+//! [`Progress`] shows where a long command (a benchmark, the demo) is; the `granule`
+//! command's demo uses it too, so it lives here rather than in the benchmarks.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod error;
 mod meta;
 mod plot;
+mod progress;
 pub mod stats;
 mod table;
 pub mod usage;
@@ -42,6 +45,7 @@ use serde_json::{Map, Value};
 pub use error::{ReportError, Result};
 pub use meta::{format_utc, Meta, COMMIT_ENV};
 pub use plot::{HLine, Legend, Plot, PlotKind, Series, DEFAULT_SIZE};
+pub use progress::Progress;
 pub use stats::{Latency, Summary};
 pub use table::{format_number, Cell, Table};
 
