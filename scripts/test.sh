@@ -51,8 +51,10 @@ bench_smoke() {
     out="$(mktemp -d)" || return 1
     # Expanded now: `out` is gone by the time the script exits.
     trap "rm -rf '$out'" EXIT
-    # Shown as it runs (a line per benchmark step when not on a terminal).
-    if ! cargo run --release -p granule-cli -- bench all --quick --out "$out" 2>&1 |
+    # granule-bench runs the granule binary beside it (fs mount, store, antagonist), so
+    # both are built. Shown as it runs (a line per benchmark step when not on a terminal).
+    cargo build --release -p granule-cli -p granule-bench || return 1
+    if ! "${CARGO_TARGET_DIR:-target}/release/granule-bench" all --quick --out "$out" 2>&1 |
         tee "$out/log.txt"; then
         return 1
     fi

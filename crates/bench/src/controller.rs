@@ -1,4 +1,4 @@
-//! `granule bench controller`: how many control messages per second ONE Granule
+//! `granule-bench controller`: how many control messages per second ONE Granule
 //! controller sustains.
 //!
 //! Measured, each as min/median/max over repetitions (5 × ~1 s; `--quick`: 1 × ~0.1 s),

@@ -1,4 +1,4 @@
-//! `granule bench harvest`: the market's harvester on a real `redis-server` (Debian's),
+//! `granule-bench harvest`: the market's harvester on a real `redis-server` (Debian's),
 //! measured against the same server left alone.
 //!
 //! **The producer.** `redis-server` in a memory cgroup of its own (a

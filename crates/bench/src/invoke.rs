@@ -1,4 +1,4 @@
-//! `granule bench invoke`: proclet call throughput and latency against the cost of the
+//! `granule-bench invoke`: proclet call throughput and latency against the cost of the
 //! work done per call (0.1, 1, 10, 50 µs of calibrated busy work), next to baselines
 //! measured in the same run with the same work and payload:
 //!

@@ -1,4 +1,4 @@
-//! `granule bench kv`: a producer store against Debian's `redis-server`, both driven by
+//! `granule-bench kv`: a producer store against Debian's `redis-server`, both driven by
 //! the unmodified `redis-benchmark`.
 //!
 //! - **Servers**, configured alike: Redis with `requirepass`, `maxmemory` equal to the

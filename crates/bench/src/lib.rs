@@ -1,10 +1,19 @@
-//! Granule's benchmarks, run by `granule bench NAME [--quick] [--out DIR]`.
+//! Granule's benchmarks, run by the `granule-bench` binary
+//! (`granule-bench NAME [--quick] [--out DIR]`, `src/main.rs`).
 //!
 //! This crate owns the measurement code: workloads, the baselines measured beside
 //! Granule in the same run (plain function calls, raw TCP), repetitions and medians, and
 //! the reports (`DIR/NAME/results.csv`, `results.md`, `plot.png`, `summary.json`, written
 //! with `granule-report`). It changes nothing in the system it measures. `--quick` runs the
 //! same code for a few seconds, as a smoke test (CI runs those).
+//!
+//! The benchmarks are a binary of their own so that the shipped `granule` command does
+//! not carry them. Like every Granule application, `granule-bench` is also a node: a
+//! benchmark that starts a cluster spawns node processes of this executable. The
+//! subcommands of the `granule` command that some benchmarks start as child processes
+//! (`fs mount`, `fs status`, `store`, `antagonist memory`) run from the `granule` binary
+//! beside it ([`granule_exe`]); the benchmarks' own child modes (the `consumer`
+//! application, the `scavenge` tenant) run this executable again.
 #![forbid(unsafe_code)]
 
 pub mod affinity;
@@ -45,7 +54,7 @@ pub struct BenchOpts {
     pub dump: Option<PathBuf>,
 }
 
-/// Names `granule bench` accepts, with a one-line description.
+/// Names `granule-bench` accepts, with a one-line description.
 pub const BENCHMARKS: &[(&str, &str)] = &[
     ("invoke", "proclet call throughput and latency vs work per call: local, remote, plain function, raw TCP"),
     ("controller", "location resolutions/s and registrations/s one controller sustains"),
@@ -64,6 +73,9 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("pushdown", "TPC-H-style Q6, Q1, Q14, Q12 and a word count over tables on two memory-rich nodes whose pushed-work CPU is capped at 100/50/20 %: pull vs push vs the cost rule, vs raw TCP and DuckDB"),
     ("pressure", "KV shards under open-loop load while a memory antagonist fills one node: p99 timeline, moves, vs throttled migration"),
 ];
+
+/// The benchmarks that start subcommands of the `granule` binary ([`granule_exe`]).
+pub const NEEDS_GRANULE: &[&str] = &["fs", "scavenge", "pressure"];
 
 /// Run the benchmark `name`; returns the directory the report was written to.
 pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
@@ -93,6 +105,28 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
                 .join(", ")
         ),
     }
+}
+
+/// The `granule` binary in the same directory as this executable (`target/release/` for
+/// `target/release/granule-bench`), for the subcommands a benchmark starts as a child
+/// process: `fs mount`, `fs status`, `store`, `antagonist memory`. Cargo builds the two
+/// binaries from different packages, so the error says how to build the missing one.
+pub fn granule_exe() -> anyhow::Result<PathBuf> {
+    use anyhow::Context;
+    let me = std::env::current_exe().context("the path of this executable")?;
+    let exe = me.with_file_name("granule");
+    if exe.is_file() {
+        return Ok(exe);
+    }
+    let release = if me.parent().is_some_and(|d| d.ends_with("debug")) {
+        ""
+    } else {
+        " --release"
+    };
+    anyhow::bail!(
+        "granule-bench needs the granule binary beside it ({}): run cargo build{release} -p granule-cli",
+        exe.display()
+    )
 }
 
 /// `out/name`, for benchmarks that want to mention it.

@@ -1,4 +1,4 @@
-//! `granule bench market`: the broker ([`granule_market::broker::Broker`], the real one,
+//! `granule-bench market`: the broker ([`granule_market::broker::Broker`], the real one,
 //! driven in-process with a simulated clock and no sockets) over 48 simulated hours of
 //! synthetic diurnal supply and demand, compressed in time (the whole run takes seconds
 //! to minutes of wall time).

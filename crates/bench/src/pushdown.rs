@@ -1,4 +1,4 @@
-//! `granule bench pushdown`: TPC-H-style queries over tables spread on memory-rich nodes
+//! `granule-bench pushdown`: TPC-H-style queries over tables spread on memory-rich nodes
 //! whose pushed-work CPU is capped at 100 %, 50 % and 20 % of a core, each run pulled,
 //! pushed and by the cost rule, next to a raw loopback TCP stream of the pulled bytes and
 //! the same queries in DuckDB with all data in one process (EVALUATION.md, pushdown).

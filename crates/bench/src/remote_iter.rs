@@ -1,4 +1,4 @@
-//! `granule bench remote-iter`: a compute loop iterating a sealed [`ShardedVec`] whose
+//! `granule-bench remote-iter`: a compute loop iterating a sealed [`ShardedVec`] whose
 //! shards live on another node, against the same loop over a local `Vec` with the same
 //! core (EVALUATION.md, remote-iter).
 //!

@@ -1,4 +1,4 @@
-//! `granule bench service`: a stateless service under an open-loop HTTP load that
+//! `granule-bench service`: a stateless service under an open-loop HTTP load that
 //! triples and falls back, its compute proclets splitting and merging, next to the same
 //! handler in a plain axum server in this process.
 //!

@@ -1,4 +1,4 @@
-//! `granule bench sharded`: operations per second of the sharded structures across
+//! `granule-bench sharded`: operations per second of the sharded structures across
 //! three node processes, in low-latency mode (one call per operation) and batching mode
 //! (client-side buffers, several batches in flight), next to the same std container in
 //! this one process.

@@ -1,6 +1,6 @@
 //! Granule's shared benchmark report writer and small statistics helpers.
 //!
-//! Every `granule bench NAME` run writes, under `DIR/NAME/`:
+//! Every `granule-bench NAME` run writes, under `DIR/NAME/`:
 //!
 //! * `results.csv` — the main [`Table`];
 //! * `results.md` — title, provenance ([`Meta`]), notes, the table, the headline figures
