@@ -34,6 +34,9 @@ run rustfmt cargo fmt --all -- --check
 
 step "clippy (warnings are errors)"
 run clippy cargo clippy --workspace --all-targets -- -D warnings
+# The README's first command builds the granule command alone, where granule-report's
+# `plot` feature is off (only granule-bench turns it on): lint that build too.
+run "clippy (granule-cli alone)" cargo clippy -p granule-cli --bins -- -D warnings
 
 step "rustdoc (broken or private links are errors)"
 # The doc bin target `granule` and the lib `granule` share an output name (cargo #6313):
