@@ -150,8 +150,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Demo { seconds, exit } => demo::run(seconds, !exit),
         Cmd::Bench { args } => anyhow::bail!(
-            "the benchmarks moved to their own binary: run granule-bench {} (build it with cargo build --release -p granule-cli -p granule-bench)",
-            args.join(" ")
+            "the benchmarks moved to their own binary: run {} (build it with cargo build --release -p granule-cli -p granule-bench)",
+            ["granule-bench".to_string()].iter().chain(&args).cloned().collect::<Vec<_>>().join(" ")
         ),
         Cmd::Controller {
             listen,
