@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Take docs/dashboard.png: the controller's dashboard during `granule bench pressure
+# Take docs/dashboard.png: the controller's dashboard during `granule-bench pressure
 # --quick`, once the memory antagonist has made the victim node shed (migrations on the
 # timeline). Needs chromium (Debian's package). Run from anywhere; takes ~1 minute.
 set -euo pipefail
@@ -11,9 +11,10 @@ out="${1:-docs/dashboard.png}"
 browser="$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)"
 [ -n "$browser" ] || { echo "needs chromium (apt-get install chromium)" >&2; exit 1; }
 
-cargo build --release --quiet -p granule-cli
+# granule-bench starts the memory antagonist from the granule binary beside it.
+cargo build --release --quiet -p granule-cli -p granule-bench
 tmp="$(mktemp -d)"
-GRANULE_DASHBOARD="127.0.0.1:$port" target/release/granule bench pressure --quick --out "$tmp" \
+GRANULE_DASHBOARD="127.0.0.1:$port" "${CARGO_TARGET_DIR:-target}/release/granule-bench" pressure --quick --out "$tmp" \
     > "$tmp/bench.log" 2>&1 &
 bench=$!
 trap 'kill $bench 2>/dev/null || true; rm -rf "$tmp"' EXIT

@@ -27,7 +27,7 @@ fn main() -> anyhow::Result<()> {
     let node = cluster.worker_nodes()?[0];
     println!("callee pid {}", cluster.spawned_nodes()[0].1);
     if std::env::var_os("PIN").is_some() {
-        // The same placement as `granule bench invoke`.
+        // The same placement as `granule-bench invoke`.
         granule_bench::invoke::pin_process(0)?;
         Proclet::builder(Kind::Compute)
             .on(node)

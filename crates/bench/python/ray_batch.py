@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Ray baseline for `granule bench batch`.
+"""Ray baseline for `granule-bench batch`.
 
 Runs the same two workloads as Granule's batch benchmark on a local Ray instance
 (`num_cpus=2` by default) and prints ONE JSON object on stdout:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create (once) a virtualenv holding Ray, for the Ray baseline of `granule bench batch`.
+# Create (once) a virtualenv holding Ray, for the Ray baseline of `granule-bench batch`.
 #
 #   bash crates/bench/python/ray_venv.sh VENV_DIR
 #

@@ -1,5 +1,5 @@
 //! CPU placement of the benchmark processes: pinning every thread of a process to a vCPU,
-//! and restoring the driver's affinity after a benchmark (so `granule bench all` does not
+//! and restoring the driver's affinity after a benchmark (so `granule-bench all` does not
 //! carry one benchmark's pinning into the next). The affinity calls and the task lists
 //! are `granule_host`'s.
 

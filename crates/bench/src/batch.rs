@@ -877,7 +877,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let per_us = calibrate();
     let iters = iters_for(p.work_us, per_us);
     let mut rows = Vec::new();
-    let progress = crate::Progress::new(5, "batch");
+    let progress = granule_report::Progress::new(5, "batch");
     progress.step("throughput: for_all and word count vs a loop and rayon");
     let (words, distinct, checksum, pinning) = throughput(&p, iters, &mut rows)?;
     progress.step("reaction: shrinking from and growing back onto a contended vCPU");

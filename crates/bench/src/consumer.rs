@@ -1,7 +1,7 @@
-//! `granule bench consumer`: a YCSB-like application (Zipfian keys, 95 % reads, 5 %
+//! `granule-bench consumer`: a YCSB-like application (Zipfian keys, 95 % reads, 5 %
 //! writes) whose working set exceeds its local memory, with and without leased memory.
 //!
-//! - **Application**: a child process (this binary again, `bench consumer` with
+//! - **Application**: a child process (this binary again, `granule-bench consumer` with
 //!   `GRANULE_BENCH_CONSUMER_APP` set) placed in a memory cgroup (v1, made with the host
 //!   crate's `ClusterGroups`; `memory.limit_in_bytes` counts page cache) before it
 //!   allocates anything. One client thread, one operation at a time. Its local memory is
@@ -520,7 +520,7 @@ fn run_app(
     std::fs::write(&cfg_path, serde_json::to_vec(cfg)?)?;
     let exe = std::env::current_exe()?;
     let mut child = std::process::Command::new(exe)
-        .args(["bench", "consumer", "--out"])
+        .args(["consumer", "--out"])
         .arg(dir)
         .env(APP_ENV, &cfg_path)
         .stdin(std::process::Stdio::piped())

@@ -1,4 +1,4 @@
-//! `granule bench controller`: how many control messages per second ONE Granule
+//! `granule-bench controller`: how many control messages per second ONE Granule
 //! controller sustains.
 //!
 //! Measured, each as min/median/max over repetitions (5 × ~1 s; `--quick`: 1 × ~0.1 s),
@@ -580,7 +580,7 @@ pub fn run(opts: &BenchOpts) -> Result<PathBuf> {
         ..ControllerConfig::default()
     };
     // The controller's thread is the one named like it that appears with it.
-    let progress = crate::Progress::new(3, "controller");
+    let progress = granule_report::Progress::new(3, "controller");
     let before = threads_named(CONTROLLER_THREAD);
     let mut controller =
         ControllerHandle::start("127.0.0.1:0", config).context("cannot start the controller")?;

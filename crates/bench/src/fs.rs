@@ -1,4 +1,4 @@
-//! `granule bench fs`: the scavenging file system's mount (`granule fs mount`) against
+//! `granule-bench fs`: the scavenging file system's mount (`granule fs mount`) against
 //! tmpfs and against a FUSE passthrough (Debian's `bindfs`) over tmpfs, with one raw
 //! loopback TCP stream as the ceiling for reads, all in the same run.
 //!
@@ -340,7 +340,7 @@ struct GranuleMount {
 impl GranuleMount {
     fn start(dir: &Path, log: &Path) -> anyhow::Result<GranuleMount> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let exe = std::env::current_exe().context("finding this executable (granule)")?;
+        let exe = crate::granule_exe()?;
         let log_file =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let mut child = Command::new(&exe)
@@ -436,7 +436,7 @@ impl GranuleMount {
 
     /// The mount's status (`granule fs status DIR --json`), or why there is none.
     fn status(&self) -> Result<serde_json::Value, String> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let exe = crate::granule_exe().map_err(|e| e.to_string())?;
         let out = Command::new(exe)
             .args(["fs", "status"])
             .arg(&self.dir)
@@ -816,7 +816,7 @@ fn check_read_back(dir: &Path) -> anyhow::Result<()> {
 fn measure(
     dir: &Path,
     p: &Params,
-    progress: &crate::Progress,
+    progress: &granule_report::Progress,
     fs: Fs,
     after_write: &mut dyn FnMut(),
 ) -> anyhow::Result<Sample> {
@@ -907,7 +907,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
             .with_context(|| format!("{}: reading back what was written", fs.name()))?;
     }
 
-    let progress = crate::Progress::new((p.reps * (1 + 4 * Fs::ALL.len())) as u64, "fs");
+    let progress = granule_report::Progress::new((p.reps * (1 + 4 * Fs::ALL.len())) as u64, "fs");
     let mut samples: [Vec<Sample>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     let mut tcp = Vec::new();
     // The mount's status with the first sequential file in place, and at the end.

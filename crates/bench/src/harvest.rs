@@ -1,4 +1,4 @@
-//! `granule bench harvest`: the market's harvester on a real `redis-server` (Debian's),
+//! `granule-bench harvest`: the market's harvester on a real `redis-server` (Debian's),
 //! measured against the same server left alone.
 //!
 //! **The producer.** `redis-server` in a memory cgroup of its own (a
@@ -870,7 +870,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         ));
     }
 
-    let progress = crate::Progress::new(plan.len() as u64, "harvest");
+    let progress = granule_report::Progress::new(plan.len() as u64, "harvest");
     let mut runs: Vec<RunOut> = Vec::new();
     for (round, spec) in plan {
         check_interrupted()?;

@@ -1,6 +1,6 @@
 //! Ctrl-C and SIGTERM during a benchmark that sets up what it must undo (mounts, cgroup
 //! limits, swap, child processes): one handler for the whole process, shared by every
-//! such benchmark (`ctrlc` allows one per process, and `granule bench all` runs several).
+//! such benchmark (`ctrlc` allows one per process, and `granule-bench all` runs several).
 //!
 //! While a benchmark is [`Active`], the first signal only sets a flag: the benchmark
 //! fails its next [`check_interrupted`], and its guards undo everything on the way out.

@@ -1,4 +1,4 @@
-//! `granule bench invoke`: proclet call throughput and latency against the cost of the
+//! `granule-bench invoke`: proclet call throughput and latency against the cost of the
 //! work done per call (0.1, 1, 10, 50 µs of calibrated busy work), next to baselines
 //! measured in the same run with the same work and payload:
 //!
@@ -431,7 +431,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     } else {
         Duration::from_millis(400)
     };
-    let progress = crate::Progress::new(reps as u64 + 2, "invoke");
+    let progress = granule_report::Progress::new(reps as u64 + 2, "invoke");
     let mut s = Setup::new()?;
     progress.step("warming up every call path");
     eprintln!(

@@ -1,4 +1,4 @@
-//! `granule bench kv`: a producer store against Debian's `redis-server`, both driven by
+//! `granule-bench kv`: a producer store against Debian's `redis-server`, both driven by
 //! the unmodified `redis-benchmark`.
 //!
 //! - **Servers**, configured alike: Redis with `requirepass`, `maxmemory` equal to the
@@ -212,7 +212,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     }
     // runs[cell][0 = store, 1 = redis]
     let mut runs: Vec<[Vec<Run>; 2]> = specs.iter().map(|_| [Vec::new(), Vec::new()]).collect();
-    let progress = crate::Progress::new((reps * specs.len() * 2) as u64, "kv");
+    let progress = granule_report::Progress::new((reps * specs.len() * 2) as u64, "kv");
     for rep in 0..reps {
         for (c, spec) in specs.iter().enumerate() {
             let n = if spec.pipeline > 1 { n_piped } else { n_plain };

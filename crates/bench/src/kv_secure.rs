@@ -1,4 +1,4 @@
-//! `granule bench kv-secure`: the market consumer's latency by protection mode — no
+//! `granule-bench kv-secure`: the market consumer's latency by protection mode — no
 //! protection, integrity-only (keyed BLAKE3) and encrypted (AES-256-GCM) — end to end
 //! over TCP to a store, at several value sizes.
 //!

@@ -1,10 +1,19 @@
-//! Granule's benchmarks, run by `granule bench NAME [--quick] [--out DIR]`.
+//! Granule's benchmarks, run by the `granule-bench` binary
+//! (`granule-bench NAME [--quick] [--out DIR]`, `src/main.rs`).
 //!
 //! This crate owns the measurement code: workloads, the baselines measured beside
 //! Granule in the same run (plain function calls, raw TCP), repetitions and medians, and
 //! the reports (`DIR/NAME/results.csv`, `results.md`, `plot.png`, `summary.json`, written
 //! with `granule-report`). It changes nothing in the system it measures. `--quick` runs the
 //! same code for a few seconds, as a smoke test (CI runs those).
+//!
+//! The benchmarks are a binary of their own so that the shipped `granule` command does
+//! not carry them. Like every Granule application, `granule-bench` is also a node: a
+//! benchmark that starts a cluster spawns node processes of this executable. The
+//! subcommands of the `granule` command that some benchmarks start as child processes
+//! (`fs mount`, `fs status`, `store`, `antagonist memory`) run from the `granule` binary
+//! beside it ([`granule_exe`]); the benchmarks' own child modes (the `consumer`
+//! application, the `scavenge` tenant) run this executable again.
 #![forbid(unsafe_code)]
 
 pub mod affinity;
@@ -45,7 +54,7 @@ pub struct BenchOpts {
     pub dump: Option<PathBuf>,
 }
 
-/// Names `granule bench` accepts, with a one-line description.
+/// Names `granule-bench` accepts, with a one-line description.
 pub const BENCHMARKS: &[(&str, &str)] = &[
     ("invoke", "proclet call throughput and latency vs work per call: local, remote, plain function, raw TCP"),
     ("controller", "location resolutions/s and registrations/s one controller sustains"),
@@ -64,6 +73,9 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("pushdown", "TPC-H-style Q6, Q1, Q14, Q12 and a word count over tables on two memory-rich nodes whose pushed-work CPU is capped at 100/50/20 %: pull vs push vs the cost rule, vs raw TCP and DuckDB"),
     ("pressure", "KV shards under open-loop load while a memory antagonist fills one node: p99 timeline, moves, vs throttled migration"),
 ];
+
+/// The benchmarks that start subcommands of the `granule` binary ([`granule_exe`]).
+pub const NEEDS_GRANULE: &[&str] = &["fs", "scavenge", "pressure"];
 
 /// Run the benchmark `name`; returns the directory the report was written to.
 pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
@@ -93,6 +105,28 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
                 .join(", ")
         ),
     }
+}
+
+/// The `granule` binary in the same directory as this executable (`target/release/` for
+/// `target/release/granule-bench`), for the subcommands a benchmark starts as a child
+/// process: `fs mount`, `fs status`, `store`, `antagonist memory`. Cargo builds the two
+/// binaries from different packages, so the error says how to build the missing one.
+pub fn granule_exe() -> anyhow::Result<PathBuf> {
+    use anyhow::Context;
+    let me = std::env::current_exe().context("the path of this executable")?;
+    let exe = me.with_file_name("granule");
+    if exe.is_file() {
+        return Ok(exe);
+    }
+    let release = if me.parent().is_some_and(|d| d.ends_with("debug")) {
+        ""
+    } else {
+        " --release"
+    };
+    anyhow::bail!(
+        "granule-bench needs the granule binary beside it ({}): run cargo build{release} -p granule-cli",
+        exe.display()
+    )
 }
 
 /// `out/name`, for benchmarks that want to mention it.
@@ -144,87 +178,4 @@ pub fn kind_ratios(nodes: &[granule::NodeInfo]) -> String {
         ));
     }
     out
-}
-
-/// Progress through the phases of a long-running command (a benchmark, the demo).
-///
-/// On a terminal (stderr) it is an `indicatif` bar that redraws in place; otherwise (CI
-/// logs, pipes) every step is one plain line, `label [k/n] message`, so logs stay
-/// readable and greppable. It writes to stderr only: stdout carries the results.
-pub struct Progress {
-    bar: Option<indicatif::ProgressBar>,
-    label: String,
-    total: u64,
-    done: std::sync::atomic::AtomicU64,
-}
-
-impl Progress {
-    /// A progress of `total` steps, named `label` (e.g. the benchmark's name).
-    pub fn new(total: u64, label: &str) -> Progress {
-        use std::io::IsTerminal;
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = indicatif::ProgressBar::new(total);
-            let style = indicatif::ProgressStyle::with_template(
-                "{prefix:>12} [{bar:30}] {pos}/{len} {elapsed:>4} {wide_msg}",
-            )
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-            bar.set_style(style);
-            bar.set_prefix(label.to_string());
-            // No steady tick: a redraw thread would compete with what is being measured;
-            // the bar redraws at each step.
-            bar
-        });
-        Progress {
-            bar,
-            label: label.to_string(),
-            total,
-            done: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// Whether this draws a bar (stderr is a terminal) rather than plain lines.
-    pub fn is_bar(&self) -> bool {
-        self.bar.is_some()
-    }
-
-    /// One step done; `msg` says what comes next (or what just finished).
-    pub fn step(&self, msg: impl AsRef<str>) {
-        let k = self.done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        let k = k.min(self.total);
-        match &self.bar {
-            Some(bar) => {
-                bar.set_position(k);
-                bar.set_message(msg.as_ref().to_string());
-            }
-            None => eprintln!("{} [{k}/{}] {}", self.label, self.total, msg.as_ref()),
-        }
-    }
-
-    /// A line of its own above the bar (plain line when there is none).
-    pub fn note(&self, msg: impl AsRef<str>) {
-        match &self.bar {
-            Some(bar) => bar.println(msg.as_ref()),
-            None => eprintln!("{}: {}", self.label, msg.as_ref()),
-        }
-    }
-
-    /// Done: the bar is cleared from the terminal (plain output prints nothing more).
-    pub fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
-        }
-    }
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        // A benchmark that fails half-way must not leave a half-drawn bar behind its
-        // error message.
-        if let Some(bar) = &self.bar {
-            if !bar.is_finished() {
-                bar.finish_and_clear();
-            }
-        }
-    }
 }

@@ -1,4 +1,4 @@
-//! `granule bench market`: the broker ([`granule_market::broker::Broker`], the real one,
+//! `granule-bench market`: the broker ([`granule_market::broker::Broker`], the real one,
 //! driven in-process with a simulated clock and no sockets) over 48 simulated hours of
 //! synthetic diurnal supply and demand, compressed in time (the whole run takes seconds
 //! to minutes of wall time).
@@ -38,11 +38,11 @@
 //! The default pricing ([`granule_market::broker::RevenueSearch`]) is compared with a
 //! grid of fixed prices run on the same world ("best fixed price in hindsight").
 
-use crate::{BenchOpts, Progress};
+use crate::BenchOpts;
 use anyhow::Context;
 use granule_market::broker::{Action, Broker, BrokerConfig, FixedPrice, Placement, Request};
 use granule_market::wire::{EvictionMode, LeaseId, ProducerId, ProducerState};
-use granule_report::{Cell, Meta, Plot, Report, Table};
+use granule_report::{Cell, Meta, Plot, Progress, Report, Table};
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::f64::consts::PI;

@@ -1,4 +1,4 @@
-//! `granule bench migrate`: how long moving a proclet takes, against the size of its
+//! `granule-bench migrate`: how long moving a proclet takes, against the size of its
 //! state (a `Vec<u8>` of 64 KiB, 1 MiB, 2 MiB and 16 MiB of pseudo-random bytes), next to
 //! a raw TCP transfer of the same bytes between the same two node processes, measured in
 //! the same run.
@@ -36,7 +36,7 @@
 //! B to vCPU 1 (on a machine with 2+ usable vCPUs), so the raw sender and the migration's
 //! source share vCPU 0 and both receivers vCPU 1. The driver (with the embedded
 //! controller) floats over all vCPUs: its affinity is reset for the run (an earlier
-//! benchmark of the same `granule bench all` may have pinned it) and restored afterwards.
+//! benchmark of the same `granule-bench all` may have pinned it) and restored afterwards.
 
 use crate::invoke::pin_process;
 use crate::BenchOpts;
@@ -456,7 +456,7 @@ fn num(v: f64) -> Cell {
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let reps = if opts.quick { REPS_QUICK } else { REPS_FULL };
     let affinity = crate::affinity::SavedAffinity::unpin();
-    let progress = crate::Progress::new(SIZES.len() as u64 + 2, "migrate");
+    let progress = granule_report::Progress::new(SIZES.len() as u64 + 2, "migrate");
     let cluster = Cluster::builder()
         .nodes(NODES)?
         .driver(NodeSpec {

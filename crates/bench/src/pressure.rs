@@ -1,4 +1,4 @@
-//! `granule bench pressure`: a key-value workload under constant open-loop load while a
+//! `granule-bench pressure`: a key-value workload under constant open-loop load while a
 //! memory antagonist grows inside one node's memory cgroup, and that node sheds its shards
 //! to the other nodes (EVALUATION.md, experiment 3). The same run is then repeated with
 //! migration throttled to 600 MB/s after a 200 ms delay per move (a slow-live-migration
@@ -50,7 +50,7 @@
 //!   counters add up all repetitions, and the timeline shows the median repetition. The
 //!   notes split the disruption's slow requests (over 3× the steady p99) into those to
 //!   shards that started on the victim and the others.
-//! - **Investigating a tail**: `granule bench pressure --reps N` changes the number of
+//! - **Investigating a tail**: `granule-bench pressure --reps N` changes the number of
 //!   repetitions and `--dump DIR` writes every request (intended start in
 //!   `CLOCK_MONOTONIC` seconds, latency, generator lag, shard) to a CSV per run, and the
 //!   cluster's move events (end time, bytes, how long each proclet was unavailable) to a
@@ -564,18 +564,31 @@ fn run_antagonist(
         "--controller".into(),
         controller.into(),
     ];
-    let exe = granule_host::proc::SELF_EXE;
-    eprintln!("pressure: starting {exe} {}", args.join(" "));
     let start_ns = now_ns();
+    // `run` checked that it is there.
+    let exe = match crate::granule_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            return AntagonistRun {
+                start_ns,
+                exit_ns: start_ns,
+                status: format!("could not start: {e:#}"),
+                killed: false,
+                applied: false,
+                log: String::new(),
+            }
+        }
+    };
+    eprintln!("pressure: starting {} {}", exe.display(), args.join(" "));
     let spawned = std::fs::File::create(&log_path).and_then(|f| {
         let f2 = f.try_clone()?;
         // On the nodes' vCPU (see `run_once`).
         let mut cmd = if split {
             let mut c = std::process::Command::new("taskset");
-            c.args(["-c", "1"]).arg(std::env::current_exe()?);
+            c.args(["-c", "1"]).arg(&exe);
             c
         } else {
-            std::process::Command::new(exe)
+            std::process::Command::new(&exe)
         };
         cmd.args(&args)
             .stdin(std::process::Stdio::null())
@@ -1550,7 +1563,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     // ratios are medians; the timeline shows the repetition whose Granule ratio is the
     // median, and the counters (node deaths, lost calls) add up every repetition.
     let mut pairs: Vec<[RunResult; 2]> = Vec::with_capacity(p.reps);
-    let progress = crate::Progress::new(2 * p.reps as u64, "pressure");
+    let progress = granule_report::Progress::new(2 * p.reps as u64, "pressure");
     for i in 0..p.reps {
         if i > 0 {
             std::thread::sleep(SETTLE);

@@ -1,4 +1,4 @@
-//! `granule bench pushdown`: TPC-H-style queries over tables spread on memory-rich nodes
+//! `granule-bench pushdown`: TPC-H-style queries over tables spread on memory-rich nodes
 //! whose pushed-work CPU is capped at 100 %, 50 % and 20 % of a core, each run pulled,
 //! pushed and by the cost rule, next to a raw loopback TCP stream of the pulled bytes and
 //! the same queries in DuckDB with all data in one process (EVALUATION.md, pushdown).
@@ -109,7 +109,7 @@ impl Setting {
 /// Run the benchmark and write its report.
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let p = Params::new(opts.quick);
-    let progress = crate::Progress::new(p.caps.len() as u64 + 3, "pushdown");
+    let progress = granule_report::Progress::new(p.caps.len() as u64 + 3, "pushdown");
     let local = generate(&p)?;
     let queries = queries::all()?;
     let reference: BTreeMap<String, QueryResult> = queries

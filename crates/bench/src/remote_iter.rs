@@ -1,4 +1,4 @@
-//! `granule bench remote-iter`: a compute loop iterating a sealed [`ShardedVec`] whose
+//! `granule-bench remote-iter`: a compute loop iterating a sealed [`ShardedVec`] whose
 //! shards live on another node, against the same loop over a local `Vec` with the same
 //! core (EVALUATION.md, remote-iter).
 //!
@@ -183,7 +183,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let p = Params::new(opts.quick);
     let affinity = SavedAffinity::unpin();
     let vcpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let progress = crate::Progress::new(2, "remote-iter");
+    let progress = granule_report::Progress::new(2, "remote-iter");
     let cluster = Cluster::builder()
         .nodes("cpu=1,mem=1GiB")?
         .shed(false)

@@ -1,4 +1,4 @@
-//! `granule bench scavenge`: the scavenging file system (`granule fs mount`) over own
+//! `granule-bench scavenge`: the scavenging file system (`granule fs mount`) over own
 //! nodes plus victim stores, scaled down from MemFSS's evaluation (2048 × 128 MB `dd`),
 //! with a CPU- and memory-hungry tenant on the victim side.
 //!
@@ -7,7 +7,7 @@
 //! cpu cgroup with a CFS quota of `VICTIM_CORES` of a core (a [`ClusterGroups`] node
 //! group of this benchmark's own, so removal kills what is left inside;
 //! `GRANULE_BENCH_SCAVENGE_VICTIM_CORES` sets another cap, for experiments), and the
-//! *tenant*: a child of this executable (`granule bench scavenge` with
+//! *tenant*: a child of this executable (`granule-bench scavenge` with
 //! `GRANULE_BENCH_SCAVENGE_TENANT` set) that allocates `tenant_mib` MiB, fills it, then
 //! sweeps it `tenant_passes` times in a scrambled order of 64 KiB blocks, replacing every
 //! word by a hash of itself — a fixed amount of CPU and memory-bandwidth work whose run
@@ -1172,7 +1172,7 @@ fn run_tenant(
     victims: &Victims,
 ) -> anyhow::Result<TenantRun> {
     let mut child = Command::new(exe)
-        .args(["bench", "scavenge"])
+        .arg("scavenge")
         .env(
             TENANT_ENV,
             format!("{},{}", s.tenant_mib * MIB, s.tenant_passes),
@@ -1298,7 +1298,10 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         "scavenge: interrupted; unmounting and stopping the children (again to quit at once)",
     );
     let s = Sizes::new(opts.quick, opts.reps);
+    // This executable runs the tenant; the `granule` binary beside it, the stores and
+    // the mounts.
     let exe = std::env::current_exe().context("the path of this executable")?;
+    let granule = crate::granule_exe()?;
     // Provenance before the pinning (it records the CPUs this process may use).
     let mut meta = Meta::collect(String::new(), opts.quick);
 
@@ -1328,7 +1331,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let (scav_nodes, res_nodes) = (s.scav_nodes(), s.res_nodes());
     let weight = s.victim_weight();
     let steps = 3 + 2 * s.pairs + 2 * s.rounds;
-    let progress = crate::Progress::new(steps as u64, "scavenge");
+    let progress = granule_report::Progress::new(steps as u64, "scavenge");
     progress.note(format!(
         "data per round {:.1} MiB; scavenging: {scav_nodes} own node(s) of {} MiB + {} stores of {} MiB \
          (victim weight {weight}); reservation: {res_nodes} own nodes of {} MiB; logs: {}",
@@ -1344,10 +1347,10 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     // the cpusets (and the driver's own affinity).
     let placement = Placement::set_up();
     let wl = Workload::new(&s, &tmp)?;
-    let mut victims = Victims::start(&exe, s.victims, s.victim_bytes(), &placement, &log)?;
+    let mut victims = Victims::start(&granule, s.victims, s.victim_bytes(), &placement, &log)?;
     progress.step("victim stores up");
     let mut scav = Mount::start(
-        &exe,
+        &granule,
         &tmp.join("mnt-scavenge"),
         &s.node_spec(scav_nodes),
         scav_nodes,
@@ -1356,7 +1359,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     )?;
     progress.step("scavenging mount up");
     let mut res = Mount::start(
-        &exe,
+        &granule,
         &tmp.join("mnt-reservation"),
         &s.node_spec(res_nodes),
         res_nodes,

@@ -1,4 +1,4 @@
-//! `granule bench service`: a stateless service under an open-loop HTTP load that
+//! `granule-bench service`: a stateless service under an open-loop HTTP load that
 //! triples and falls back, its compute proclets splitting and merging, next to the same
 //! handler in a plain axum server in this process.
 //!
@@ -225,7 +225,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     };
     let sat_secs = if opts.quick { 1.0 } else { 4.0 };
 
-    let progress = crate::Progress::new(6, "service");
+    let progress = granule_report::Progress::new(6, "service");
     let cluster = Cluster::builder()
         .nodes("cpu=2,mem=1GiB;cpu=2,mem=1GiB")?
         .shed(false)

@@ -1,4 +1,4 @@
-//! `granule bench sharded`: operations per second of the sharded structures across
+//! `granule-bench sharded`: operations per second of the sharded structures across
 //! three node processes, in low-latency mode (one call per operation) and batching mode
 //! (client-side buffers, several batches in flight), next to the same std container in
 //! this one process.
@@ -435,7 +435,7 @@ fn measure(c: &Counts, placements: &mut Vec<String>) -> anyhow::Result<Vec<Row>>
 pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
     let counts = Counts::new(opts.quick);
     let affinity = crate::affinity::SavedAffinity::unpin();
-    let progress = crate::Progress::new(2, "sharded");
+    let progress = granule_report::Progress::new(2, "sharded");
     let cluster = Cluster::builder()
         .nodes("cpu=1,mem=1GiB;cpu=1,mem=1GiB;cpu=1,mem=1GiB")?
         .shed(false)

@@ -168,7 +168,7 @@ fn memory(
     let started = std::time::Instant::now();
     let hog = allocate_paced(size, rate, |total| {
         if total >= next || total >= size {
-            // Read by `granule bench pressure` for the rate achieved: keep the format.
+            // Read by `granule-bench pressure` for the rate achieved: keep the format.
             let s = started.elapsed().as_secs_f64();
             println!(
                 "allocated {} MiB in {:.0} ms ({:.0} MiB/s)",

@@ -107,7 +107,7 @@ pub fn run(seconds: f64, stay: bool) -> anyhow::Result<()> {
         granule::config::parse_specs("cpu=1,mem=512MiB;cpu=1,mem=512MiB;cpu=1,mem=512MiB")
             .map_err(anyhow::Error::msg)?;
     println!("== Granule demo ==");
-    let progress = granule_bench::Progress::new(5, "demo");
+    let progress = granule_report::Progress::new(5, "demo");
     progress.step("starting the local cluster");
     let started = Instant::now();
     let cluster = Cluster::builder()

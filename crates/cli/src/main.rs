@@ -1,9 +1,11 @@
-//! The `granule` command: the demo, benchmarks, a standalone controller, a node that
-//! joins a cluster, and two views of a running cluster (`status`, `top`).
+//! The `granule` command: the demo, a standalone controller, a node that joins a
+//! cluster, two views of a running cluster (`status`, `top`), and the memory market's,
+//! the file system's and pushdown's commands. The benchmarks are a binary of their own,
+//! `granule-bench` (crate `granule-bench`), so that this one does not carry them.
 //!
 //! This crate owns argument parsing and presentation only; everything it runs lives in
 //! the library crates. Like every Granule application, this binary can also act as a
-//! node: the driver it starts for `demo` and `bench` spawns copies of it.
+//! node: the driver it starts for `demo` (or `fs mount`, `pushdown`) spawns copies of it.
 
 mod antagonist;
 mod demo;
@@ -43,23 +45,11 @@ enum Cmd {
         #[arg(long)]
         exit: bool,
     },
-    /// Run a benchmark and write DIR/NAME/{results.csv,results.md,plot.png,summary.json}.
+    /// Moved to the `granule-bench` binary; only says so.
+    #[command(hide = true)]
     Bench {
-        /// Benchmark name, or `all`; omit to list them.
-        name: Option<String>,
-        /// A seconds-long smoke run of the same code.
-        #[arg(long)]
-        quick: bool,
-        /// Where reports go.
-        #[arg(long, default_value = "docs/results")]
-        out: PathBuf,
-        /// Repetitions instead of the benchmark's default (pressure).
-        #[arg(long)]
-        reps: Option<usize>,
-        /// Write every request and the cluster's events of each run to this directory,
-        /// to line a tail up with a scheduler trace (pressure).
-        #[arg(long)]
-        dump: Option<PathBuf>,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Run a standalone controller (for clusters spanning machines).
     Controller {
@@ -159,20 +149,9 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Demo { seconds, exit } => demo::run(seconds, !exit),
-        Cmd::Bench {
-            name,
-            quick,
-            out,
-            reps,
-            dump,
-        } => bench(
-            name,
-            granule_bench::BenchOpts {
-                quick,
-                out,
-                reps,
-                dump,
-            },
+        Cmd::Bench { args } => anyhow::bail!(
+            "the benchmarks moved to their own binary: run {} (build it with cargo build --release -p granule-cli -p granule-bench)",
+            ["granule-bench".to_string()].iter().chain(&args).cloned().collect::<Vec<_>>().join(" ")
         ),
         Cmd::Controller {
             listen,
@@ -340,27 +319,4 @@ fn load_config(file: Option<&std::path::Path>) -> anyhow::Result<granule::Config
         }
     }
     Ok(c)
-}
-
-fn bench(name: Option<String>, opts: granule_bench::BenchOpts) -> anyhow::Result<()> {
-    let Some(name) = name else {
-        println!("benchmarks (granule bench NAME [--quick] [--out DIR]):");
-        for (n, d) in granule_bench::BENCHMARKS {
-            println!("  {n:<12} {d}");
-        }
-        println!("  {:<12} every benchmark above", "all");
-        return Ok(());
-    };
-    let names: Vec<&str> = if name == "all" {
-        granule_bench::BENCHMARKS.iter().map(|(n, _)| *n).collect()
-    } else {
-        vec![name.as_str()]
-    };
-    for n in names {
-        let dir = granule_bench::run(n, &opts)?;
-        let summary = std::fs::read_to_string(dir.join("summary.json")).unwrap_or_default();
-        println!("{n}: wrote {}", dir.display());
-        println!("{summary}");
-    }
-    Ok(())
 }

@@ -859,7 +859,10 @@ fn claims() -> Vec<Claim> {
             CONFIGURATION,
             "`--out DIR` (default `docs/results`)",
             "docs/results",
-            Check::Flag(&["bench"], "--out", "docs/results"),
+            Check::Source(
+                "crates/bench/src/main.rs",
+                "default_value = \"docs/results\"",
+            ),
         ),
         claim(
             CONFIGURATION,
@@ -1311,7 +1314,7 @@ fn inline_spans(docs: &[Doc]) -> Vec<(String, String)> {
             let code = span.contains("::")
                 || span.contains("(&")
                 || span.contains('|')
-                || ["cargo ", "granule bench", "granule controller --"]
+                || ["cargo ", "granule-bench", "granule controller --"]
                     .iter()
                     .any(|p| span.starts_with(p));
             if span.split(' ').count() >= 5 && !code {

@@ -104,7 +104,7 @@ fn every_granule_command_in_the_guide_has_those_subcommands_and_flags() {
     );
     for (chapter, words) in &commands {
         // The subcommand path: leading words that are not flags and that `--help`
-        // accepts as subcommands (`bench NAME` takes a positional, not a subcommand).
+        // accepts as subcommands (`fs mount DIR` takes a positional after its subcommands).
         let mut path: Vec<String> = Vec::new();
         for w in words.iter().take_while(|w| !w.starts_with('-')) {
             let mut p = path.clone();

@@ -153,7 +153,7 @@ pub struct Node {
     /// ~4 ms. A thread that asks for a shorter slice gets an earlier deadline and preempts
     /// on wake-up (Linux 6.12+; older kernels accept and ignore the request). Its CPU share
     /// is unchanged: it is only cut into shorter pieces. Long computations (`cpu_bound`)
-    /// go back to the default slice while they run. Measured in `granule bench pressure`.
+    /// go back to the default slice while they run. Measured in `granule-bench pressure`.
     pub worker_slice: Option<Duration>,
     /// File descriptors kept free for cluster traffic (connections to and from peers, the
     /// controller, state streams): a process's HTTP listeners refuse a connection that

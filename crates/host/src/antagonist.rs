@@ -41,7 +41,7 @@ pub fn set_oom_score_adj(score: i32) -> Result<(), CgroupError> {
 /// a co-tenant on the node's machine would be. At the top, on one vCPU of a one-machine
 /// test cluster, it would compete with the *whole cluster's* group, whose weight the
 /// kernel splits over the CPUs by where the cluster's load runs, so the node's standing
-/// would depend on what the other nodes do on other vCPUs. (Measured in `granule bench
+/// would depend on what the other nodes do on other vCPUs. (Measured in `granule-bench
 /// pressure`, the move made no clear difference there: the victim uses less than half of
 /// its vCPU either way.)
 #[derive(Debug)]
