@@ -32,20 +32,19 @@ fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 's
     }
 }
 
+/// Table `t` at `scale`, generated from `seed` in row groups of 2048 rows.
+fn generated(t: TableName, scale: f64, seed: u64) -> Table {
+    let g = row_groups(t, scale, seed, 2048).expect("generator");
+    Table {
+        schema: g.schema().clone(),
+        groups: g.collect(),
+    }
+}
+
 fn local_tables(seed: u64) -> BTreeMap<TableName, Table> {
     TableName::ALL
         .into_iter()
-        .map(|t| {
-            let g = row_groups(t, 0.005, seed, 2048).expect("generator");
-            let schema = g.schema().clone();
-            (
-                t,
-                Table {
-                    schema,
-                    groups: g.collect(),
-                },
-            )
-        })
+        .map(|t| (t, generated(t, 0.005, seed)))
         .collect()
 }
 
@@ -525,11 +524,7 @@ fn bad_columns_are_named_pulled_errors_say_pulled_and_tables_start_on_different_
 fn a_first_runs_assumed_figures_do_not_become_the_models_corrections() {
     bounded(Duration::from_secs(600), || {
         let c = cluster();
-        let g = row_groups(TableName::Docs, 0.05, 23, 2048).expect("generator");
-        let docs = Table {
-            schema: g.schema().clone(),
-            groups: g.collect(),
-        };
+        let docs = generated(TableName::Docs, 0.05, 23);
         let local = BTreeMap::from([(TableName::Docs, docs)]);
         let tables = load(&c, &local);
         let q = queries::all()
