@@ -139,10 +139,11 @@ pub fn producer(cmd: ProducerCmd) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let (producer, lines) = Producer::start(&c, opts, workload)?;
-        for l in &lines {
-            println!("granule producer: {l}");
-        }
+        let producer = Producer::start(&c, opts, workload, |lines| {
+            for l in lines {
+                println!("granule producer: {l}");
+            }
+        })?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let child = producer.child_pid();
         let why = loop {

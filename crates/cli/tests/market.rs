@@ -602,6 +602,13 @@ fn a_harvesting_producer_killed_with_sigkill_is_undone_by_the_next_start() {
     let state = dir.path().join("state");
     let swap = dir.path().join("harvest.swap");
     let (_ctl, addr) = start_controller(&["--listen", "127.0.0.1:0", "--broker"]);
+    // Declared before the producers, so it runs after they are killed and reaped
+    // (a live producer's changes are not undone by a recovery), pass or fail.
+    let mut cleanup = Cleanup {
+        state: state.clone(),
+        swap: swap.clone(),
+        group: None,
+    };
     let harvest_env = |c: &mut Command| {
         c.env("GRANULE_MARKET_REPORT_INTERVAL", "100ms")
             .env("GRANULE_MARKET_COOLING_PERIOD", "300ms")
@@ -622,6 +629,7 @@ fn a_harvesting_producer_killed_with_sigkill_is_undone_by_the_next_start() {
         .stderr(Stdio::null());
     harvest_env(&mut cmd);
     let mut p = Reaped(cmd.spawn().expect("start a harvesting producer"));
+    cleanup.group = Some(format!("producer-{}", p.0.id()));
     let mut lines = BufReader::new(p.0.stdout.take().expect("stdout")).lines();
     let mut workload_pid = None;
     let mut printed = Vec::new();
@@ -637,13 +645,11 @@ fn a_harvesting_producer_killed_with_sigkill_is_undone_by_the_next_start() {
         }
     }
     std::thread::spawn(move || lines.for_each(drop));
-    let workload_pid = workload_pid.unwrap_or_else(|| panic!("no workload pid in {printed:#?}"));
-    let _cleanup = Cleanup {
-        state: state.clone(),
-        swap: swap.clone(),
-        workload: workload_pid,
-        group: format!("producer-{}", p.0.id()),
-    };
+    // What the producer changed is said before it registers (the workload's pid first).
+    assert!(
+        workload_pid.is_some(),
+        "no workload pid before the registration in {printed:#?}"
+    );
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let v = rt.block_on(wait_for(&addr, "memory harvested", |v| {
         v.producers
@@ -703,20 +709,38 @@ fn a_harvesting_producer_killed_with_sigkill_is_undone_by_the_next_start() {
 }
 
 /// Leaves the machine as the harvesting test found it, pass or fail: the workload that
-/// outlived its SIGKILLed producer, its group, and whatever the producers changed.
+/// outlived its SIGKILLed producer, its group, and whatever the producers changed. Runs
+/// after the producers are reaped.
 struct Cleanup {
     state: std::path::PathBuf,
     swap: std::path::PathBuf,
-    workload: u32,
-    group: String,
+    /// The workload's memory cgroup (under granule-workloads), once the producer runs.
+    group: Option<String>,
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-9", &self.workload.to_string()])
-            .status();
-        std::thread::sleep(Duration::from_millis(300));
+        let group = self.group.as_ref().map(|g| {
+            granule_host::Hierarchy::default()
+                .controller_dir(granule_host::Controller::Memory)
+                .join(granule_host::workload::WORKLOAD_DIR)
+                .join(g)
+        });
+        // The workload is whatever is left in its group (its pid may be unknown if the
+        // test failed early; the group's list cannot name a stranger's process).
+        if let Some(dir) = &group {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                if procs.trim().is_empty() || Instant::now() > deadline {
+                    break;
+                }
+                for pid in procs.split_whitespace() {
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         let mut m = granule::Config::default().market;
         m.state_dir = self.state.to_string_lossy().into_owned();
         let _ = granule_market::harvester::Harvester::recover(&m);
@@ -725,11 +749,8 @@ impl Drop for Cleanup {
             .arg(&self.swap)
             .stderr(Stdio::null())
             .status();
-        let _ = std::fs::remove_dir(
-            granule_host::Hierarchy::default()
-                .controller_dir(granule_host::Controller::Memory)
-                .join(granule_host::workload::WORKLOAD_DIR)
-                .join(&self.group),
-        );
+        if let Some(dir) = &group {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }

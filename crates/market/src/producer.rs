@@ -412,13 +412,18 @@ impl Inner {
 
 impl Producer {
     /// Undo what a killed producer left behind, start the harvester (when there is a
-    /// workload) and connect to the broker in the background. Returns the producer and
-    /// the lines to print: what was restored and what was changed on the machine.
+    /// workload), hand `announce` the lines saying what was restored and what was changed
+    /// on the machine, and then connect to the broker in the background.
+    ///
+    /// `announce` runs before the connection starts, so whoever prints its lines prints
+    /// them before the broker registration is said (scripts and tests read the output in
+    /// that order: the workload's pid comes before "registered with the broker").
     pub fn start(
         cfg: &granule_config::Config,
         opts: ProducerOptions,
         workload: Option<(Workload, MetricSource)>,
-    ) -> Result<(Producer, Vec<String>), ProducerError> {
+        announce: impl FnOnce(&[String]),
+    ) -> Result<Producer, ProducerError> {
         if workload.is_none() && opts.offer == 0 {
             return Err(ProducerError::Invalid(
                 "nothing to lease: give a workload to harvest (--cgroup PATH or -- CMD ARGS) or a fixed --offer SIZE".into(),
@@ -445,14 +450,12 @@ impl Producer {
             producer: Mutex::new(None),
             cpu: Mutex::new(CpuIdle::new()),
         });
+        announce(&lines);
         let task = tokio::spawn(run(Arc::downgrade(&inner), watch));
-        Ok((
-            Producer {
-                inner,
-                task: Some(task),
-            },
-            lines,
-        ))
+        Ok(Producer {
+            inner,
+            task: Some(task),
+        })
     }
 
     /// What it reports to the broker now.

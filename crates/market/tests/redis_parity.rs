@@ -198,8 +198,10 @@ const SESSIONS: &[&[&str]] = &[
         "EXPIRE k abc",
         "EXPIRE k 100 NX",
         "EXPIRE k 100 XX",
-        "EXPIRE k 100 GT",
-        "EXPIRE k 100 LT",
+        // Times that differ by whole seconds: Redis and the store both keep milliseconds,
+        // so `100 GT` after `100 XX` would say whether a millisecond passed between them.
+        "EXPIRE k 101 GT",
+        "EXPIRE k 90 LT",
         "EXPIRE k 50 GT",
         "EXPIRE k 200 GT",
         "EXPIRE k 100 XX",
