@@ -4,7 +4,7 @@ use crate::ControllerError;
 use granule_transport::{Connection, Handler, Identity, TransportConfig, TransportError};
 use granule_wire::{
     BinaryHash, CgroupPaths, ClusterEvent, Kind, Location, MoveStats, Msg, NodeId, NodeInfo,
-    NodeSpec, Panel, ProcletId, RemoteError, Resource, Role, Usage,
+    NodeSpec, Panel, ProcletId, RemoteError, ReplicaSet, Resource, Role, Usage,
 };
 use std::ops::Range;
 use std::sync::Arc;
@@ -236,6 +236,53 @@ impl ControllerClient {
             Ok(m) => Err(Self::unexpected(m)),
             Err(ControllerError::Remote(RemoteError::Gone)) => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Where a proclet is, for a caller that could not reach it on `unreachable`: for a
+    /// replicated proclet, once the controller has decided whether that node is dead
+    /// (see `Msg::Failover`); for any other at once. The location, whether its node is
+    /// alive, and whether it is a replicated proclet's live primary; `None` if the
+    /// proclet does not exist.
+    pub async fn failover(
+        &self,
+        proclet: ProcletId,
+        unreachable: NodeId,
+    ) -> Result<Option<(Location, bool, bool)>, ControllerError> {
+        match self
+            .call(&Msg::Failover {
+                proclet,
+                unreachable,
+            })
+            .await
+        {
+            Ok(Msg::Located { location, alive }) => Ok(Some((location, alive, false))),
+            Ok(Msg::Replicas(set)) => Ok(Some((set.primary, true, true))),
+            Ok(m) => Err(Self::unexpected(m)),
+            Err(ControllerError::Remote(RemoteError::Gone)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Choose `count` more backups for a proclet on other nodes than its copies'; the
+    /// whole configuration.
+    pub async fn place_backups(
+        &self,
+        proclet: ProcletId,
+        count: u32,
+    ) -> Result<ReplicaSet, ControllerError> {
+        match self.call(&Msg::PlaceBackups { proclet, count }).await? {
+            Msg::Replicas(set) => Ok(set),
+            m => Err(Self::unexpected(m)),
+        }
+    }
+
+    /// Record a replicated proclet's configuration (its primary sends it once new
+    /// backups hold the state); refused when it is no longer the current one.
+    pub async fn record_backups(&self, set: ReplicaSet) -> Result<(), ControllerError> {
+        match self.call(&Msg::Replicas(set)).await? {
+            Msg::Done => Ok(()),
+            m => Err(Self::unexpected(m)),
         }
     }
 

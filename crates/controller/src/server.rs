@@ -66,17 +66,30 @@ impl Inner {
     /// Declare nodes dead and tell every live host.
     fn declare_dead(&self, dead: &[NodeId], why: &str) {
         let mut newly = Vec::new();
+        // Replicated proclets fail over in the same step as the death is recorded: no
+        // caller can see the node dead and the old configuration.
+        let mut reconfigured = Vec::new();
         {
             let mut st = self.state.lock();
             let now = Instant::now();
             for n in dead {
                 if st.mark_dead(*n, now) {
                     newly.push(*n);
+                    reconfigured.extend(st.fail_over(*n));
                 }
             }
         }
         if newly.is_empty() {
             return;
+        }
+        // Each primary (a promoted backup among them) learns its configuration.
+        for set in reconfigured {
+            let host = self.hosts.lock().get(&set.primary.node).cloned();
+            tracing::info!(proclet = %set.proclet, primary = %set.primary.node, epoch = set.epoch,
+                backups = set.backups.len(), "replicated proclet reconfigured after a node died");
+            if let Some(c) = host {
+                let _ = c.notify(&Msg::Replicas(set), &[]);
+            }
         }
         let hosts: Vec<(NodeId, Arc<Connection>)> = self
             .hosts
@@ -233,6 +246,30 @@ impl Inner {
                     Err(PlaceError::NoRoom(m)) => Err(RemoteError::NoCapacity(m)),
                 }
             }
+            Msg::PlaceBackups { proclet, count } => {
+                need_host()?;
+                match self.state.lock().place_backups(proclet, count) {
+                    Ok(set) => Ok(Msg::Replicas(set)),
+                    Err(PlaceError::NoNode) => Err(RemoteError::Gone),
+                    Err(PlaceError::NoRoom(m)) => Err(RemoteError::NoCapacity(m)),
+                }
+            }
+            Msg::Replicas(set) => {
+                let node = need_host()?;
+                if set.primary.node != node {
+                    return Err(RemoteError::Unauthorized(
+                        "only a proclet's primary records its backups".into(),
+                    ));
+                }
+                if self.state.lock().record_backups(&set) {
+                    Ok(Msg::Done)
+                } else {
+                    Err(RemoteError::Refused(format!(
+                        "the configuration of proclet {} at epoch {} is not the current one",
+                        set.proclet, set.epoch
+                    )))
+                }
+            }
             Msg::SetLocation {
                 proclet,
                 location,
@@ -282,6 +319,36 @@ impl Inner {
                 "the controller does not handle {}",
                 other.name()
             ))),
+        }
+    }
+
+    /// Where a proclet is, for a caller that could not reach it on `unreachable`
+    /// (`Replicas` for a replicated proclet whose primary lives, else `Located`). A
+    /// replicated proclet's answer waits until this controller has decided about that
+    /// node — dead (then a backup is the primary now) or alive (then the caller's
+    /// trouble was its own) — at most the failure timeout and a little more; any other
+    /// proclet's comes at once, as for `Locate`.
+    async fn failover(
+        &self,
+        proclet: granule_wire::ProcletId,
+        unreachable: NodeId,
+    ) -> Result<Msg, RemoteError> {
+        let wait = self.state.lock().config.failure_timeout + Duration::from_millis(500);
+        let deadline = Instant::now() + wait;
+        loop {
+            {
+                let st = self.state.lock();
+                let (location, alive) = st.locate(proclet).ok_or(RemoteError::Gone)?;
+                let replicated = st.is_replicated(proclet);
+                let undecided = replicated && location.node == unreachable && alive;
+                if !undecided || Instant::now() >= deadline {
+                    return Ok(match st.replica_set(proclet) {
+                        Some(set) if alive => Msg::Replicas(set),
+                        _ => Msg::Located { location, alive },
+                    });
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -373,6 +440,22 @@ impl Handler for ControllerHandler {
     fn on_request(&self, conn: &Arc<Connection>, frame: Frame, reply: Responder) {
         if let Some(ext) = self.0.ext.as_ref().filter(|e| e.accepts(&frame.msg)) {
             ext.on_request(conn, frame, reply);
+            return;
+        }
+        if let Msg::Failover {
+            proclet,
+            unreachable,
+        } = frame.msg
+        {
+            let inner = self.0.clone();
+            tokio::spawn(async move {
+                match inner.failover(proclet, unreachable).await {
+                    Ok(m) => {
+                        let _ = reply.send(&m, &[]);
+                    }
+                    Err(e) => reply.error(e),
+                }
+            });
             return;
         }
         if let Msg::MoveProclet { proclet, to } = frame.msg {

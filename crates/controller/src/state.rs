@@ -18,7 +18,7 @@
 
 use granule_wire::{
     BinaryHash, CgroupPaths, ClusterEvent, Epoch, EventKind, Kind, Location, NodeId, NodeInfo,
-    NodeSpec, NodeState, ProcletId, Resource, Role, Usage,
+    NodeSpec, NodeState, ProcletId, ReplicaSet, Resource, Role, Usage,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -119,6 +119,9 @@ pub struct State {
     next_node: u32,
     next_proclet: u64,
     locations: HashMap<ProcletId, (NodeId, Epoch, Kind)>,
+    /// The backups of replicated proclets (their primary is the location above), in the
+    /// order they become primary should the primary's node die.
+    backups: HashMap<ProcletId, Vec<NodeId>>,
     /// Proclets forgotten (destroyed) recently, oldest first, so that a location update
     /// overtaken by the destroy does not bring them back (see [`State::set_location`]).
     tombstones: VecDeque<(ProcletId, Instant)>,
@@ -147,6 +150,7 @@ impl State {
             next_node: 1,
             next_proclet: 1,
             locations: HashMap::new(),
+            backups: HashMap::new(),
             tombstones: VecDeque::new(),
             tombstoned: std::collections::HashSet::new(),
             members_version: 1,
@@ -502,6 +506,163 @@ impl State {
         ))
     }
 
+    /// Choose `count` more backups for a proclet: live nodes (not the driver, unless no
+    /// other node lives) other than its primary's and its backups' nodes, those with the
+    /// most memory room first. Returns the whole configuration they would make, not yet
+    /// recorded: the primary records it ([`State::record_backups`]) once the new backups
+    /// hold the state — until then a failover must not pick them. A proclet that cannot
+    /// get all of them gets none (`NoRoom` says how many nodes it needs).
+    pub fn place_backups(
+        &mut self,
+        proclet: ProcletId,
+        count: u32,
+    ) -> Result<ReplicaSet, PlaceError> {
+        let (primary, _, _) = *self.locations.get(&proclet).ok_or(PlaceError::NoNode)?;
+        let have = self.backups.get(&proclet).cloned().unwrap_or_default();
+        let any_node = self.alive().any(|e| e.info.role == Role::Node);
+        let mut candidates: Vec<&NodeEntry> = self
+            .alive()
+            .filter(|e| !any_node || e.info.role == Role::Node)
+            .filter(|e| e.info.id != primary && !have.contains(&e.info.id))
+            .collect();
+        if candidates.len() < count as usize {
+            let copies = have.len() + 1 + count as usize;
+            return Err(PlaceError::NoRoom(format!(
+                "{copies} copies of proclet {proclet} need {copies} live nodes (one copy per \
+                 node); {} node(s) can take one",
+                have.len() + 1 + candidates.len()
+            )));
+        }
+        candidates.sort_by(|a, b| {
+            mem_room(b)
+                .partial_cmp(&mem_room(a))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.info.id.cmp(&b.info.id))
+        });
+        let chosen: Vec<NodeId> = candidates
+            .iter()
+            .take(count as usize)
+            .map(|e| e.info.id)
+            .collect();
+        let mut set = self
+            .replica_set_of(proclet, &have)
+            .ok_or(PlaceError::NoNode)?;
+        set.backups.extend(
+            self.replica_set_of(proclet, &chosen)
+                .ok_or(PlaceError::NoNode)?
+                .backups,
+        );
+        Ok(set)
+    }
+
+    /// Record a replicated proclet's configuration, sent by its primary once its new
+    /// backups hold the state. Refused (false) when it is not the current one: the
+    /// proclet's primary or epoch changed meanwhile, or a backup's node died.
+    pub fn record_backups(&mut self, set: &ReplicaSet) -> bool {
+        let current = self
+            .locations
+            .get(&set.proclet)
+            .is_some_and(|(n, e, _)| *n == set.primary.node && *e == set.epoch);
+        let alive = set.backups.iter().all(|b| {
+            self.nodes
+                .get(&b.node)
+                .is_some_and(|e| e.info.state == NodeState::Alive)
+        });
+        if !current || !alive {
+            return false;
+        }
+        self.backups
+            .insert(set.proclet, set.backups.iter().map(|b| b.node).collect());
+        true
+    }
+
+    /// A replicated proclet's configuration (`None`: unknown, or not replicated). Its
+    /// epoch is the location's.
+    pub fn replica_set(&self, proclet: ProcletId) -> Option<ReplicaSet> {
+        self.replica_set_of(proclet, self.backups.get(&proclet)?)
+    }
+
+    /// The configuration of `proclet` with these backups.
+    fn replica_set_of(&self, proclet: ProcletId, backups: &[NodeId]) -> Option<ReplicaSet> {
+        let (loc, _) = self.locate(proclet)?;
+        Some(ReplicaSet {
+            proclet,
+            epoch: loc.epoch,
+            primary: loc,
+            backups: backups
+                .iter()
+                .filter_map(|n| {
+                    Some(Location {
+                        node: *n,
+                        addr: self.nodes.get(n)?.info.addr.clone(),
+                        epoch: 0,
+                    })
+                })
+                .collect(),
+        })
+    }
+
+    /// Whether a proclet has backups.
+    pub fn is_replicated(&self, proclet: ProcletId) -> bool {
+        self.backups.contains_key(&proclet)
+    }
+
+    /// A node was declared dead: every replicated proclet whose primary it held gets its
+    /// first live backup as primary, and every one that had a backup there loses it —
+    /// each under a new epoch. Returns the new configurations (to tell each primary).
+    /// A proclet whose every copy was on dead nodes keeps its location (it is lost, and
+    /// calls to it say its node is unreachable).
+    pub fn fail_over(&mut self, dead: NodeId) -> Vec<ReplicaSet> {
+        let alive = |st: &State, n: NodeId| {
+            st.nodes
+                .get(&n)
+                .is_some_and(|e| e.info.state == NodeState::Alive)
+        };
+        let affected: Vec<ProcletId> = self
+            .backups
+            .iter()
+            .filter(|(p, b)| {
+                b.contains(&dead) || self.locations.get(p).is_some_and(|(n, _, _)| *n == dead)
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        let mut changed = Vec::new();
+        for p in affected {
+            let Some(&(primary, epoch, kind)) = self.locations.get(&p) else {
+                continue;
+            };
+            let mut backups = self.backups.remove(&p).unwrap_or_default();
+            backups.retain(|n| *n != dead && alive(self, *n));
+            let new_primary = if primary == dead || !alive(self, primary) {
+                if backups.is_empty() {
+                    continue;
+                }
+                backups.remove(0)
+            } else {
+                primary
+            };
+            self.locations.insert(p, (new_primary, epoch + 1, kind));
+            if new_primary != primary {
+                self.unplace(primary, kind);
+                if let Some(n) = self.nodes.get_mut(&new_primary) {
+                    n.placed[kind.index()] += 1;
+                }
+                let mut e = ClusterEvent::now(
+                    EventKind::Failover,
+                    primary,
+                    format!("proclet {p}: its backup became the primary"),
+                );
+                e.to = Some(new_primary);
+                self.record(e);
+            }
+            self.backups.insert(p, backups);
+            if let Some(set) = self.replica_set(p) {
+                changed.push(set);
+            }
+        }
+        changed
+    }
+
     /// A proclet of `kind` no longer counts as located on `node`.
     fn unplace(&mut self, node: NodeId, kind: Kind) {
         if let Some(n) = self.nodes.get_mut(&node) {
@@ -519,6 +680,7 @@ impl State {
         if let Some((node, _, kind)) = self.locations.remove(&proclet) {
             self.unplace(node, kind);
         }
+        self.backups.remove(&proclet);
         let now = Instant::now();
         while let Some(&(old, at)) = self.tombstones.front() {
             if now.saturating_duration_since(at) < TOMBSTONE_TTL {

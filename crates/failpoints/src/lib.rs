@@ -81,6 +81,14 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "a node serving a remote call: the closure ran, before the answer is sent",
     ),
     (
+        "replicate.before_reply",
+        "the primary of a replicated proclet: a mutating call ran here and every backup applied it, before the answer is sent (crash: the caller asks the new primary, which answers from its record)",
+    ),
+    (
+        "replicate.before_apply",
+        "a backup of a replicated proclet: a call arrived from the primary, before it runs here (crash: the primary holds the call until the controller drops this backup)",
+    ),
+    (
         "sharded.merge.before_record",
         "left shard of a sharded structure's merge: the right shard's data taken, before the map records the merge (error: the map keeps naming the merged-away shard)",
     ),

@@ -231,6 +231,7 @@ fn code_is_refused_from_unverified_peers() {
                 },
                 mode: CallMode::Exclusive,
                 chain: 1,
+                call: 0,
             };
             let f = c.request(&call, &[]).await.unwrap();
             assert!(
@@ -277,6 +278,7 @@ fn code_is_refused_from_unverified_peers() {
                 },
                 mode: CallMode::Exclusive,
                 chain: 1,
+                call: 0,
             },
             &[],
         )

@@ -44,11 +44,12 @@
 use crate::context;
 use crate::error::CallError;
 use crate::footprint::Footprint;
+use crate::node::replicate;
 use crate::node::{NewProclet, NodeInner, Remote};
 use crate::pushdown::{self, CancelCell, CancelOnDrop, PushCall, PushOpts, Why};
 use crate::shipping::{self, panic_message, ErasedState};
 use crate::slot::{Guard, LockError, TryLock};
-use granule_wire::{CallMode, ChainId, Kind, Location, NodeId, ProcletId};
+use granule_wire::{CallMode, ChainId, Kind, Location, NodeId, ProcletId, RemoteError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
@@ -161,6 +162,8 @@ pub struct ProcletBuilder<S> {
     exact: Option<fn(u8) -> &'static shipping::Descriptor>,
     /// State flags ([`ProcletBuilder::mutating_reads`], [`ProcletBuilder::owner_placed`]).
     flags: u8,
+    /// Copies in all, the primary included (1: not replicated).
+    replicas: u32,
     _state: PhantomData<fn() -> S>,
 }
 
@@ -172,6 +175,7 @@ struct CreateOpts {
     pinned: bool,
     group: Option<String>,
     state_desc: &'static shipping::Descriptor,
+    replicas: u32,
 }
 
 /// The node a handle acts through: the one it was made or received on, else the calling
@@ -236,6 +240,24 @@ impl<S: ProcletState> ProcletBuilder<S> {
         self
     }
 
+    /// Keep `n` copies of the proclet, each on its own node: a primary that serves the
+    /// calls and `n − 1` backups the controller places on other nodes (1, the default,
+    /// is one copy). Every mutating call ([`Proclet::run`], [`Proclet::run_async`]) runs
+    /// on the primary and on every backup, in the same order, and is answered once every
+    /// backup applied it; read-only calls are served by the primary alone. When the
+    /// primary's node dies, the controller makes a backup the primary and calls go on
+    /// there; a call caught in the failure is answered from what the backups recorded
+    /// if it had been applied, or runs once if not.
+    ///
+    /// Closures on a replicated proclet must be deterministic and keep to its state (see
+    /// docs/guide/replication.md): a backup's result that differs from the primary's is
+    /// reported. Creation fails with [`CallError::NoCapacity`] when fewer than `n` nodes
+    /// live. Replicated proclets do not move (an explicit move is refused).
+    pub fn replicas(mut self, n: u32) -> Self {
+        self.replicas = n.max(1);
+        self
+    }
+
     /// Never move this proclet: neither the pressure policy nor an explicit move will
     /// (an explicit move fails with `Refused`).
     pub fn pinned(mut self) -> Self {
@@ -292,6 +314,7 @@ impl<S: ProcletState> ProcletBuilder<S> {
                 Some(exact) => exact(self.flags),
                 None => shipping::state_desc::<S>(self.flags),
             },
+            replicas: self.replicas,
         }
     }
 
@@ -336,6 +359,9 @@ where
     A: Wire,
     F: Fn(A) -> S + Send + Sync + 'static,
 {
+    if replicate::replaying() {
+        return Err(replicate::replay_refusal());
+    }
     let mut new: NewProclet = node
         .prepare_create(opts.kind, opts.on, opts.mem_hint)
         .await?;
@@ -363,6 +389,15 @@ where
     if let Err(e) = result {
         node.abort_create(&new).await;
         return Err(e);
+    }
+    if opts.replicas > 1 {
+        if let Err(e) = node.replicate_new(&new, opts.replicas).await {
+            // All copies or none: the primary goes.
+            let _ = node
+                .destroy(new.id, Some(&new.loc), context::chain_for_call())
+                .await;
+            return Err(e);
+        }
     }
     Ok(Proclet {
         id: new.id,
@@ -537,6 +572,7 @@ impl<S: ProcletState> Proclet<S> {
             group: None,
             exact: None,
             flags: 0,
+            replicas: 1,
             _state: PhantomData,
         }
     }
@@ -880,12 +916,30 @@ impl<S: ProcletState> Proclet<S> {
                 &tmp
             }
         };
+        if replicate::replaying() {
+            return Err(replicate::replay_refusal());
+        }
         let chain: ChainId = context::chain_for_call();
         let deadline = self.timeout.map(|t| Instant::now() + t);
         let timeout_err = || CallError::Timeout(self.timeout.unwrap_or_default());
+        let call = node.new_call_id();
         let mut arg = ArgState::Value(arg);
         loop {
             if let Some(slot) = node.hosting.get(self.id) {
+                if mode == CallMode::Exclusive && slot.replicated.load(Ordering::Acquire) {
+                    // A replicated proclet here: through its backups, never the fast path.
+                    let bytes = bytes::Bytes::copy_from_slice(arg.bytes()?);
+                    let (n, code) = (node.clone(), code());
+                    let fut =
+                        async move { n.call_replicated(&slot, code, chain, call, bytes).await };
+                    match node.block(fut, deadline) {
+                        None => return Err(timeout_err()),
+                        Some(Ok(b)) => return decode_reply(&b),
+                        Some(Err(RemoteError::NotHere { .. })) => {}
+                        Some(Err(e)) => return Err(CallError::from_remote(e, self.id)),
+                    }
+                    continue;
+                }
                 let guard = match slot.lock(chain, mode) {
                     Ok(TryLock::Granted(g)) => Some(g),
                     Ok(TryLock::Wait(w)) => match node.block(w, deadline) {
@@ -917,7 +971,15 @@ impl<S: ProcletState> Proclet<S> {
                 }
             }
             let bytes = arg.bytes()?;
-            let fut = node.call_remote(self.id, self.hint.as_ref(), code(), mode, chain, bytes);
+            let fut = node.call_remote(
+                self.id,
+                self.hint.as_ref(),
+                code(),
+                mode,
+                chain,
+                call,
+                bytes,
+            );
             match node.block(fut, deadline) {
                 None => return Err(timeout_err()),
                 Some(Ok(Remote::Value(b))) => return decode_reply(&b),
@@ -952,11 +1014,24 @@ impl<S: ProcletState> Proclet<S> {
             }
             _ => None,
         };
+        let replaying = replicate::replaying();
         let work = async move {
+            if replaying {
+                return Err(replicate::replay_refusal());
+            }
             let node = node?;
+            let call = node.new_call_id();
             let mut arg = ArgState::Value(arg);
             loop {
                 if let Some(slot) = node.hosting.get(id) {
+                    if mode == CallMode::Exclusive && slot.replicated.load(Ordering::Acquire) {
+                        let bytes = bytes::Bytes::copy_from_slice(arg.bytes()?);
+                        match node.call_replicated(&slot, code, chain, call, bytes).await {
+                            Ok(b) => return decode_reply(&b),
+                            Err(RemoteError::NotHere { .. }) => continue,
+                            Err(e) => return Err(CallError::from_remote(e, id)),
+                        }
+                    }
                     match slot.lock(chain, mode) {
                         Ok(TryLock::Granted(g)) => {
                             return run_local(&node, chain, g, arg, &*local);
@@ -999,7 +1074,7 @@ impl<S: ProcletState> Proclet<S> {
                 }
                 let bytes = arg.bytes()?;
                 match node
-                    .call_remote(id, hint.as_ref(), code, mode, chain, bytes)
+                    .call_remote(id, hint.as_ref(), code, mode, chain, call, bytes)
                     .await?
                 {
                     Remote::Value(b) => return decode_reply(&b),

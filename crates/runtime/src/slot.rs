@@ -182,6 +182,9 @@ pub(crate) struct Slot {
     pub pinned: AtomicBool,
     /// A move of this proclet is under way.
     pub moving: AtomicBool,
+    /// It has backups: its mutating calls go through `node/replicate.rs` (never the
+    /// local fast path), and it does not move.
+    pub replicated: AtomicBool,
     /// The epoch the latest move attempt from here gave the proclet (0: none). Every
     /// attempt takes a new one, so an abandoned attempt and a later retry to the same
     /// node are never confused (see `node/migrate.rs`).
@@ -232,6 +235,7 @@ impl Slot {
             pinned: AtomicBool::new(false),
             group,
             moving: AtomicBool::new(false),
+            replicated: AtomicBool::new(false),
             attempt_epoch: AtomicU64::new(0),
             stats: SlotStats::default(),
             since: std::time::Instant::now(),

@@ -163,6 +163,15 @@ fn scrape(node: &NodeInner) -> String {
     metrics::counter!("granule_bytes_received_by_migration_total", "node" => n.clone())
         .absolute(node.migration.received_bytes.load(Ordering::Relaxed));
     metrics::counter!("granule_events_dropped_total").absolute(DROPPED.load(Ordering::Relaxed));
+    let (primaries, backups) = node.replication.counts();
+    metrics::gauge!("granule_replicated_primaries", "node" => n.clone()).set(primaries as f64);
+    metrics::gauge!("granule_backup_copies", "node" => n.clone()).set(backups as f64);
+    metrics::counter!("granule_replicated_calls_total", "node" => n.clone())
+        .absolute(node.replication.replicated_calls.load(Ordering::Relaxed));
+    // A backup's result that differed from its primary's: a closure that is not
+    // deterministic (logged with the proclet and the call where it happened).
+    metrics::counter!("granule_replica_divergences_total", "node" => n.clone())
+        .absolute(node.replication.divergences.load(Ordering::Relaxed));
     scrape_pushdown(node, &n);
     granule_telemetry::render()
 }

@@ -201,6 +201,7 @@ mod tests {
                 },
                 mode: CallMode::Shared,
                 chain: 99,
+                call: 7,
             },
             Msg::Error(RemoteError::NotHere {
                 hint: Some(Location {

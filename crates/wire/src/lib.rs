@@ -35,7 +35,7 @@ pub use frame::{
     begin_frame, decode_frame, encode_frame, finish_frame, finish_frame_leaving_out,
     peek_frame_len, Frame, FrameKind, WireError, DEFAULT_MAX_FRAME, HEADER_LEN, PROTOCOL_VERSION,
 };
-pub use msg::{Msg, RemoteError};
+pub use msg::{Msg, RemoteError, ReplicaSet};
 pub use types::{
     BinaryHash, CallMode, CgroupPaths, ChainId, ClusterEvent, CodeRef, Epoch, EventKind,
     GroupUsage, Kind, Location, MoveStats, NodeId, NodeInfo, NodeSpec, NodeState, Panel,

@@ -43,6 +43,10 @@ pub enum Msg {
         code: CodeRef,
         mode: CallMode,
         chain: ChainId,
+        /// The caller's id for this call (random; the same when it retries after a
+        /// replicated proclet's failover, so a call already applied is answered with
+        /// its recorded result, not run again). 0: none.
+        call: u64,
     },
     /// Construct a proclet here. `ctor` builds the state from the argument; `state`
     /// describes the state type (for later moves). *tail*: the encoded constructor argument.
@@ -270,6 +274,75 @@ pub enum Msg {
         ticket: u64,
         timed_out: bool,
     },
+
+    // ---- replicated proclets (after pushed calls: earlier variants keep their numbers) --
+    /// Node → controller: choose `count` backups for a proclet, each on a live node
+    /// other than its primary's and each other's, and record them. Answered with
+    /// `Replicas` (`Refused` when too few nodes).
+    PlaceBackups {
+        proclet: ProcletId,
+        count: u32,
+    },
+    /// A replicated proclet's configuration: its primary, its backups and the epoch
+    /// that numbers this configuration (it only grows). The controller's answer to
+    /// `PlaceBackups` and `Failover`; as a notification (controller → node) it tells the
+    /// primary its backups changed, or a backup that it is the primary now; as a
+    /// request (primary → controller) it records new backups once they hold the state
+    /// (answered with `Done`, or `Refused` when it is not the current configuration).
+    Replicas(ReplicaSet),
+    /// Creator → a proclet's primary: stream the state to these new backups and
+    /// replicate every mutating call to them from now on. Answered with `Done`.
+    AddBackups(ReplicaSet),
+    /// Primary → a new backup: one chunk of the proclet's state (as `Transfer`); the
+    /// last one installs the backup copy. *tail*: the bytes at `offset`.
+    BackupChunk {
+        proclet: ProcletId,
+        kind: Kind,
+        state: CodeRef,
+        epoch: Epoch,
+        offset: u64,
+        total: u64,
+        last: bool,
+        /// How many copies the proclet has in all (the primary included).
+        copies: u32,
+        /// How many mutating calls the state sent has applied (the next one the backup
+        /// gets is `seq + 1`).
+        seq: u64,
+    },
+    /// Primary → backup: run mutating call number `seq` of the configuration `epoch`
+    /// (the same code and argument the primary runs). *tail*: the encoded argument.
+    /// Answered with `Applied`.
+    Apply {
+        proclet: ProcletId,
+        epoch: Epoch,
+        seq: u64,
+        call: u64,
+        code: CodeRef,
+        chain: ChainId,
+    },
+    /// A backup applied call `seq`: a digest of its result, for the primary to compare.
+    Applied {
+        seq: u64,
+        digest: u64,
+    },
+    /// Caller → controller: the primary on `unreachable` of a proclet did not answer.
+    /// Answered with `Located` once the controller knows where it is: for a replicated
+    /// proclet after it has decided whether that node is dead (and promoted a backup);
+    /// for any other at once, like `Locate`.
+    Failover {
+        proclet: ProcletId,
+        unreachable: NodeId,
+    },
+}
+
+/// Where the copies of a replicated proclet are (see `Msg::Replicas`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, Debug)]
+pub struct ReplicaSet {
+    pub proclet: ProcletId,
+    /// Numbers the configuration: every promotion or change of backups takes a new one.
+    pub epoch: Epoch,
+    pub primary: Location,
+    pub backups: Vec<Location>,
 }
 
 impl Msg {
@@ -319,6 +392,13 @@ impl Msg {
             Msg::PublishPanel(_) => "PublishPanel",
             Msg::Push { .. } => "Push",
             Msg::CancelPush { .. } => "CancelPush",
+            Msg::PlaceBackups { .. } => "PlaceBackups",
+            Msg::Replicas(_) => "Replicas",
+            Msg::AddBackups(_) => "AddBackups",
+            Msg::BackupChunk { .. } => "BackupChunk",
+            Msg::Apply { .. } => "Apply",
+            Msg::Applied { .. } => "Applied",
+            Msg::Failover { .. } => "Failover",
         }
     }
 }

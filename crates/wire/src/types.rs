@@ -184,6 +184,9 @@ pub enum EventKind {
     NodeDown,
     /// A node left the cluster on purpose (recorded by the controller).
     NodeLeft,
+    /// A replicated proclet's backup on `to` became its primary, the primary's node
+    /// `node` having died (recorded by the controller).
+    Failover,
 }
 
 impl EventKind {
@@ -196,6 +199,7 @@ impl EventKind {
             EventKind::NodeJoined => "node_joined",
             EventKind::NodeDown => "node_down",
             EventKind::NodeLeft => "node_left",
+            EventKind::Failover => "failover",
         }
     }
 }

@@ -22,7 +22,10 @@ const HOP_PATIENCE: Duration = Duration::from_secs(2);
 
 impl NodeInner {
     /// Send a call to wherever the proclet lives and return its encoded result, or
-    /// [`Remote::Local`] when the proclet turns out to live here.
+    /// [`Remote::Local`] when the proclet turns out to live here. `call` is the call's
+    /// id: a replicated proclet whose primary fails mid-call is called again with it at
+    /// the new primary, which answers from its record if the call was applied.
+    #[allow(clippy::too_many_arguments)] // a call's whole description
     pub(crate) async fn call_remote(
         &self,
         id: ProcletId,
@@ -30,6 +33,7 @@ impl NodeInner {
         code: CodeRef,
         mode: CallMode,
         chain: ChainId,
+        call: u64,
         arg: &[u8],
     ) -> Result<Remote, CallError> {
         let mut chase = Chase::new();
@@ -61,6 +65,7 @@ impl NodeInner {
                 code,
                 mode,
                 chain,
+                call,
             };
             match conn.request(&msg, arg).await {
                 Ok(Frame {
@@ -90,8 +95,41 @@ impl NodeInner {
                         f.msg.name()
                     )))
                 }
-                Err(e) => return Err(self.peers.transport_error(loc.node, e)),
+                Err(e) => {
+                    // Sent, and no answer: only a replicated proclet's new primary may
+                    // be asked again (it knows the call by its id); any other call may
+                    // have run, and is not repeated.
+                    match self.failed_over(id, &loc, &mut asked_controller).await {
+                        Some(l) => {
+                            loc = l;
+                            continue;
+                        }
+                        None => return Err(self.peers.transport_error(loc.node, e)),
+                    }
+                }
             }
+        }
+    }
+
+    /// A call to `stale` got no answer. If the proclet is replicated, the controller
+    /// answers once it has decided whether that node is dead: a new primary elsewhere
+    /// (`Some`) is where to ask again. `None` for any other proclet, or when the
+    /// controller still places it there. Asked once per call.
+    async fn failed_over(
+        &self,
+        id: ProcletId,
+        stale: &Location,
+        asked: &mut bool,
+    ) -> Option<Location> {
+        if std::mem::replace(asked, true) {
+            return None;
+        }
+        match self.controller.failover(id, stale.node).await {
+            Ok(Some((loc, true, true))) if loc.node != stale.node => {
+                self.locations.learn(id, &loc);
+                Some(loc)
+            }
+            _ => None,
         }
     }
 
@@ -179,6 +217,34 @@ impl NodeInner {
                 f.msg.name()
             ))),
             Err(e) => Err(self.peers.transport_error(loc.node, e)),
+        }
+    }
+
+    /// Give a proclet just created `copies − 1` backups: the controller places them, and
+    /// the primary's node streams the state to each.
+    pub(crate) async fn replicate_new(
+        &self,
+        new: &NewProclet,
+        copies: u32,
+    ) -> Result<(), CallError> {
+        let set = self.controller.place_backups(new.id, copies - 1).await?;
+        if new.loc.node == self.id {
+            return self
+                .add_backups(set, copies)
+                .await
+                .map_err(|e| CallError::from_remote(e, new.id));
+        }
+        let conn = self.peers.connect(new.loc.node, &new.loc.addr).await?;
+        match conn.request(&Msg::AddBackups(set), &[]).await {
+            Ok(Frame { msg: Msg::Done, .. }) => Ok(()),
+            Ok(Frame {
+                msg: Msg::Error(e), ..
+            }) => Err(CallError::from_remote(e, new.id)),
+            Ok(f) => Err(CallError::Internal(format!(
+                "unexpected answer {} to adding backups",
+                f.msg.name()
+            ))),
+            Err(e) => Err(self.peers.transport_error(new.loc.node, e)),
         }
     }
 
@@ -298,8 +364,10 @@ impl NodeInner {
         if std::mem::replace(asked, true) {
             return None;
         }
-        match self.controller.locate(id).await {
-            Ok(Some((loc, true))) if loc.node != stale.node => {
+        // For a replicated proclet, the controller answers once it knows whether the
+        // node is dead (and a backup took over); for others at once.
+        match self.controller.failover(id, stale.node).await {
+            Ok(Some((loc, true, _))) if loc.node != stale.node => {
                 self.locations.learn(id, &loc);
                 Some(loc)
             }

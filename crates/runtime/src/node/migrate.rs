@@ -178,6 +178,11 @@ impl NodeInner {
                 self.id
             )));
         }
+        if slot.replicated.load(Ordering::Acquire) {
+            return Err(RemoteError::Refused(format!(
+                "proclet {proclet} is replicated: moving replicated proclets is not built yet"
+            )));
+        }
         // One move at a time: a second one waits for the first, then moves the proclet
         // on if it is still here, or says where it went.
         let deadline = Instant::now() + MOVE_WAIT;

@@ -14,6 +14,7 @@
 //! | [`Monitor`] | resource readings, the move cost model, shedding under pressure | `monitor.rs`, `policy.rs` |
 //! | [`NodeFaults`] | fault injection: the transport's filter, failpoint orders | `faults.rs` |
 //! | `pushdown` | the pool of threads that runs pushed calls (its queue, admission, CPU cap) | `crate::pushdown` |
+//! | [`Replication`](replicate::Replication) | replicated proclets: primaries' configurations, backup copies | `replicate.rs` |
 //! | [`NodeMetrics`](crate::telemetry::NodeMetrics) | figures kept for `/metrics` | `telemetry.rs` |
 //!
 //! Each path through them reads top to bottom in one file: a remote call in `calls.rs`
@@ -58,6 +59,7 @@ mod migrate;
 pub(crate) mod monitor;
 mod peers;
 pub(crate) mod policy;
+pub(crate) mod replicate;
 mod serve;
 pub(crate) mod stream;
 
@@ -167,6 +169,8 @@ pub(crate) struct NodeInner {
     pub metrics: crate::telemetry::NodeMetrics,
     /// The pool that runs pushed calls.
     pub pushdown: crate::pushdown::PushPool,
+    /// Replicated proclets: primaries here, backup copies kept here.
+    pub replication: replicate::Replication,
 }
 
 /// Owns a node's runtimes; stopping it stops the node.
@@ -361,6 +365,7 @@ impl Node {
             faults,
             metrics: Default::default(),
             pushdown,
+            replication: Default::default(),
             config,
         });
         let _ = cell.set(Arc::downgrade(&inner));

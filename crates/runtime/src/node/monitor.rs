@@ -605,6 +605,8 @@ impl NodeView for LiveView<'_> {
             .slots()
             .into_iter()
             .filter(|s| !s.pinned.load(Ordering::Relaxed) && !s.moving.load(Ordering::Relaxed))
+            // Replicated proclets do not move (yet).
+            .filter(|s| !s.replicated.load(Ordering::Relaxed))
             // Placed by their creator (batch workers): not the policy's to move.
             .filter(|s| s.state_desc.state_ops().is_none_or(|o| !o.owner_placed()))
             .map(|s| Candidate {

@@ -41,6 +41,9 @@ impl Handler for NodeHandler {
         let from_controller = peer.is_some_and(|p| p.role == Role::Controller);
         match &frame.msg {
             Msg::Call { .. }
+            | Msg::Apply { .. }
+            | Msg::AddBackups(_)
+            | Msg::BackupChunk { .. }
             | Msg::Push { .. }
             | Msg::Create { .. }
             | Msg::Transfer { .. }
@@ -75,6 +78,10 @@ impl Handler for NodeHandler {
         match frame.msg {
             // In order, on the reader: chunks must be appended as they arrive.
             Msg::Transfer { .. } => node.receive_transfer(conn, frame, reply),
+            Msg::BackupChunk { .. } => node.receive_backup_chunk(conn, frame, reply),
+            Msg::Apply { .. } => {
+                tokio::spawn(async move { node.serve_apply(frame, reply).await });
+            }
             Msg::Resolve { proclet, epoch } => {
                 let committed = node.resolve_departure(proclet, epoch);
                 let _ = reply.send(&Msg::Resolved { committed }, &[]);
@@ -104,6 +111,7 @@ impl Handler for NodeHandler {
         let from_controller = conn.peer().is_some_and(|p| p.role == Role::Controller);
         match frame.msg {
             Msg::NodeDown { node: n } if from_controller => node.peers.on_node_down(node.id, n),
+            Msg::Replicas(set) if from_controller => node.on_replicas(set),
             Msg::Shutdown {
                 reason,
                 declared_dead,
@@ -154,8 +162,14 @@ impl NodeInner {
                         .destroy_local(&slot, context::new_chain())
                         .await
                         .map(|()| Msg::Done),
+                    None if self.drop_backup(id) => Ok(Msg::Done),
                     None => Err(self.not_here(id)),
                 }
+            }
+            Msg::AddBackups(set) => {
+                let set = set.clone();
+                let copies = set.backups.len() as u32 + 1;
+                self.add_backups(set, copies).await.map(|()| Msg::Done)
             }
             Msg::MoveOut { proclet, to } => {
                 let (p, t) = (*proclet, to.clone());
@@ -182,14 +196,39 @@ impl NodeInner {
             code,
             mode,
             chain,
+            call,
         } = frame.msg
         else {
             return;
         };
         let received = std::time::Instant::now();
-        let Some(slot) = self.hosting.get(proclet) else {
+        let mut found = self.hosting.get(proclet);
+        // A backup the controller just promoted: its notice may still be on its way
+        // (callers learn of the failover from the controller too). Wait a moment.
+        let promoting = std::time::Instant::now();
+        while found.is_none()
+            && self.replication.has_backup(proclet)
+            && promoting.elapsed() < std::time::Duration::from_secs(2)
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            found = self.hosting.get(proclet);
+        }
+        let Some(slot) = found else {
             return reply.error(self.not_here(proclet));
         };
+        if mode == CallMode::Exclusive && slot.replicated.load(Ordering::Acquire) {
+            let r = self
+                .call_replicated(&slot, code, chain, call, frame.tail)
+                .await;
+            match r {
+                Ok(value) => {
+                    let _ = reply.send(&Msg::Value, &value);
+                }
+                Err(e) => reply.error(e),
+            }
+            crate::telemetry::call_served(&self, received.elapsed());
+            return;
+        }
         let expect = match mode {
             CallMode::Exclusive => Expect::CallMut,
             CallMode::Shared => Expect::CallRef,
@@ -411,6 +450,9 @@ impl NodeInner {
         chain: ChainId,
     ) -> Result<(), RemoteError> {
         let guard = self.lock_slot(slot, chain, CallMode::Exclusive).await?;
+        if slot.replicated.load(Ordering::Acquire) {
+            self.drop_replicas(slot.id).await;
+        }
         guard.set_status(SlotStatus::Destroyed);
         let state = guard.take_state();
         self.hosting.remove(slot);

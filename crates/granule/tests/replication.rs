@@ -1,0 +1,259 @@
+//! Replicated proclets on real clusters: copies on distinct nodes, every mutating call
+//! applied on each, a primary killed (with SIGKILL, and by a failpoint right after its
+//! backups applied a call but before it answered) and its backup taking over with no
+//! acknowledged call lost and none applied twice, and a closure that is not
+//! deterministic reported.
+
+mod common;
+
+use common::{bounded, cluster, http_get};
+use granule::{CallError, Kind, NodeId, Proclet};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+#[derive(Serialize, Deserialize, Default, Debug)]
+struct Log {
+    /// Every value added, in order: a call applied twice or lost shows here.
+    seen: Vec<u64>,
+}
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+fn append(p: &Proclet<Log>, x: u64) -> Result<usize, CallError> {
+    p.run(x, |l: &mut Log, x: u64| {
+        l.seen.push(x);
+        l.seen.len()
+    })
+}
+
+fn seen(p: &Proclet<Log>) -> Vec<u64> {
+    p.run_ref((), |l: &Log, ()| l.seen.clone())
+        .expect("read the log")
+}
+
+fn pid_of(cluster: &granule::Cluster, node: NodeId) -> u32 {
+    cluster
+        .spawned_nodes()
+        .into_iter()
+        .find(|(n, _)| *n == node)
+        .map(|(_, pid)| pid)
+        .expect("the node's process")
+}
+
+#[test]
+fn a_killed_primarys_backup_takes_over_with_every_acknowledged_call() {
+    bounded(LIMIT, || {
+        let (cluster, _nodes) = cluster(3, "cpu=1,mem=256MiB");
+        let p = Proclet::builder(Kind::Memory)
+            .replicas(2)
+            .create((), |()| Log::default())
+            .expect("a replicated proclet");
+        for x in 0..50 {
+            assert_eq!(append(&p, x).unwrap(), x as usize + 1);
+        }
+        let primary = p.location().unwrap();
+        kill(
+            Pid::from_raw(pid_of(&cluster, primary) as i32),
+            Signal::SIGKILL,
+        )
+        .unwrap();
+        // The next calls find the backup, now the primary, with all 50 calls.
+        for x in 50..100 {
+            assert_eq!(append(&p, x).unwrap(), x as usize + 1, "call {x}");
+        }
+        let now = p.location().unwrap();
+        assert_ne!(now, primary, "the primary did not move to the backup");
+        assert_eq!(seen(&p), (0..100).collect::<Vec<u64>>());
+    });
+}
+
+#[test]
+fn a_call_applied_by_the_backups_is_not_run_again_when_the_primary_dies_before_answering() {
+    bounded(LIMIT, || {
+        let (cluster, _nodes) = cluster(3, "cpu=1,mem=256MiB");
+        let p = Proclet::builder(Kind::Memory)
+            .replicas(2)
+            .create((), |()| Log::default())
+            .expect("a replicated proclet");
+        assert_eq!(append(&p, 1).unwrap(), 1);
+        let primary = p.location().unwrap();
+        // The primary dies right after its backup applied the next call, before it
+        // answers: the caller asks the new primary, which answers from its record.
+        cluster
+            .faults()
+            .failpoints(primary, "replicate.before_reply=crash")
+            .unwrap();
+        assert_eq!(append(&p, 2).unwrap(), 2);
+        assert_ne!(p.location().unwrap(), primary);
+        assert_eq!(append(&p, 3).unwrap(), 3);
+        assert_eq!(seen(&p), vec![1, 2, 3]);
+    });
+}
+
+#[test]
+fn copies_go_to_distinct_nodes_and_too_few_nodes_is_refused() {
+    bounded(LIMIT, || {
+        let (_cluster, nodes) = cluster(2, "cpu=1,mem=256MiB");
+        let r = Proclet::builder(Kind::Memory)
+            .replicas(3)
+            .create((), |()| Log::default());
+        match r {
+            Err(CallError::NoCapacity(m)) => assert!(m.contains("3 copies"), "{m}"),
+            other => panic!("three copies on two nodes: {other:?}"),
+        }
+        // Two copies fit; a primary named by the caller keeps its backup elsewhere.
+        let p = Proclet::builder(Kind::Memory)
+            .on(nodes[1])
+            .replicas(2)
+            .create((), |()| Log::default())
+            .unwrap();
+        assert_eq!(append(&p, 7).unwrap(), 1);
+        assert_eq!(p.location().unwrap(), nodes[1]);
+        // A replicated proclet does not move (yet): refused, not half-done.
+        let moved = _cluster.move_proclet(p.id(), nodes[0]);
+        assert!(moved.is_err(), "{moved:?}");
+        assert_eq!(seen(&p), vec![7]);
+        p.destroy().unwrap();
+    });
+}
+
+#[test]
+fn a_closure_that_is_not_deterministic_is_reported() {
+    bounded(LIMIT, || {
+        let (cluster, _nodes) = cluster(2, "cpu=1,mem=256MiB");
+        let p = Proclet::builder(Kind::Memory)
+            .replicas(2)
+            .create((), |()| Log::default())
+            .unwrap();
+        // Each copy reads its own clock: the results differ.
+        p.run((), |l: &mut Log, ()| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            l.seen.push(t);
+            t
+        })
+        .unwrap();
+        let primary = p.location().unwrap();
+        let info = cluster
+            .nodes()
+            .unwrap()
+            .into_iter()
+            .find(|n| n.id == primary)
+            .unwrap();
+        let metrics = http_get(info.metrics_addr.as_deref().unwrap(), "/metrics");
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("granule_replica_divergences_total"))
+            .unwrap_or_else(|| panic!("no divergence counter in\n{metrics}"));
+        assert!(line.ends_with(" 1"), "{line}");
+    });
+}
+
+/// The copies kept as backups by each live node (from its `/metrics`).
+fn backup_copies(cluster: &granule::Cluster) -> Vec<(NodeId, u64)> {
+    cluster
+        .nodes()
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.state == granule::NodeState::Alive)
+        .filter_map(|n| {
+            let m = http_get(n.metrics_addr.as_deref()?, "/metrics");
+            let v = m
+                .lines()
+                .find(|l| l.starts_with("granule_backup_copies"))?
+                .rsplit(' ')
+                .next()?
+                .parse::<f64>()
+                .ok()?;
+            Some((n.id, v as u64))
+        })
+        .collect()
+}
+
+#[test]
+fn a_lost_backup_is_replaced_and_the_new_one_can_take_over() {
+    bounded(LIMIT, || {
+        let (cluster, _nodes) = cluster(3, "cpu=1,mem=256MiB");
+        let p = Proclet::builder(Kind::Memory)
+            .replicas(2)
+            .create((), |()| Log::default())
+            .unwrap();
+        for x in 0..10 {
+            append(&p, x).unwrap();
+        }
+        let primary = p.location().unwrap();
+        let backup = backup_copies(&cluster)
+            .into_iter()
+            .find(|(_, n)| *n == 1)
+            .map(|(id, _)| id)
+            .expect("one node keeps the backup");
+        assert_ne!(backup, primary);
+        kill(
+            Pid::from_raw(pid_of(&cluster, backup) as i32),
+            Signal::SIGKILL,
+        )
+        .unwrap();
+        // Calls go on: the primary holds them until the controller drops the backup.
+        for x in 10..20 {
+            assert_eq!(append(&p, x).unwrap(), x as usize + 1);
+        }
+        // A new backup on another live node, with the state and the calls since.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let replacement = loop {
+            let kept: Vec<_> = backup_copies(&cluster)
+                .into_iter()
+                .filter(|(id, n)| *n == 1 && *id != backup && *id != primary)
+                .collect();
+            if let Some((id, _)) = kept.first() {
+                break *id;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no new backup: {:?}",
+                backup_copies(&cluster)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        for x in 20..30 {
+            append(&p, x).unwrap();
+        }
+        // The new backup takes over from the primary, with every call.
+        kill(
+            Pid::from_raw(pid_of(&cluster, primary) as i32),
+            Signal::SIGKILL,
+        )
+        .unwrap();
+        assert_eq!(append(&p, 30).unwrap(), 31);
+        assert_eq!(p.location().unwrap(), replacement);
+        assert_eq!(seen(&p), (0..31).collect::<Vec<u64>>());
+    });
+}
+
+#[test]
+fn a_frozen_primary_is_replaced_after_the_failure_timeout() {
+    bounded(LIMIT, || {
+        let (cluster, _nodes) = cluster(2, "cpu=1,mem=256MiB");
+        let p = Proclet::builder(Kind::Memory)
+            .replicas(2)
+            .create((), |()| Log::default())
+            .unwrap();
+        append(&p, 0).unwrap();
+        let primary = p.location().unwrap();
+        let pid = Pid::from_raw(pid_of(&cluster, primary) as i32);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        // Sent to the frozen primary, the call waits until the controller declares it
+        // dead (the failure timeout, 1 s here) and is then served by the backup.
+        let started = std::time::Instant::now();
+        let r = append(&p, 1);
+        let waited = started.elapsed();
+        let _ = kill(pid, Signal::SIGCONT);
+        assert_eq!(r.unwrap(), 2);
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        assert_ne!(p.location().unwrap(), primary);
+        assert_eq!(seen(&p), vec![0, 1]);
+    });
+}

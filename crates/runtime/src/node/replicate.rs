@@ -1,0 +1,773 @@
+//! Replicated proclets (primary–backup, Nu §3.5): the copies a node keeps of proclets
+//! whose primary is elsewhere, what a primary knows of its backups, and the paths that
+//! use them, top to bottom — making backups (the state streamed to each), a mutating
+//! call on a primary (numbered, sent to the backups while it runs here, answered once
+//! every backup of the current configuration applied it), applying it on a backup,
+//! and a backup becoming the primary when the controller says so.
+//!
+//! Invariants:
+//! - a primary answers a mutating call only after every backup of its configuration
+//!   answered `Applied` for it; a backup that does not answer holds the call until the
+//!   controller removes it from the configuration (a new epoch), so a primary cut off
+//!   from the controller can never acknowledge a write a backup does not have;
+//! - a backup applies calls in their order (`seq`), each once; a call it already applied
+//!   is answered from what it recorded, and a copy of an older epoch is refused;
+//! - every call carries its caller's id: a retry after a failover of a call that was
+//!   applied before the primary died is answered with the recorded result, not run
+//!   again;
+//! - a backup runs the same closure on the same state: a digest of each result is
+//!   compared with the primary's, and a mismatch is counted and logged with the proclet
+//!   and the call (the closure is not deterministic: see docs/guide/replication.md);
+//! - what a closure does outside its state (calling, creating or destroying proclets)
+//!   is not repeated on a backup: there such a call fails (so the results differ, and
+//!   the divergence is reported) — recording and replaying those effects is not built
+//!   yet.
+//!
+//! Not yet: moving replicated proclets (refused), re-replication after a loss (the
+//! primary runs with fewer backups), replicated `push` calls (they are reads).
+
+use super::hosting::NewSlot;
+use super::stream::{self, ChunkPos, Inbound, Settings};
+use super::NodeInner;
+use crate::context;
+use crate::shipping::{self, Entry, Expect};
+use crate::slot::Slot;
+use bytes::Bytes;
+use dashmap::DashMap;
+use granule_transport::{Connection, Responder};
+use granule_wire::{
+    CallMode, ChainId, CodeRef, Epoch, Frame, Kind, Location, Msg, ProcletId, RemoteError,
+    ReplicaSet,
+};
+use parking_lot::Mutex;
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How many answered calls each copy remembers by call id (for retries after a
+/// failover, which come within moments of it).
+const REMEMBERED_CALLS: usize = 1024;
+
+/// The replication part of a node.
+#[derive(Default)]
+pub(crate) struct Replication {
+    /// Proclets hosted here as primaries with backups.
+    primaries: DashMap<ProcletId, Arc<Primary>>,
+    /// Backup copies kept here.
+    backups: DashMap<ProcletId, Arc<Backup>>,
+    /// Backup states arriving.
+    inbound: Inbound<ArrivingBackup>,
+    /// The next call id's counter (the node's id is in the high bits).
+    next_call: AtomicU64,
+    /// Results of backups that differed from their primary's (seen on primaries).
+    pub divergences: AtomicU64,
+    /// Mutating calls replicated by primaries here.
+    pub replicated_calls: AtomicU64,
+}
+
+/// A primary's view of its configuration.
+pub(crate) struct Primary {
+    config: tokio::sync::watch::Sender<Config>,
+    /// Calls numbered so far (the last one's `seq`).
+    seq: Mutex<u64>,
+    answered: Mutex<Answered>,
+    /// How many copies the proclet was made with.
+    copies: u32,
+}
+
+#[derive(Clone, Debug)]
+struct Config {
+    epoch: Epoch,
+    backups: Vec<Location>,
+}
+
+/// A backup copy.
+pub(crate) struct Backup {
+    slot: Arc<Slot>,
+    progress: Mutex<Progress>,
+    answered: Mutex<Answered>,
+    copies: u32,
+}
+
+struct Progress {
+    epoch: Epoch,
+    applied: u64,
+    last_digest: u64,
+}
+
+/// Results of recent calls by call id, oldest first out.
+#[derive(Default)]
+struct Answered {
+    by_call: HashMap<u64, Result<Bytes, RemoteError>>,
+    order: VecDeque<u64>,
+}
+
+impl Answered {
+    fn get(&self, call: u64) -> Option<Result<Bytes, RemoteError>> {
+        self.by_call.get(&call).cloned()
+    }
+
+    fn record(&mut self, call: u64, r: &Result<Bytes, RemoteError>) {
+        if call == 0 {
+            return;
+        }
+        if self.by_call.insert(call, r.clone()).is_none() {
+            self.order.push_back(call);
+        }
+        while self.order.len() > REMEMBERED_CALLS {
+            if let Some(old) = self.order.pop_front() {
+                self.by_call.remove(&old);
+            }
+        }
+    }
+}
+
+struct ArrivingBackup {
+    desc: &'static shipping::Descriptor,
+    ops: shipping::StateOps,
+    kind: Kind,
+    epoch: Epoch,
+    copies: u32,
+    seq: u64,
+}
+
+thread_local! {
+    /// Set while a backup re-runs a closure: what it would do outside its state must
+    /// not happen a second time.
+    static REPLAYING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is re-running a call on a backup copy.
+pub(crate) fn replaying() -> bool {
+    REPLAYING.with(|r| r.get())
+}
+
+/// The error a closure re-run on a backup gets when it calls out of its state.
+pub(crate) fn replay_refusal() -> crate::error::CallError {
+    crate::error::CallError::Refused(
+        "a backup copy re-running a call does not repeat its calls to other proclets \
+         (recording them is not built yet): keep closures on replicated proclets to their \
+         own state"
+            .into(),
+    )
+}
+
+struct ReplayScope;
+impl ReplayScope {
+    fn enter() -> ReplayScope {
+        REPLAYING.with(|r| r.set(true));
+        ReplayScope
+    }
+}
+impl Drop for ReplayScope {
+    fn drop(&mut self) {
+        REPLAYING.with(|r| r.set(false));
+    }
+}
+
+/// The digest backups and primary compare: of the encoded result, or of the error.
+fn digest(r: &Result<Bytes, RemoteError>) -> u64 {
+    // `DefaultHasher::new()` has fixed keys: the same in every process of the binary.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    match r {
+        Ok(b) => {
+            0u8.hash(&mut h);
+            b.hash(&mut h);
+        }
+        Err(e) => {
+            1u8.hash(&mut h);
+            e.to_string().hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+impl Replication {
+    pub(crate) fn primary(&self, id: ProcletId) -> Option<Arc<Primary>> {
+        self.primaries.get(&id).map(|p| p.clone())
+    }
+
+    /// Whether a backup copy of `id` is kept here.
+    pub(crate) fn has_backup(&self, id: ProcletId) -> bool {
+        self.backups.contains_key(&id)
+    }
+
+    /// Replicated primaries and backup copies kept here.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        (self.primaries.len(), self.backups.len())
+    }
+}
+
+impl NodeInner {
+    /// A new id for a call made from this node: unique in the cluster (the node's id is
+    /// in the high bits), never 0.
+    pub(crate) fn new_call_id(&self) -> u64 {
+        let n = self.replication.next_call.fetch_add(1, Ordering::Relaxed) + 1;
+        (u64::from(self.id.0) << 40) | (n & ((1 << 40) - 1))
+    }
+
+    /// Give proclet `set.proclet`, hosted here, the backups in `set`: stream its state to
+    /// each (under its exclusive lock, so no call changes it meanwhile), then replicate
+    /// every mutating call to them.
+    pub(crate) async fn add_backups(
+        &self,
+        set: ReplicaSet,
+        copies: u32,
+    ) -> Result<(), RemoteError> {
+        let id = set.proclet;
+        let slot = self.hosting.get(id).ok_or_else(|| self.not_here(id))?;
+        let guard = self
+            .lock_slot(&slot, context::new_chain(), CallMode::Exclusive)
+            .await?;
+        let ops = slot
+            .state_desc
+            .state_ops()
+            .ok_or_else(|| RemoteError::Internal("slot without a state descriptor".into()))?;
+        let settings = Settings::of(&self.migration.config, None);
+        let existing = self.replication.primary(id);
+        let have: Vec<Location> = existing
+            .as_ref()
+            .map(|p| p.config.borrow().backups.clone())
+            .unwrap_or_default();
+        // Calls applied to the state being sent: the new backups go on from there.
+        let seq = existing.as_ref().map_or(0, |p| *p.seq.lock());
+        let new: Vec<&Location> = set
+            .backups
+            .iter()
+            .filter(|b| !have.iter().any(|h| h.node == b.node))
+            .collect();
+        for b in &new {
+            let conn = self.peers.connect(b.node, &b.addr).await.map_err(|e| {
+                RemoteError::Internal(format!("cannot reach the backup {}: {e}", b.node))
+            })?;
+            let header = |p: ChunkPos| Msg::BackupChunk {
+                proclet: id,
+                kind: slot.kind(),
+                state: shipping::code_ref(slot.state_desc),
+                epoch: set.epoch,
+                offset: p.offset,
+                total: p.total,
+                last: p.last,
+                copies,
+                seq,
+            };
+            stream::send_encoded(&conn, &slot, &guard, ops, &header, settings).await?;
+        }
+        // Recorded at the controller only now that they hold the state: a failover
+        // before this cannot pick a backup that has nothing.
+        if let Err(e) = self.controller.record_backups(set.clone()).await {
+            for b in &new {
+                if let Ok(conn) = self.peers.connect(b.node, &b.addr).await {
+                    let _ = conn.request(&Msg::Destroy { proclet: id }, &[]).await;
+                }
+            }
+            return Err(RemoteError::Refused(format!(
+                "the controller did not record the new backups of {id}: {e}"
+            )));
+        }
+        let config = Config {
+            epoch: set.epoch,
+            backups: set.backups.clone(),
+        };
+        match self.replication.primary(id) {
+            Some(p) => {
+                p.config.send_replace(config);
+            }
+            None => {
+                let (tx, _) = tokio::sync::watch::channel(config);
+                self.replication.primaries.insert(
+                    id,
+                    Arc::new(Primary {
+                        config: tx,
+                        seq: Mutex::new(0),
+                        answered: Mutex::new(Answered::default()),
+                        copies,
+                    }),
+                );
+            }
+        }
+        slot.replicated.store(true, Ordering::Release);
+        drop(guard);
+        Ok(())
+    }
+
+    /// A mutating call on a replicated proclet hosted here: numbered, sent to every
+    /// backup while it runs here, answered once they all applied it (see the module
+    /// doc). `arg` is the encoded argument; the result is the encoded return value.
+    pub(crate) async fn call_replicated(
+        &self,
+        slot: &Arc<Slot>,
+        code: CodeRef,
+        chain: ChainId,
+        call: u64,
+        arg: Bytes,
+    ) -> Result<Bytes, RemoteError> {
+        let id = slot.id;
+        let Some(primary) = self.replication.primary(id) else {
+            return Err(RemoteError::Internal(format!(
+                "proclet {id} is marked replicated but has no configuration here"
+            )));
+        };
+        let desc = shipping::resolve(code, Expect::CallMut)?;
+        if desc.state_type() != slot.state_type {
+            return Err(RemoteError::CodeMismatch(format!(
+                "the closure expects another state type than proclet {id} holds"
+            )));
+        }
+        let Entry::CallMut(f) = desc.entry else {
+            return Err(RemoteError::CodeMismatch("not a mutating call".into()));
+        };
+        let guard = self.lock_slot(slot, chain, CallMode::Exclusive).await?;
+        // A retry of a call this copy (or the backup it was) already answered.
+        if let Some(r) = primary.answered.lock().get(call) {
+            return r;
+        }
+        let seq = {
+            let mut s = primary.seq.lock();
+            *s += 1;
+            *s
+        };
+        let config = primary.config.borrow().clone();
+        let apply = Msg::Apply {
+            proclet: id,
+            epoch: config.epoch,
+            seq,
+            call,
+            code,
+            chain,
+        };
+        // Sent before the closure runs here: the backups run it at the same time.
+        let mut pending = Vec::with_capacity(config.backups.len());
+        for b in &config.backups {
+            pending.push((b.clone(), self.send_apply(b, &apply, arg.clone()).await));
+        }
+        let result: Result<Bytes, RemoteError> = {
+            let _scope = context::ChainScope::enter(chain);
+            let _busy = self.hosting.busy.enter();
+            let mut out = Vec::new();
+            guard
+                .with_mut(|s| f(s, &arg, &mut out))
+                .map(|()| Bytes::from(out))
+        };
+        let mine = digest(&result);
+        for (b, sent) in pending {
+            self.await_applied(id, &primary, &b, sent, &apply, &arg, seq, mine)
+                .await?;
+        }
+        primary.answered.lock().record(call, &result);
+        self.replication
+            .replicated_calls
+            .fetch_add(1, Ordering::Relaxed);
+        drop(guard);
+        self.hosting.calls_served.fetch_add(1, Ordering::Relaxed);
+        if let Err(f) = granule_failpoints::hit("replicate.before_reply").await {
+            // Applied everywhere, but the answer is lost: what a primary dying right
+            // after its backups applied a call looks like to the caller.
+            return Err(RemoteError::Internal(f.to_string()));
+        }
+        result
+    }
+
+    /// Start sending call `apply` to backup `b`.
+    async fn send_apply(
+        &self,
+        b: &Location,
+        apply: &Msg,
+        arg: Bytes,
+    ) -> Result<ApplyReply, RemoteError> {
+        let conn = self
+            .peers
+            .connect(b.node, &b.addr)
+            .await
+            .map_err(|e| RemoteError::Internal(e.to_string()))?;
+        let fut = conn
+            .start_request_bytes(apply, arg)
+            .map_err(|e| RemoteError::Internal(e.to_string()))?;
+        Ok(Box::pin(fut))
+    }
+
+    /// Wait until backup `b` applied call `seq`, or left the configuration. A backup
+    /// that fails to answer is asked again (the same `seq`: it answers from what it
+    /// recorded if it had applied it) until the controller removes it; a primary whose
+    /// configuration no longer names it as primary fails the call (it was replaced).
+    #[allow(clippy::too_many_arguments)] // one call's whole context
+    async fn await_applied(
+        &self,
+        id: ProcletId,
+        primary: &Primary,
+        b: &Location,
+        mut sent: Result<ApplyReply, RemoteError>,
+        apply: &Msg,
+        arg: &Bytes,
+        seq: u64,
+        mine: u64,
+    ) -> Result<(), RemoteError> {
+        let mut changes = primary.config.subscribe();
+        let still_backup = |c: &Config| c.backups.iter().any(|x| x.node == b.node);
+        // Said once per call: the call is retried every 50 ms meanwhile.
+        let mut said = false;
+        loop {
+            let outcome = match &mut sent {
+                Ok(fut) => {
+                    tokio::select! {
+                        r = fut => Some(r),
+                        changed = changes.changed() => {
+                            if changed.is_err() || !still_backup(&changes.borrow()) {
+                                return Ok(());
+                            }
+                            None
+                        }
+                    }
+                }
+                Err(_) => None,
+            };
+            match outcome {
+                Some(Ok(Frame {
+                    msg: Msg::Applied { digest, .. },
+                    ..
+                })) => {
+                    if digest != mine {
+                        self.replication.divergences.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(proclet = %id, seq, backup = %b.node,
+                            "a backup's result differs from the primary's: the closure is not \
+                             deterministic (see docs/guide/replication.md); the copies may now differ");
+                    }
+                    return Ok(());
+                }
+                Some(Ok(Frame {
+                    msg: Msg::Error(e), ..
+                })) if !std::mem::replace(&mut said, true) => {
+                    tracing::warn!(proclet = %id, seq, backup = %b.node,
+                        "a backup refused a call (held until it applies it or leaves the configuration): {e}");
+                }
+                Some(Ok(f)) if !std::mem::replace(&mut said, true) => {
+                    tracing::warn!(proclet = %id, seq, backup = %b.node,
+                        "unexpected answer {} to a replicated call", f.msg.name());
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::debug!(proclet = %id, seq, backup = %b.node, "a backup did not answer: {e}");
+                }
+                None => {}
+            }
+            // Not applied there (yet): hold the call until the controller removes the
+            // backup, asking it again now and then in case it was only slow to connect.
+            if !still_backup(&changes.borrow()) {
+                return Ok(());
+            }
+            let retry = tokio::time::sleep(Duration::from_millis(50));
+            tokio::select! {
+                _ = retry => {}
+                changed = changes.changed() => {
+                    if changed.is_err() || !still_backup(&changes.borrow()) {
+                        return Ok(());
+                    }
+                }
+            }
+            if self.is_stopped() {
+                return Err(RemoteError::Internal("the node is stopping".into()));
+            }
+            sent = self.send_apply(b, apply, arg.clone()).await;
+        }
+    }
+
+    /// A backup applies call `seq` (see the module doc).
+    pub(super) async fn serve_apply(&self, frame: Frame, reply: Responder) {
+        let Msg::Apply {
+            proclet,
+            epoch,
+            seq,
+            call,
+            code,
+            chain,
+        } = frame.msg
+        else {
+            return;
+        };
+        if let Err(f) = granule_failpoints::hit("replicate.before_apply").await {
+            return reply.error(RemoteError::Refused(f.to_string()));
+        }
+        let Some(backup) = self.replication.backups.get(&proclet).map(|b| b.clone()) else {
+            return reply.error(RemoteError::Refused(format!(
+                "node {} keeps no backup of proclet {proclet}",
+                self.id
+            )));
+        };
+        let desc = match shipping::resolve(code, Expect::CallMut) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        let Entry::CallMut(f) = desc.entry else {
+            return reply.error(RemoteError::CodeMismatch("not a mutating call".into()));
+        };
+        if desc.state_type() != backup.slot.state_type {
+            return reply.error(RemoteError::CodeMismatch(format!(
+                "the closure expects another state type than proclet {proclet} holds"
+            )));
+        }
+        let guard = match self
+            .lock_slot(&backup.slot, chain, CallMode::Exclusive)
+            .await
+        {
+            Ok(g) => g,
+            Err(e) => return reply.error(e),
+        };
+        {
+            let mut p = backup.progress.lock();
+            if epoch < p.epoch {
+                return reply.error(RemoteError::Refused(format!(
+                    "call {seq} of proclet {proclet} comes from epoch {epoch}; this copy is at {}",
+                    p.epoch
+                )));
+            }
+            p.epoch = epoch;
+            if seq <= p.applied {
+                if seq == p.applied {
+                    let digest = p.last_digest;
+                    drop(p);
+                    let _ = reply.send(&Msg::Applied { seq, digest }, &[]);
+                    return;
+                }
+                return reply.error(RemoteError::Refused(format!(
+                    "call {seq} of proclet {proclet} was applied long ago (now at {})",
+                    p.applied
+                )));
+            }
+            if seq != p.applied + 1 {
+                return reply.error(RemoteError::Refused(format!(
+                    "call {seq} of proclet {proclet} arrived after {} (a gap)",
+                    p.applied
+                )));
+            }
+        }
+        let result: Result<Bytes, RemoteError> = {
+            let _scope = context::ChainScope::enter(chain);
+            let _replay = ReplayScope::enter();
+            let _busy = self.hosting.busy.enter();
+            let mut out = Vec::new();
+            guard
+                .with_mut(|s| f(s, &frame.tail, &mut out))
+                .map(|()| Bytes::from(out))
+        };
+        let digest = digest(&result);
+        {
+            let mut p = backup.progress.lock();
+            p.applied = seq;
+            p.last_digest = digest;
+        }
+        backup.answered.lock().record(call, &result);
+        drop(guard);
+        let _ = reply.send(&Msg::Applied { seq, digest }, &[]);
+    }
+
+    /// One chunk of a backup's state (on the connection's reader, in order); the last
+    /// one installs the copy.
+    pub(super) fn receive_backup_chunk(
+        self: &Arc<Self>,
+        conn: &Arc<Connection>,
+        frame: Frame,
+        reply: Responder,
+    ) {
+        let Msg::BackupChunk {
+            proclet,
+            kind,
+            state,
+            epoch,
+            offset,
+            total,
+            last,
+            copies,
+            seq,
+        } = frame.msg
+        else {
+            return;
+        };
+        let open = || {
+            let desc = shipping::resolve(state, Expect::State)?;
+            let ops = desc
+                .state_ops()
+                .ok_or_else(|| RemoteError::CodeMismatch("not a state descriptor".into()))?;
+            let room = self.monitor.mem_room();
+            if total > 0 && room < total as i64 {
+                return Err(RemoteError::NoCapacity(format!(
+                    "node {} has {} bytes of room, the backup needs {total}",
+                    self.id,
+                    room.max(0)
+                )));
+            }
+            Ok(ArrivingBackup {
+                desc,
+                ops,
+                kind,
+                epoch,
+                copies,
+                seq,
+            })
+        };
+        let chunk = stream::Chunk {
+            conn,
+            proclet,
+            offset,
+            last,
+            bytes: &frame.tail,
+        };
+        let (buf, a) = match self.replication.inbound.take(chunk, total as usize, open) {
+            Err(e) => return reply.error(e),
+            Ok(None) => {
+                let _ = reply.send(&Msg::Done, &[]);
+                return;
+            }
+            Ok(Some(whole)) => whole,
+        };
+        let node = self.clone();
+        let nice = self.migration.config.nice;
+        self.handle.spawn(async move {
+            let decoded = stream::in_background(nice, move || (a.ops.decode)(&buf)).await;
+            let state = match decoded {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return reply.error(e),
+                Err(e) => {
+                    return reply.error(RemoteError::Internal(format!("decoding failed: {e}")))
+                }
+            };
+            let slot = Slot::new(proclet, a.kind, a.desc, a.epoch, state, None);
+            node.replication.backups.insert(
+                proclet,
+                Arc::new(Backup {
+                    slot,
+                    progress: Mutex::new(Progress {
+                        epoch: a.epoch,
+                        applied: a.seq,
+                        last_digest: 0,
+                    }),
+                    answered: Mutex::new(Answered::default()),
+                    copies: a.copies,
+                }),
+            );
+            let _ = reply.send(&Msg::Done, &[]);
+        });
+    }
+
+    /// The controller's new configuration of a replicated proclet whose primary is this
+    /// node: a backup kept here becomes the primary (promotion), or a primary here learns
+    /// it lost a backup.
+    pub(super) fn on_replicas(self: &Arc<Self>, set: ReplicaSet) {
+        if set.primary.node != self.id {
+            return;
+        }
+        let id = set.proclet;
+        let config = Config {
+            epoch: set.epoch,
+            backups: set.backups.clone(),
+        };
+        if let Some(p) = self.replication.primary(id) {
+            p.config.send_replace(config);
+            self.clone().restore_copies(id, p.copies, set.backups.len());
+            return;
+        }
+        let Some((_, backup)) = self.replication.backups.remove(&id) else {
+            tracing::warn!(proclet = %id, "told to be the primary of a proclet with no copy here");
+            return;
+        };
+        let node = self.clone();
+        self.handle.spawn(async move {
+            // Whatever the copy is applying finishes first.
+            let guard = match node
+                .lock_slot(&backup.slot, context::new_chain(), CallMode::Exclusive)
+                .await
+            {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::error!(proclet = %id, "cannot promote the backup: {e}");
+                    return;
+                }
+            };
+            let state = guard.take_state();
+            let applied = backup.progress.lock().applied;
+            let answered = std::mem::take(&mut *backup.answered.lock());
+            let (tx, _) = tokio::sync::watch::channel(config);
+            node.replication.primaries.insert(
+                id,
+                Arc::new(Primary {
+                    config: tx,
+                    seq: Mutex::new(applied),
+                    answered: Mutex::new(answered),
+                    copies: backup.copies,
+                }),
+            );
+            node.install(
+                NewSlot {
+                    id,
+                    kind: backup.slot.kind(),
+                    state: backup.slot.state_desc,
+                    epoch: set.epoch,
+                    pinned: false,
+                    group: None,
+                },
+                state,
+            );
+            if let Some(slot) = node.hosting.get(id) {
+                slot.replicated.store(true, Ordering::Release);
+            }
+            drop(guard);
+            tracing::info!(proclet = %id, epoch = set.epoch, backups = set.backups.len(),
+                "this node's backup became the proclet's primary");
+            node.clone()
+                .restore_copies(id, backup.copies, set.backups.len());
+        });
+    }
+
+    /// After a loss: give proclet `id` (a primary here with `backups` backups) new
+    /// backups until it has `copies` copies again, in the background. Calls are held only
+    /// while the state streams to them (under the proclet's exclusive lock). A cluster
+    /// with too few live nodes leaves it at fewer copies, and says so.
+    fn restore_copies(self: Arc<Self>, id: ProcletId, copies: u32, backups: usize) {
+        let missing = (copies as usize).saturating_sub(backups + 1) as u32;
+        if missing == 0 {
+            return;
+        }
+        let node = self.clone();
+        self.handle.spawn(async move {
+            let started = std::time::Instant::now();
+            let set = match node.controller.place_backups(id, missing).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(proclet = %id, copies, "running with fewer copies: {e}");
+                    return;
+                }
+            };
+            match node.add_backups(set, copies).await {
+                Ok(()) => tracing::info!(proclet = %id, copies,
+                    micros = started.elapsed().as_micros() as u64, "copies restored"),
+                Err(e) => {
+                    tracing::warn!(proclet = %id, copies, "could not restore the copies: {e}")
+                }
+            }
+        });
+    }
+
+    /// A replicated proclet hosted here was destroyed: its backups go too.
+    pub(super) async fn drop_replicas(&self, id: ProcletId) {
+        let Some((_, p)) = self.replication.primaries.remove(&id) else {
+            return;
+        };
+        let backups = p.config.borrow().backups.clone();
+        for b in backups {
+            if let Ok(conn) = self.peers.connect(b.node, &b.addr).await {
+                let _ = conn.request(&Msg::Destroy { proclet: id }, &[]).await;
+            }
+        }
+    }
+
+    /// Drop a backup copy kept here (its proclet was destroyed); whether there was one.
+    pub(super) fn drop_backup(&self, id: ProcletId) -> bool {
+        self.replication.backups.remove(&id).is_some()
+    }
+}
+
+type ApplyReply = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Frame, granule_transport::TransportError>> + Send>,
+>;
