@@ -31,6 +31,7 @@ pub mod migrate;
 pub mod pressure;
 pub mod pushdown;
 pub mod remote_iter;
+pub mod replication;
 pub mod scavenge;
 pub mod service;
 pub mod sharded;
@@ -72,6 +73,7 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("scavenge", "a bag of dd writers and a small-file DAG on the scavenging mount (own nodes + CPU-capped victim stores) beside a tenant: its slowdown, victim CPU, node-seconds vs a reservation"),
     ("pushdown", "TPC-H-style Q6, Q1, Q14, Q12 and a word count over tables on two memory-rich nodes whose pushed-work CPU is capped at 100/50/20 %: pull vs push vs the cost rule, vs raw TCP and DuckDB"),
     ("pressure", "KV shards under open-loop load while a memory antagonist fills one node: p99 timeline, moves, vs throttled migration"),
+    ("replication", "proclets with 2 copies vs 1: pipelined calls/s at 0.1-30 µs of work (Nu's Figure 14), failover after SIGKILL and SIGSTOP, re-replication of 2 and 64 MiB vs raw TCP"),
 ];
 
 /// The benchmarks that start subcommands of the `granule` binary ([`granule_exe`]).
@@ -96,6 +98,7 @@ pub fn run(name: &str, opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         "fs" => fs::run(opts),
         "scavenge" => scavenge::run(opts),
         "pushdown" => pushdown::run(opts),
+        "replication" => replication::run(opts),
         other => anyhow::bail!(
             "unknown benchmark '{other}'; known: {}",
             BENCHMARKS

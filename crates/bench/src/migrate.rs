@@ -69,7 +69,7 @@ const TARGET_2MIB_TIME_RATIO: f64 = 2.0;
 const TARGET_16MIB_THROUGHPUT_RATIO: f64 = 0.5;
 
 /// `n` bytes of a splitmix64 stream seeded by `n`: cheap, deterministic, not compressible.
-fn pattern(n: usize) -> Vec<u8> {
+pub(crate) fn pattern(n: usize) -> Vec<u8> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ n as u64;
     let mut v = Vec::with_capacity(n);
     while v.len() < n {
@@ -142,12 +142,12 @@ impl Versus {
 /// The raw TCP receiver: a listener thread inside the node process that hosts this
 /// proclet; its state is just the port (or why it could not start).
 #[derive(Serialize, Deserialize)]
-struct RawSink {
-    port: Result<u16, String>,
+pub(crate) struct RawSink {
+    pub(crate) port: Result<u16, String>,
 }
 
 impl RawSink {
-    fn start() -> RawSink {
+    pub(crate) fn start() -> RawSink {
         let port = (|| {
             let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
             let port = listener
@@ -208,7 +208,7 @@ fn receive(mut s: TcpStream) -> std::io::Result<()> {
 /// of its encoded state: if the runtime moves it (its pressure policy may), they are
 /// rebuilt where it lands, and the driver notices from where the transfer ran.
 #[derive(Serialize, Deserialize, Default)]
-struct RawClient {
+pub(crate) struct RawClient {
     port: u16,
     size: u64,
     #[serde(skip)]
@@ -218,7 +218,7 @@ struct RawClient {
 }
 
 impl RawClient {
-    fn new(port: u16) -> RawClient {
+    pub(crate) fn new(port: u16) -> RawClient {
         RawClient {
             port,
             ..RawClient::default()
@@ -239,13 +239,13 @@ impl RawClient {
         Ok(())
     }
 
-    fn set_size(&mut self, size: u64) -> Result<(), String> {
+    pub(crate) fn set_size(&mut self, size: u64) -> Result<(), String> {
         self.size = size;
         self.ready()
     }
 
     /// One transfer of the payload: nanoseconds from the first write to the ack.
-    fn send(&mut self) -> Result<u64, String> {
+    pub(crate) fn send(&mut self) -> Result<u64, String> {
         self.ready()?;
         let (Some(conn), payload) = (self.conn.as_mut(), &self.payload) else {
             return Err("not connected".into());
@@ -291,7 +291,7 @@ impl Samples {
 }
 
 /// Pin every thread of `node`'s process to `cpu`, through a proclet call there.
-fn pin_node(node: NodeId, cpu: usize) -> anyhow::Result<()> {
+pub(crate) fn pin_node(node: NodeId, cpu: usize) -> anyhow::Result<()> {
     let p = Proclet::builder(Kind::Compute)
         .on(node)
         .pinned()

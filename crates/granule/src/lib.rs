@@ -110,6 +110,8 @@ pub mod guide {
     pub mod market {}
     #[doc = include_str!("../../../docs/guide/pushdown.md")]
     pub mod pushdown {}
+    #[doc = include_str!("../../../docs/guide/replication.md")]
+    pub mod replication {}
     #[doc = include_str!("../../../docs/guide/programming.md")]
     pub mod programming {}
     #[doc = include_str!("../../../docs/guide/testing.md")]

@@ -207,6 +207,34 @@ pub fn process_cpu_time_of(pid: u32) -> Option<Duration> {
     Some(Duration::from_secs_f64((utime + stime) / clock_ticks()))
 }
 
+/// Each vCPU's time so far from `/proc/stat`, in clock ticks: (busy, total), where busy
+/// is everything but idle and iowait. Indexed by vCPU; empty when it cannot be read.
+pub fn cpu_ticks() -> Vec<(u64, u64)> {
+    let Ok(text) = std::fs::read_to_string("/proc/stat") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let Some(name) = words.next() else { continue };
+        let Some(n) = name.strip_prefix("cpu").filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        let Ok(cpu) = n.parse::<usize>() else {
+            continue;
+        };
+        let v: Vec<u64> = words.filter_map(|w| w.parse().ok()).collect();
+        // user nice system idle iowait irq softirq steal (guest time is in user).
+        let total: u64 = v.iter().take(8).sum();
+        let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+        if out.len() <= cpu {
+            out.resize(cpu + 1, (0, 0));
+        }
+        out[cpu] = (total.saturating_sub(idle), total);
+    }
+    out
+}
+
 /// Whether the calling process runs as root (uid 0), as `/proc/self/status` would say.
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()

@@ -922,12 +922,17 @@ impl<S: ProcletState> Proclet<S> {
         let chain: ChainId = context::chain_for_call();
         let deadline = self.timeout.map(|t| Instant::now() + t);
         let timeout_err = || CallError::Timeout(self.timeout.unwrap_or_default());
-        let call = node.new_call_id();
+        // The call's id, made when the call first leaves the local fast path (which
+        // needs none, and must stay cheap).
+        let mut call = 0u64;
         let mut arg = ArgState::Value(arg);
         loop {
             if let Some(slot) = node.hosting.get(self.id) {
                 if mode == CallMode::Exclusive && slot.replicated.load(Ordering::Acquire) {
                     // A replicated proclet here: through its backups, never the fast path.
+                    if call == 0 {
+                        call = node.new_call_id();
+                    }
                     let bytes = bytes::Bytes::copy_from_slice(arg.bytes()?);
                     let (n, code) = (node.clone(), code());
                     let fut =
@@ -969,6 +974,9 @@ impl<S: ProcletState> Proclet<S> {
                     node.hosting.calls_served.fetch_add(1, Ordering::Relaxed);
                     return r;
                 }
+            }
+            if call == 0 {
+                call = node.new_call_id();
             }
             let bytes = arg.bytes()?;
             let fut = node.call_remote(
@@ -1020,11 +1028,15 @@ impl<S: ProcletState> Proclet<S> {
                 return Err(replicate::replay_refusal());
             }
             let node = node?;
-            let call = node.new_call_id();
+            // Made when the call leaves the local fast path (see `call_sync`).
+            let mut call = 0u64;
             let mut arg = ArgState::Value(arg);
             loop {
                 if let Some(slot) = node.hosting.get(id) {
                     if mode == CallMode::Exclusive && slot.replicated.load(Ordering::Acquire) {
+                        if call == 0 {
+                            call = node.new_call_id();
+                        }
                         let bytes = bytes::Bytes::copy_from_slice(arg.bytes()?);
                         match node.call_replicated(&slot, code, chain, call, bytes).await {
                             Ok(b) => return decode_reply(&b),
@@ -1071,6 +1083,9 @@ impl<S: ProcletState> Proclet<S> {
                             }
                         }
                     }
+                }
+                if call == 0 {
+                    call = node.new_call_id();
                 }
                 let bytes = arg.bytes()?;
                 match node

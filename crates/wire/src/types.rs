@@ -187,6 +187,9 @@ pub enum EventKind {
     /// A replicated proclet's backup on `to` became its primary, the primary's node
     /// `node` having died (recorded by the controller).
     Failover,
+    /// The primary on `node` streamed a replicated proclet's state to a new backup on
+    /// `to` (`bytes`; `micros`: how long calls on it were held meanwhile).
+    BackupMade,
 }
 
 impl EventKind {
@@ -200,6 +203,7 @@ impl EventKind {
             EventKind::NodeDown => "node_down",
             EventKind::NodeLeft => "node_left",
             EventKind::Failover => "failover",
+            EventKind::BackupMade => "backup_made",
         }
     }
 }

@@ -239,6 +239,8 @@ impl NodeInner {
             .iter()
             .filter(|b| !have.iter().any(|h| h.node == b.node))
             .collect();
+        let streaming = std::time::Instant::now();
+        let mut sent_bytes = Vec::with_capacity(new.len());
         for b in &new {
             let conn = self.peers.connect(b.node, &b.addr).await.map_err(|e| {
                 RemoteError::Internal(format!("cannot reach the backup {}: {e}", b.node))
@@ -254,7 +256,8 @@ impl NodeInner {
                 copies,
                 seq,
             };
-            stream::send_encoded(&conn, &slot, &guard, ops, &header, settings).await?;
+            let bytes = stream::send_encoded(&conn, &slot, &guard, ops, &header, settings).await?;
+            sent_bytes.push((b.node, bytes, streaming.elapsed()));
         }
         // Recorded at the controller only now that they hold the state: a failover
         // before this cannot pick a backup that has nothing.
@@ -291,6 +294,18 @@ impl NodeInner {
         }
         slot.replicated.store(true, Ordering::Release);
         drop(guard);
+        let held = streaming.elapsed();
+        for (to, bytes, _) in sent_bytes {
+            let mut e = granule_wire::ClusterEvent::now(
+                granule_wire::EventKind::BackupMade,
+                self.id,
+                id.to_string(),
+            );
+            e.to = Some(to);
+            e.bytes = bytes;
+            e.micros = held.as_micros() as u64;
+            crate::telemetry::report_event(e);
+        }
         Ok(())
     }
 
