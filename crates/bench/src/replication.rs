@@ -137,8 +137,7 @@ impl Throughput {
             [a, b, ..] => (*a, *b),
             _ => anyhow::bail!("the cluster needs two nodes"),
         };
-        let pinned = std::env::var_os("NOPIN").is_none()
-            && std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
+        let pinned = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
         if pinned {
             crate::affinity::pin_process(0)?;
             pin_node(primary, 1)?;
@@ -517,7 +516,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<PathBuf> {
         &(0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect::<Vec<_>>(),
     );
     let cluster = Cluster::builder()
-        .nodes(&vec!["cpu=1,mem=1GiB"; NODES].join(";"))?
+        .nodes(&["cpu=1,mem=1GiB"; NODES].join(";"))?
         .shed(false)
         .start()
         .context("starting the failover cluster")?;
