@@ -82,13 +82,20 @@ impl Inner {
         if newly.is_empty() {
             return;
         }
-        // Each primary (a promoted backup among them) learns its configuration.
+        // Each primary (a promoted backup among them) learns its configuration, and
+        // its backups learn the new epoch too, so they refuse the replaced primary.
         for set in reconfigured {
-            let host = self.hosts.lock().get(&set.primary.node).cloned();
             tracing::info!(proclet = %set.proclet, primary = %set.primary.node, epoch = set.epoch,
                 backups = set.backups.len(), "replicated proclet reconfigured after a node died");
-            if let Some(c) = host {
-                let _ = c.notify(&Msg::Replicas(set), &[]);
+            let hosts: Vec<Arc<Connection>> = {
+                let h = self.hosts.lock();
+                std::iter::once(&set.primary)
+                    .chain(&set.backups)
+                    .filter_map(|l| h.get(&l.node).cloned())
+                    .collect()
+            };
+            for c in hosts {
+                let _ = c.notify(&Msg::Replicas(set.clone()), &[]);
             }
         }
         let hosts: Vec<(NodeId, Arc<Connection>)> = self

@@ -85,6 +85,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "the primary of a replicated proclet: a mutating call ran here and every backup applied it, before the answer is sent (crash: the caller asks the new primary, which answers from its record)",
     ),
     (
+        "replicate.after_send",
+        "the primary of a replicated proclet: a mutating call was sent to one backup, before it goes to the next (crash with two backups: one has the call and one does not)",
+    ),
+    (
         "replicate.before_apply",
         "a backup of a replicated proclet: a call arrived from the primary, before it runs here (crash: the primary holds the call until the controller drops this backup)",
     ),

@@ -11,7 +11,9 @@
 //!   controller removes it from the configuration (a new epoch), so a primary cut off
 //!   from the controller can never acknowledge a write a backup does not have;
 //! - a backup applies calls in their order (`seq`), each once; a call it already applied
-//!   is answered from what it recorded, and a copy of an older epoch is refused;
+//!   is answered from what it recorded, and a copy of an older epoch is refused; a
+//!   backup that missed a call (or applied a replaced primary's call under a number
+//!   the new primary gave another) is refused as "behind" and sent the whole state;
 //! - every call carries its caller's id: a retry after a failover of a call that was
 //!   applied before the primary died is answered with the recorded result, not run
 //!   again;
@@ -23,8 +25,10 @@
 //!   the divergence is reported) — recording and replaying those effects is not built
 //!   yet.
 //!
-//! Not yet: moving replicated proclets (refused), re-replication after a loss (the
-//! primary runs with fewer backups), replicated `push` calls (they are reads).
+//! After a loss the primary restores the number of copies (`restore_copies`). Not yet:
+//! moving replicated proclets (refused), recording effects (above), pipelining several
+//! calls of one proclet to its backups (a call holds the proclet's lock until every
+//! backup applied it).
 
 use super::hosting::NewSlot;
 use super::stream::{self, ChunkPos, Inbound, Settings};
@@ -46,6 +50,10 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// What a backup's refusal says when it cannot apply a call in order (it missed one,
+/// or keeps no copy): the primary then streams it the whole state instead.
+const BEHIND: &str = "this copy is behind";
 
 /// How many answered calls each copy remembers by call id (for retries after a
 /// failover, which come within moments of it).
@@ -95,6 +103,8 @@ pub(crate) struct Backup {
 struct Progress {
     epoch: Epoch,
     applied: u64,
+    /// The id and result digest of call `applied`.
+    last_call: u64,
     last_digest: u64,
 }
 
@@ -277,7 +287,15 @@ impl NodeInner {
         };
         match self.replication.primary(id) {
             Some(p) => {
-                p.config.send_replace(config);
+                // The controller may have sent a newer configuration meanwhile (one of
+                // these backups died after it was recorded): that one stands.
+                p.config.send_if_modified(|c| {
+                    let newer = config.epoch >= c.epoch;
+                    if newer {
+                        *c = config;
+                    }
+                    newer
+                });
             }
             None => {
                 let (tx, _) = tokio::sync::watch::channel(config);
@@ -358,6 +376,10 @@ impl NodeInner {
         let mut pending = Vec::with_capacity(config.backups.len());
         for b in &config.backups {
             pending.push((b.clone(), self.send_apply(b, &apply, arg.clone()).await));
+            if let Err(f) = granule_failpoints::hit("replicate.after_send").await {
+                // Crash: some backups have the call and some do not.
+                return Err(RemoteError::Internal(f.to_string()));
+            }
         }
         let result: Result<Bytes, RemoteError> = {
             let _scope = context::ChainScope::enter(chain);
@@ -368,9 +390,18 @@ impl NodeInner {
                 .map(|()| Bytes::from(out))
         };
         let mine = digest(&result);
+        let ctx = Pending {
+            slot,
+            guard: &guard,
+            primary: &primary,
+            apply: &apply,
+            arg: &arg,
+            epoch: config.epoch,
+            seq,
+            mine,
+        };
         for (b, sent) in pending {
-            self.await_applied(id, &primary, &b, sent, &apply, &arg, seq, mine)
-                .await?;
+            self.await_applied(&ctx, &b, sent).await?;
         }
         primary.answered.lock().record(call, &result);
         self.replication
@@ -406,20 +437,24 @@ impl NodeInner {
 
     /// Wait until backup `b` applied call `seq`, or left the configuration. A backup
     /// that fails to answer is asked again (the same `seq`: it answers from what it
-    /// recorded if it had applied it) until the controller removes it; a primary whose
-    /// configuration no longer names it as primary fails the call (it was replaced).
-    #[allow(clippy::too_many_arguments)] // one call's whole context
+    /// recorded if it had applied it) until the controller removes it. A backup that
+    /// is behind (it missed a call: a primary died between its backups, and a backup
+    /// became primary ahead of another) is sent the whole state, which includes this
+    /// call.
     async fn await_applied(
         &self,
-        id: ProcletId,
-        primary: &Primary,
+        ctx: &Pending<'_>,
         b: &Location,
         mut sent: Result<ApplyReply, RemoteError>,
-        apply: &Msg,
-        arg: &Bytes,
-        seq: u64,
-        mine: u64,
     ) -> Result<(), RemoteError> {
+        let (id, primary, apply, arg, seq, mine) = (
+            ctx.slot.id,
+            ctx.primary,
+            ctx.apply,
+            ctx.arg,
+            ctx.seq,
+            ctx.mine,
+        );
         let mut changes = primary.config.subscribe();
         let still_backup = |c: &Config| c.backups.iter().any(|x| x.node == b.node);
         // Said once per call: the call is retried every 50 ms meanwhile.
@@ -453,6 +488,17 @@ impl NodeInner {
                     return Ok(());
                 }
                 Some(Ok(Frame {
+                    msg: Msg::Error(RemoteError::Refused(m)),
+                    ..
+                })) if m.contains(BEHIND) => match self.resync(ctx, b).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) if !std::mem::replace(&mut said, true) => {
+                        tracing::warn!(proclet = %id, seq, backup = %b.node,
+                                "a backup is behind and could not be sent the state: {e}");
+                    }
+                    Err(_) => {}
+                },
+                Some(Ok(Frame {
                     msg: Msg::Error(e), ..
                 })) if !std::mem::replace(&mut said, true) => {
                     tracing::warn!(proclet = %id, seq, backup = %b.node,
@@ -485,8 +531,45 @@ impl NodeInner {
             if self.is_stopped() {
                 return Err(RemoteError::Internal("the node is stopping".into()));
             }
-            sent = self.send_apply(b, apply, arg.clone()).await;
+            // Under the configuration's epoch now: a backup that has heard of a newer
+            // one (another copy was lost meanwhile) refuses the old.
+            let mut again = apply.clone();
+            if let Msg::Apply { epoch, .. } = &mut again {
+                *epoch = (*epoch).max(changes.borrow().epoch);
+            }
+            sent = self.send_apply(b, &again, arg.clone()).await;
         }
+    }
+
+    /// Send backup `b`, which is behind, the whole state as it is after call
+    /// `ctx.seq` (the call's lock is held: nothing changes it meanwhile).
+    async fn resync(&self, ctx: &Pending<'_>, b: &Location) -> Result<(), RemoteError> {
+        let slot = ctx.slot;
+        let ops = slot
+            .state_desc
+            .state_ops()
+            .ok_or_else(|| RemoteError::Internal("slot without a state descriptor".into()))?;
+        let conn = self
+            .peers
+            .connect(b.node, &b.addr)
+            .await
+            .map_err(|e| RemoteError::Internal(e.to_string()))?;
+        let header = |p: ChunkPos| Msg::BackupChunk {
+            proclet: slot.id,
+            kind: slot.kind(),
+            state: shipping::code_ref(slot.state_desc),
+            epoch: ctx.epoch,
+            offset: p.offset,
+            total: p.total,
+            last: p.last,
+            copies: ctx.primary.copies,
+            seq: ctx.seq,
+        };
+        let settings = Settings::of(&self.migration.config, None);
+        let bytes = stream::send_encoded(&conn, slot, ctx.guard, ops, &header, settings).await?;
+        tracing::info!(proclet = %slot.id, seq = ctx.seq, backup = %b.node, bytes,
+            "a backup that was behind was sent the whole state");
+        Ok(())
     }
 
     /// A backup applies call `seq` (see the module doc).
@@ -505,9 +588,17 @@ impl NodeInner {
         if let Err(f) = granule_failpoints::hit("replicate.before_apply").await {
             return reply.error(RemoteError::Refused(f.to_string()));
         }
+        if self.hosting.contains(proclet) {
+            // A backup promoted since: the sender is a primary that was replaced, and
+            // must not be acknowledged.
+            return reply.error(RemoteError::Refused(format!(
+                "node {} is the primary of proclet {proclet} now",
+                self.id
+            )));
+        }
         let Some(backup) = self.replication.backups.get(&proclet).map(|b| b.clone()) else {
             return reply.error(RemoteError::Refused(format!(
-                "node {} keeps no backup of proclet {proclet}",
+                "node {} keeps no backup of proclet {proclet}: {BEHIND}",
                 self.id
             )));
         };
@@ -538,8 +629,25 @@ impl NodeInner {
                     p.epoch
                 )));
             }
+            if epoch > p.epoch && seq <= p.applied {
+                // Calls this copy applied under the old epoch may not be the new
+                // primary's (a replaced primary reached it first): start over from the
+                // new primary's state.
+                return reply.error(RemoteError::Refused(format!(
+                    "call {seq} of proclet {proclet} comes from a new epoch {epoch}, and this \
+                     copy applied calls up to {} under {}: {BEHIND}",
+                    p.applied, p.epoch
+                )));
+            }
             p.epoch = epoch;
             if seq <= p.applied {
+                if seq == p.applied && call != p.last_call {
+                    // Another call under the same number: a replaced primary's, which
+                    // the new primary never had. Start over from the new primary's state.
+                    return reply.error(RemoteError::Refused(format!(
+                        "call {seq} of proclet {proclet} here was another call: {BEHIND}"
+                    )));
+                }
                 if seq == p.applied {
                     let digest = p.last_digest;
                     drop(p);
@@ -553,7 +661,7 @@ impl NodeInner {
             }
             if seq != p.applied + 1 {
                 return reply.error(RemoteError::Refused(format!(
-                    "call {seq} of proclet {proclet} arrived after {} (a gap)",
+                    "call {seq} of proclet {proclet} arrived after {}: {BEHIND}",
                     p.applied
                 )));
             }
@@ -571,6 +679,7 @@ impl NodeInner {
         {
             let mut p = backup.progress.lock();
             p.applied = seq;
+            p.last_call = call;
             p.last_digest = digest;
         }
         backup.answered.lock().record(call, &result);
@@ -601,6 +710,20 @@ impl NodeInner {
             return;
         };
         let open = || {
+            if self.hosting.contains(proclet) {
+                return Err(RemoteError::Refused(format!(
+                    "node {} is the primary of proclet {proclet}",
+                    self.id
+                )));
+            }
+            if let Some(b) = self.replication.backups.get(&proclet) {
+                let have = b.progress.lock().epoch;
+                if have > epoch {
+                    return Err(RemoteError::Refused(format!(
+                        "the copy of proclet {proclet} here is at epoch {have}, the state sent at {epoch}"
+                    )));
+                }
+            }
             let desc = shipping::resolve(state, Expect::State)?;
             let ops = desc
                 .state_ops()
@@ -656,6 +779,7 @@ impl NodeInner {
                     progress: Mutex::new(Progress {
                         epoch: a.epoch,
                         applied: a.seq,
+                        last_call: 0,
                         last_digest: 0,
                     }),
                     answered: Mutex::new(Answered::default()),
@@ -671,6 +795,12 @@ impl NodeInner {
     /// it lost a backup.
     pub(super) fn on_replicas(self: &Arc<Self>, set: ReplicaSet) {
         if set.primary.node != self.id {
+            // A backup here learns the new epoch: calls from the replaced primary are
+            // refused from now on.
+            if let Some(b) = self.replication.backups.get(&set.proclet) {
+                let mut p = b.progress.lock();
+                p.epoch = p.epoch.max(set.epoch);
+            }
             return;
         }
         let id = set.proclet;
@@ -679,14 +809,27 @@ impl NodeInner {
             backups: set.backups.clone(),
         };
         if let Some(p) = self.replication.primary(id) {
-            p.config.send_replace(config);
+            p.config.send_if_modified(|c| {
+                let newer = config.epoch >= c.epoch;
+                if newer {
+                    *c = config;
+                }
+                newer
+            });
             self.clone().restore_copies(id, p.copies, set.backups.len());
             return;
         }
-        let Some((_, backup)) = self.replication.backups.remove(&id) else {
+        // Kept in the table until it is installed as the primary: a call arriving
+        // meanwhile waits for the promotion instead of being told "not here".
+        let Some(backup) = self.replication.backups.get(&id).map(|b| b.clone()) else {
             tracing::warn!(proclet = %id, "told to be the primary of a proclet with no copy here");
             return;
         };
+        // From now on the replaced primary's calls are refused here.
+        {
+            let mut p = backup.progress.lock();
+            p.epoch = p.epoch.max(set.epoch);
+        }
         let node = self.clone();
         self.handle.spawn(async move {
             // Whatever the copy is applying finishes first.
@@ -727,6 +870,7 @@ impl NodeInner {
             if let Some(slot) = node.hosting.get(id) {
                 slot.replicated.store(true, Ordering::Release);
             }
+            node.replication.backups.remove(&id);
             drop(guard);
             tracing::info!(proclet = %id, epoch = set.epoch, backups = set.backups.len(),
                 "this node's backup became the proclet's primary");
@@ -781,6 +925,19 @@ impl NodeInner {
     pub(super) fn drop_backup(&self, id: ProcletId) -> bool {
         self.replication.backups.remove(&id).is_some()
     }
+}
+
+/// A replicated call waiting for its backups: what `await_applied` needs.
+struct Pending<'a> {
+    slot: &'a Arc<Slot>,
+    guard: &'a crate::slot::Guard,
+    primary: &'a Primary,
+    apply: &'a Msg,
+    arg: &'a Bytes,
+    epoch: Epoch,
+    seq: u64,
+    /// The digest of the primary's result.
+    mine: u64,
 }
 
 type ApplyReply = std::pin::Pin<
