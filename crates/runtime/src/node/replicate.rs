@@ -56,8 +56,11 @@ use std::time::Duration;
 const BEHIND: &str = "this copy is behind";
 
 /// How many answered calls each copy remembers by call id (for retries after a
-/// failover, which come within moments of it).
+/// failover, which come within moments of it)...
 const REMEMBERED_CALLS: usize = 1024;
+/// ...and how many bytes of their results at most: a proclet whose calls return large
+/// values keeps fewer (the newest are kept; the newest call is always kept).
+const REMEMBERED_BYTES: usize = 16 << 20;
 
 /// The replication part of a node.
 #[derive(Default)]
@@ -113,6 +116,12 @@ struct Progress {
 struct Answered {
     by_call: HashMap<u64, Result<Bytes, RemoteError>>,
     order: VecDeque<u64>,
+    /// Bytes of the results kept.
+    bytes: usize,
+}
+
+fn result_len(r: &Result<Bytes, RemoteError>) -> usize {
+    r.as_ref().map_or(0, |b| b.len())
 }
 
 impl Answered {
@@ -124,12 +133,18 @@ impl Answered {
         if call == 0 {
             return;
         }
-        if self.by_call.insert(call, r.clone()).is_none() {
-            self.order.push_back(call);
+        self.bytes += result_len(r);
+        match self.by_call.insert(call, r.clone()) {
+            None => self.order.push_back(call),
+            Some(old) => self.bytes -= result_len(&old),
         }
-        while self.order.len() > REMEMBERED_CALLS {
+        while self.order.len() > REMEMBERED_CALLS
+            || (self.bytes > REMEMBERED_BYTES && self.order.len() > 1)
+        {
             if let Some(old) = self.order.pop_front() {
-                self.by_call.remove(&old);
+                if let Some(r) = self.by_call.remove(&old) {
+                    self.bytes -= result_len(&r);
+                }
             }
         }
     }
@@ -266,17 +281,18 @@ impl NodeInner {
                 copies,
                 seq,
             };
-            let bytes = stream::send_encoded(&conn, &slot, &guard, ops, &header, settings).await?;
-            sent_bytes.push((b.node, bytes, streaming.elapsed()));
+            match stream::send_encoded(&conn, &slot, &guard, ops, &header, settings).await {
+                Ok(bytes) => sent_bytes.push((b.node, bytes)),
+                Err(e) => {
+                    self.drop_new_backups(id, &new).await;
+                    return Err(e);
+                }
+            }
         }
         // Recorded at the controller only now that they hold the state: a failover
         // before this cannot pick a backup that has nothing.
         if let Err(e) = self.controller.record_backups(set.clone()).await {
-            for b in &new {
-                if let Ok(conn) = self.peers.connect(b.node, &b.addr).await {
-                    let _ = conn.request(&Msg::Destroy { proclet: id }, &[]).await;
-                }
-            }
+            self.drop_new_backups(id, &new).await;
             return Err(RemoteError::Refused(format!(
                 "the controller did not record the new backups of {id}: {e}"
             )));
@@ -313,7 +329,7 @@ impl NodeInner {
         slot.replicated.store(true, Ordering::Release);
         drop(guard);
         let held = streaming.elapsed();
-        for (to, bytes, _) in sent_bytes {
+        for (to, bytes) in sent_bytes {
             let mut e = granule_wire::ClusterEvent::now(
                 granule_wire::EventKind::BackupMade,
                 self.id,
@@ -325,6 +341,16 @@ impl NodeInner {
             crate::telemetry::report_event(e);
         }
         Ok(())
+    }
+
+    /// Drop the copies streamed to new backups that will not be used (the stream or
+    /// the controller's record failed), so they do not stay in those nodes' memory.
+    async fn drop_new_backups(&self, id: ProcletId, new: &[&Location]) {
+        for b in new {
+            if let Ok(conn) = self.peers.connect(b.node, &b.addr).await {
+                let _ = conn.request(&Msg::Destroy { proclet: id }, &[]).await;
+            }
+        }
     }
 
     /// A mutating call on a replicated proclet hosted here: numbered, sent to every
@@ -943,3 +969,40 @@ struct Pending<'a> {
 type ApplyReply = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<Frame, granule_transport::TransportError>> + Send>,
 >;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_record_of_answered_calls_is_bounded_in_count_and_bytes() {
+        let mut a = Answered::default();
+        for call in 1..=(REMEMBERED_CALLS as u64 + 10) {
+            a.record(call, &Ok(Bytes::from_static(b"x")));
+        }
+        assert_eq!(a.order.len(), REMEMBERED_CALLS);
+        assert!(a.get(1).is_none() && a.get(REMEMBERED_CALLS as u64 + 10).is_some());
+        // Large results: only as many as fit in the byte bound, the newest always.
+        let big = Bytes::from(vec![0u8; 6 << 20]);
+        for call in 5000..5010 {
+            a.record(call, &Ok(big.clone()));
+        }
+        assert!(a.bytes <= REMEMBERED_BYTES, "{}", a.bytes);
+        assert!(a.get(5009).is_some() && a.get(5000).is_none());
+        let huge = Bytes::from(vec![0u8; 32 << 20]);
+        a.record(6000, &Ok(huge));
+        assert_eq!(a.order.len(), 1);
+        assert!(a.get(6000).is_some());
+        // Call 0 (no id) is never recorded.
+        a.record(0, &Ok(Bytes::new()));
+        assert!(a.get(0).is_none());
+    }
+
+    #[test]
+    fn digests_tell_results_and_errors_apart() {
+        let ok = digest(&Ok(Bytes::from_static(b"1")));
+        assert_eq!(ok, digest(&Ok(Bytes::from_static(b"1"))));
+        assert_ne!(ok, digest(&Ok(Bytes::from_static(b"2"))));
+        assert_ne!(ok, digest(&Err(RemoteError::Panic("1".into()))));
+    }
+}
