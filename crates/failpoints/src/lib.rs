@@ -113,6 +113,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "client finishing a sharded structure's split: the parent dropped its copy of the split-off part, before the new shard thaws (error: the new shard stays frozen)",
     ),
     (
+        "user.in_closure",
+        "for closures that want a failpoint of their own (a replicated proclet's closure in the tests): hit where the closure hits it; on a replicated proclet the primary takes it and its backups replay the outcome",
+    ),
+    (
         "heartbeat.send",
         "a node: before each heartbeat to the controller (error: skip this heartbeat)",
     ),
@@ -423,8 +427,73 @@ fn crash(name: &'static str) -> ! {
     std::process::abort()
 }
 
+/// What a [`Hook`] decides for a hit.
+pub enum HookDecision {
+    /// Answer the hit with this outcome; the registry is not consulted (a replay).
+    Answer(Result<(), Fired>),
+    /// Take the hit's step as usual, then tell the hook its outcome with this token.
+    Take(u64),
+}
+
+/// Something that sees the failpoint hits made on one thread: the runtime records the
+/// outcomes of the hits a replicated proclet's closure makes on its primary and answers
+/// the same hits from that record on its backups, so a backup never takes a step again.
+pub trait Hook: Send + Sync {
+    /// A hit of `name` on this thread, before its step is taken.
+    fn before(&self, name: &'static str) -> HookDecision;
+    /// The outcome of a hit [`Hook::before`] let through.
+    fn after(&self, token: u64, name: &'static str, outcome: &Result<(), Fired>);
+}
+
+thread_local! {
+    static HOOK: std::cell::RefCell<Option<std::sync::Arc<dyn Hook>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Set this thread's hook (`None`: no hook); the previous one is returned, for the caller
+/// to put back.
+pub fn swap_thread_hook(
+    hook: Option<std::sync::Arc<dyn Hook>>,
+) -> Option<std::sync::Arc<dyn Hook>> {
+    HOOK.with(|h| std::mem::replace(&mut *h.borrow_mut(), hook))
+}
+
+fn thread_hook() -> Option<std::sync::Arc<dyn Hook>> {
+    HOOK.with(|h| h.borrow().clone())
+}
+
 /// Take failpoint `name`'s next step, in async code.
 pub async fn hit(name: &'static str) -> Result<(), Fired> {
+    let Some(hook) = thread_hook() else {
+        return take_async(name).await;
+    };
+    match hook.before(name) {
+        HookDecision::Answer(outcome) => outcome,
+        HookDecision::Take(token) => {
+            let outcome = take_async(name).await;
+            hook.after(token, name, &outcome);
+            outcome
+        }
+    }
+}
+
+/// Take failpoint `name`'s next step, blocking the calling thread (for code that runs on
+/// threads of its own, not in async tasks).
+pub fn hit_blocking(name: &'static str) -> Result<(), Fired> {
+    let Some(hook) = thread_hook() else {
+        return take_blocking(name);
+    };
+    match hook.before(name) {
+        HookDecision::Answer(outcome) => outcome,
+        HookDecision::Take(token) => {
+            let outcome = take_blocking(name);
+            hook.after(token, name, &outcome);
+            outcome
+        }
+    }
+}
+
+async fn take_async(name: &'static str) -> Result<(), Fired> {
     if ARMED.load(Ordering::Relaxed) == 0 {
         return Ok(());
     }
@@ -452,9 +521,7 @@ pub async fn hit(name: &'static str) -> Result<(), Fired> {
     }
 }
 
-/// Take failpoint `name`'s next step, blocking the calling thread (for code that runs on
-/// threads of its own, not in async tasks).
-pub fn hit_blocking(name: &'static str) -> Result<(), Fired> {
+fn take_blocking(name: &'static str) -> Result<(), Fired> {
     if ARMED.load(Ordering::Relaxed) == 0 {
         return Ok(());
     }

@@ -461,3 +461,137 @@ fn a_primary_that_dies_between_its_backups_leaves_them_consistent() {
         assert_eq!(seen(&p), want);
     });
 }
+
+/// The state of a replicated proclet whose calls reach outside it.
+#[derive(Serialize, Deserialize)]
+struct Front {
+    /// An unreplicated proclet every call appends to: a call repeated by a backup would
+    /// show here twice.
+    sink: Proclet<Log>,
+    /// Proclets the calls created (a backup must keep the primary's, not make its own),
+    /// on the sink's node, which no test kills.
+    made: Vec<Proclet<u64>>,
+    /// What each call saw of the runtime.
+    saw: Vec<(u64, usize, Option<NodeId>)>,
+}
+
+/// Append `x` to the sink, create a proclet holding `x`, hit a failpoint, ask where
+/// this runs: everything a backup must replay, not repeat.
+fn reach_out(p: &Proclet<Front>, x: u64) -> Result<(usize, Option<NodeId>), CallError> {
+    p.run(x, |f: &mut Front, x: u64| {
+        let n = append(&f.sink, x).expect("the sink");
+        let home = f.sink.location().expect("the sink's node");
+        let made = Proclet::builder(Kind::Memory)
+            .on(home)
+            .create(x, |x: u64| x)
+            .expect("a new proclet");
+        f.made.push(made);
+        granule::faults::hit_blocking("user.in_closure").expect("the failpoint");
+        let here = granule::here();
+        f.saw.push((x, n, here));
+        (n, here)
+    })
+}
+
+#[test]
+fn what_a_replicated_call_does_outside_its_state_happens_once_and_survives_a_failover() {
+    bounded(LIMIT, || {
+        let (cluster, nodes) = cluster(3, "cpu=1,mem=256MiB");
+        // The sink lives on the node that neither copy of the front uses.
+        let sink = Proclet::builder(Kind::Memory)
+            .on(nodes[2])
+            .create((), |()| Log::default())
+            .unwrap();
+        let front = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .replicas(2)
+            .create(sink.clone(), |sink: Proclet<Log>| Front {
+                sink,
+                made: Vec::new(),
+                saw: Vec::new(),
+            })
+            .unwrap();
+        for x in 0..10 {
+            assert_eq!(
+                reach_out(&front, x).unwrap(),
+                (x as usize + 1, Some(nodes[0]))
+            );
+        }
+        // Each call reached the sink once: the backup replayed, it did not call again.
+        assert_eq!(seen(&sink), (0..10).collect::<Vec<u64>>());
+        let info = cluster
+            .nodes()
+            .unwrap()
+            .into_iter()
+            .find(|n| n.id == nodes[0])
+            .unwrap();
+        let metrics = http_get(info.metrics_addr.as_deref().unwrap(), "/metrics");
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("granule_replica_divergences_total"))
+            .unwrap_or_else(|| panic!("no divergence counter in\n{metrics}"));
+        assert!(line.ends_with(" 0"), "{line}");
+
+        // The primary dies in the middle of the next call, after it reached the sink and
+        // before its backup heard of the call. The caller's retry runs it on the new
+        // primary, whose call to the sink carries the same id as the dead one's...
+        cluster
+            .faults()
+            .failpoints(nodes[0], "user.in_closure=crash")
+            .unwrap();
+        let (n, here) = reach_out(&front, 10).unwrap();
+        assert_ne!(here, Some(nodes[0]));
+        // ...but the sink is not replicated, so it has no record of answered calls:
+        // it ran the call again (documented: effects are exactly once toward replicated
+        // callees).
+        assert_eq!(n, 12);
+        // The promoted backup kept the primary's proclets and answers, not its own.
+        let (made, saw) = front
+            .run_ref((), |f: &Front, ()| (f.made.clone(), f.saw.clone()))
+            .unwrap();
+        assert_eq!(made.len(), 11);
+        for (x, m) in made.iter().enumerate() {
+            assert_eq!(m.run_ref((), |v: &u64, ()| *v).unwrap(), x as u64);
+        }
+        let want: Vec<(u64, usize, Option<NodeId>)> = (0..10)
+            .map(|x| (x, x as usize + 1, Some(nodes[0])))
+            .chain(std::iter::once((10, 12, here)))
+            .collect();
+        assert_eq!(saw, want);
+    });
+}
+
+#[test]
+fn a_retried_call_does_not_repeat_its_call_to_a_replicated_proclet() {
+    bounded(LIMIT, || {
+        let (cluster, nodes) = cluster(3, "cpu=1,mem=256MiB");
+        // A replicated sink whose primary is not on the front's primary's node.
+        let sink = Proclet::builder(Kind::Memory)
+            .on(nodes[1])
+            .replicas(2)
+            .create((), |()| Log::default())
+            .unwrap();
+        let front = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .replicas(2)
+            .create(sink.clone(), |sink: Proclet<Log>| Front {
+                sink,
+                made: Vec::new(),
+                saw: Vec::new(),
+            })
+            .unwrap();
+        reach_out(&front, 0).unwrap();
+        // The front's primary dies after its call reached the sink, before its backup
+        // heard of it; the retry's call to the sink carries the same id, and the sink
+        // answers it from its record instead of appending again.
+        cluster
+            .faults()
+            .failpoints(nodes[0], "user.in_closure=crash")
+            .unwrap();
+        let (n, _) = reach_out(&front, 1).unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(seen(&sink), vec![0, 1]);
+        assert_eq!(reach_out(&front, 2).unwrap().0, 3);
+        assert_eq!(seen(&sink), vec![0, 1, 2]);
+    });
+}

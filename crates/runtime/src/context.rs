@@ -307,7 +307,12 @@ pub(crate) fn block_on<F: Future>(
 /// The node the calling code runs on: inside a closure, the proclet's node; on the
 /// driver's threads, the driver. `None` outside any cluster.
 pub fn here() -> Option<granule_wire::NodeId> {
-    current_node().map(|n| n.id)
+    // On a replicated proclet's backup: the primary's answer (see `effects`).
+    crate::effects::sync_effect(crate::effects::What::Here, || {
+        Ok(current_node().map(|n| n.id))
+    })
+    .ok()
+    .flatten()
 }
 
 /// The configuration of the node the calling code runs on (as [`here`]): libraries that
@@ -338,7 +343,11 @@ pub fn block_on_public<F: Future>(fut: F) -> F::Output {
 /// closure: the proclet's node). Libraries use it to give a proclet split off another the
 /// same kind.
 pub fn hosted_kind(id: granule_wire::ProcletId) -> Option<granule_wire::Kind> {
-    current_node()?.hosting.kind_of(id)
+    crate::effects::sync_effect(crate::effects::What::HostedKind, || {
+        Ok(current_node().and_then(|n| n.hosting.kind_of(id)))
+    })
+    .ok()
+    .flatten()
 }
 
 /// Run a CPU-bound section of a closure (a compute proclet working through items) on
@@ -390,6 +399,11 @@ pub fn cluster_nodes() -> Result<Vec<granule_wire::NodeInfo>, crate::CallError> 
 
 /// [`cluster_nodes`] as a future (the node is chosen when it is created).
 pub fn cluster_nodes_async(
+) -> impl Future<Output = Result<Vec<granule_wire::NodeInfo>, crate::CallError>> + Send + 'static {
+    crate::effects::async_effect(crate::effects::What::Nodes, cluster_nodes_now)
+}
+
+fn cluster_nodes_now(
 ) -> impl Future<Output = Result<Vec<granule_wire::NodeInfo>, crate::CallError>> + Send + 'static {
     let node = current_node();
     async move {

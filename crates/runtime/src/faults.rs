@@ -18,6 +18,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+/// Failpoints for closures of your own: `hit_blocking("user.in_closure")` (armed like
+/// any failpoint). On a replicated proclet the primary takes the step and its backups
+/// replay the outcome.
+pub use granule_failpoints::{hit, hit_blocking, Fired};
 pub use granule_transport::{
     Direction, Endpoint, FaultAction, FaultRule, FaultRules, Frames, Partition,
 };

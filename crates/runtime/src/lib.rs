@@ -48,6 +48,7 @@ mod busy;
 mod cluster;
 mod codec;
 mod context;
+mod effects;
 mod error;
 pub mod faults;
 mod fleet;

@@ -42,9 +42,9 @@
 //! scan a proclet's data for a long time (see [`crate::pushdown`]).
 
 use crate::context;
+use crate::effects::{self, What};
 use crate::error::CallError;
 use crate::footprint::Footprint;
-use crate::node::replicate;
 use crate::node::{NewProclet, NodeInner, Remote};
 use crate::pushdown::{self, CancelCell, CancelOnDrop, PushCall, PushOpts, Why};
 use crate::shipping::{self, panic_message, ErasedState};
@@ -209,7 +209,7 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, CallError>
 
 /// A return value, decoded so that its [`granule_wire::Blob`]s are views into the reply
 /// frame rather than copies.
-fn decode_reply<T: DeserializeOwned>(bytes: &bytes::Bytes) -> Result<T, CallError> {
+pub(crate) fn decode_reply<T: DeserializeOwned>(bytes: &bytes::Bytes) -> Result<T, CallError> {
     granule_wire::blob::with_source(bytes, |b| decode(b, "return value"))
 }
 
@@ -249,9 +249,11 @@ impl<S: ProcletState> ProcletBuilder<S> {
     /// there; a call caught in the failure is answered from what the backups recorded
     /// if it had been applied, or runs once if not.
     ///
-    /// Closures on a replicated proclet must be deterministic and keep to its state (see
+    /// Closures on a replicated proclet must be deterministic (see
     /// docs/guide/replication.md): a backup's result that differs from the primary's is
-    /// reported. Creation fails with [`CallError::NoCapacity`] when fewer than `n` nodes
+    /// reported. What they do outside the state (calling, creating, destroying proclets,
+    /// failpoints, questions to the runtime) happens on the primary only and is replayed
+    /// on the backups. Creation fails with [`CallError::NoCapacity`] when fewer than `n` nodes
     /// live. Replicated proclets do not move (an explicit move is refused).
     pub fn replicas(mut self, n: u32) -> Self {
         self.replicas = n.max(1);
@@ -325,10 +327,12 @@ impl<S: ProcletState> ProcletBuilder<S> {
         F: Fn(A) -> S + Send + Sync + 'static,
     {
         assert_captures_nothing::<F>();
-        let node = context::current_node().ok_or(CallError::NoCluster)?;
-        let n = node.clone();
-        node.block(create_flow(n, self.opts(), arg, ctor), None)
-            .unwrap_or_else(|| Err(CallError::Internal("interrupted".into())))
+        effects::sync_effect(What::Create, || {
+            let node = context::current_node().ok_or(CallError::NoCluster)?;
+            let n = node.clone();
+            node.block(create_flow(n, self.opts(), arg, ctor), None)
+                .unwrap_or_else(|| Err(CallError::Internal("interrupted".into())))
+        })
     }
 
     /// [`ProcletBuilder::create`], as a future.
@@ -342,9 +346,11 @@ impl<S: ProcletState> ProcletBuilder<S> {
         F: Fn(A) -> S + Send + Sync + 'static,
     {
         assert_captures_nothing::<F>();
-        let node = context::current_node().ok_or(CallError::NoCluster);
-        let opts = self.opts();
-        async move { create_flow(node?, opts, arg, ctor).await }
+        effects::async_effect(What::Create, || {
+            let node = context::current_node().ok_or(CallError::NoCluster);
+            let opts = self.opts();
+            async move { create_flow(node?, opts, arg, ctor).await }
+        })
     }
 }
 
@@ -359,9 +365,6 @@ where
     A: Wire,
     F: Fn(A) -> S + Send + Sync + 'static,
 {
-    if replicate::replaying() {
-        return Err(replicate::replay_refusal());
-    }
     let mut new: NewProclet = node
         .prepare_create(opts.kind, opts.on, opts.mem_hint)
         .await?;
@@ -593,6 +596,10 @@ impl<S: ProcletState> Proclet<S> {
     /// The node the proclet lives on now (asks the controller, which every move updates;
     /// a cached location could be stale).
     pub fn location(&self) -> Result<NodeId, CallError> {
+        effects::sync_effect(What::Locate, || self.location_now())
+    }
+
+    fn location_now(&self) -> Result<NodeId, CallError> {
         let node = node_or_current(&self.node)?;
         if node.hosting.contains(self.id) {
             return Ok(node.id);
@@ -748,6 +755,20 @@ impl<S: ProcletState> Proclet<S> {
     {
         assert_captures_nothing::<F>();
         let _ = f;
+        effects::async_effect(What::Call, || self.push_now(opts, arg, f))
+    }
+
+    fn push_now<A, R, F>(
+        &self,
+        opts: PushOpts,
+        arg: A,
+        _f: F,
+    ) -> impl Future<Output = Result<R, CallError>> + Send + 'static
+    where
+        A: Wire,
+        R: Wire,
+        F: Fn(&S, A) -> R + Copy + Send + Sync + 'static,
+    {
         let desc = shipping::call_ref_desc::<F, S, A, R>();
         let node = node_or_current(&self.node);
         let timeout = opts.timeout.or(self.timeout);
@@ -856,6 +877,10 @@ impl<S: ProcletState> Proclet<S> {
     /// Free the proclet everywhere. Calls waiting on it, and every later call through any
     /// handle, fail with [`CallError::ProcletGone`].
     pub fn destroy(&self) -> Result<(), CallError> {
+        effects::sync_effect(What::Destroy, || self.destroy_now())
+    }
+
+    fn destroy_now(&self) -> Result<(), CallError> {
         let node = node_or_current(&self.node)?;
         let n = node.clone();
         let (id, hint, chain) = (self.id, self.hint.clone(), context::chain_for_call());
@@ -887,16 +912,32 @@ impl<S: ProcletState> Proclet<S> {
 
     /// [`Proclet::destroy`] as a future.
     pub fn destroy_async(&self) -> impl Future<Output = Result<(), CallError>> + Send + 'static {
-        let node = node_or_current(&self.node);
-        let (id, hint, chain) = (self.id, self.hint.clone(), context::chain_for_call());
-        async move {
-            let n = node?;
-            n.destroy(id, hint.as_ref(), chain).await
-        }
+        effects::async_effect(What::Destroy, || {
+            let node = node_or_current(&self.node);
+            let (id, hint, chain) = (self.id, self.hint.clone(), context::chain_for_call());
+            async move {
+                let n = node?;
+                n.destroy(id, hint.as_ref(), chain).await
+            }
+        })
     }
 
     /// The common synchronous path: local fast path (no encoding) or remote call.
     fn call_sync<A, R>(
+        &self,
+        mode: CallMode,
+        arg: A,
+        code: impl Fn() -> granule_wire::CodeRef,
+        local: impl Fn(&Guard, A) -> Result<R, CallError>,
+    ) -> Result<R, CallError>
+    where
+        A: Wire,
+        R: Wire,
+    {
+        effects::sync_effect(What::Call, || self.call_sync_now(mode, arg, code, local))
+    }
+
+    fn call_sync_now<A, R>(
         &self,
         mode: CallMode,
         arg: A,
@@ -916,15 +957,13 @@ impl<S: ProcletState> Proclet<S> {
                 &tmp
             }
         };
-        if replicate::replaying() {
-            return Err(replicate::replay_refusal());
-        }
         let chain: ChainId = context::chain_for_call();
         let deadline = self.timeout.map(|t| Instant::now() + t);
         let timeout_err = || CallError::Timeout(self.timeout.unwrap_or_default());
         // The call's id, made when the call first leaves the local fast path (which
-        // needs none, and must stay cheap).
-        let mut call = 0u64;
+        // needs none, and must stay cheap) — unless it is a replicated call's effect,
+        // whose id is derived from that call's (see `effects`).
+        let mut call = effects::preset_call_id();
         let mut arg = ArgState::Value(arg);
         loop {
             if let Some(slot) = node.hosting.get(self.id) {
@@ -1009,6 +1048,21 @@ impl<S: ProcletState> Proclet<S> {
         R: Wire,
         L: Fn(&Guard, A) -> Result<R, CallError> + Send + Sync + 'static,
     {
+        effects::async_effect(What::Call, || self.call_async_now(mode, arg, code, local))
+    }
+
+    fn call_async_now<A, R, L>(
+        &self,
+        mode: CallMode,
+        arg: A,
+        code: granule_wire::CodeRef,
+        local: L,
+    ) -> impl Future<Output = Result<R, CallError>> + Send + 'static
+    where
+        A: Wire,
+        R: Wire,
+        L: Fn(&Guard, A) -> Result<R, CallError> + Send + Sync + 'static,
+    {
         let node = node_or_current(&self.node);
         let chain = context::chain_for_call();
         let local = Arc::new(local);
@@ -1022,14 +1076,11 @@ impl<S: ProcletState> Proclet<S> {
             }
             _ => None,
         };
-        let replaying = replicate::replaying();
+        let preset = effects::preset_call_id();
         let work = async move {
-            if replaying {
-                return Err(replicate::replay_refusal());
-            }
             let node = node?;
             // Made when the call leaves the local fast path (see `call_sync`).
-            let mut call = 0u64;
+            let mut call = preset;
             let mut arg = ArgState::Value(arg);
             loop {
                 if let Some(slot) = node.hosting.get(id) {

@@ -310,7 +310,9 @@ pub enum Msg {
         seq: u64,
     },
     /// Primary → backup: run mutating call number `seq` of the configuration `epoch`
-    /// (the same code and argument the primary runs). *tail*: the encoded argument.
+    /// (the same code and argument the primary runs). *tail*: the encoded argument, then
+    /// `effects` bytes: what the call did outside its state on the primary (the outcomes
+    /// the backup replays; none when the call is sent before it ran there).
     /// Answered with `Applied`.
     Apply {
         proclet: ProcletId,
@@ -319,6 +321,7 @@ pub enum Msg {
         call: u64,
         code: CodeRef,
         chain: ChainId,
+        effects: u32,
     },
     /// A backup applied call `seq`: a digest of its result, for the primary to compare.
     Applied {
@@ -332,6 +335,15 @@ pub enum Msg {
     Failover {
         proclet: ProcletId,
         unreachable: NodeId,
+    },
+    /// Primary → backup: what call `seq` did outside its state, for a call sent before it
+    /// ran on the primary that turned out to have such effects (the backup waits for
+    /// them at the call's first effect). *tail*: the encoded effects. Answered with
+    /// `Done`.
+    Effects {
+        proclet: ProcletId,
+        epoch: Epoch,
+        seq: u64,
     },
 }
 
@@ -399,6 +411,7 @@ impl Msg {
             Msg::Apply { .. } => "Apply",
             Msg::Applied { .. } => "Applied",
             Msg::Failover { .. } => "Failover",
+            Msg::Effects { .. } => "Effects",
         }
     }
 }

@@ -20,20 +20,21 @@
 //! - a backup runs the same closure on the same state: a digest of each result is
 //!   compared with the primary's, and a mismatch is counted and logged with the proclet
 //!   and the call (the closure is not deterministic: see docs/guide/replication.md);
-//! - what a closure does outside its state (calling, creating or destroying proclets)
-//!   is not repeated on a backup: there such a call fails (so the results differ, and
-//!   the divergence is reported) — recording and replaying those effects is not built
-//!   yet.
+//! - what a closure does outside its state (calling, creating or destroying proclets,
+//!   failpoints, questions to the runtime) happens on the primary only: its outcomes
+//!   are recorded there and replayed on the backups (`crate::effects`). A proclet's
+//!   calls go to the backups before they run on the primary until one of them turns out
+//!   to have effects; from then on each is sent after it ran, with its effects.
 //!
 //! After a loss the primary restores the number of copies (`restore_copies`). Not yet:
-//! moving replicated proclets (refused), recording effects (above), pipelining several
-//! calls of one proclet to its backups (a call holds the proclet's lock until every
-//! backup applied it).
+//! moving replicated proclets (refused), pipelining several calls of one proclet to its
+//! backups (a call holds the proclet's lock until every backup applied it).
 
 use super::hosting::NewSlot;
 use super::stream::{self, ChunkPos, Inbound, Settings};
 use super::NodeInner;
 use crate::context;
+use crate::effects::{self, Late, Recorder, Replayer, Scope};
 use crate::shipping::{self, Entry, Expect};
 use crate::slot::Slot;
 use bytes::Bytes;
@@ -44,10 +45,9 @@ use granule_wire::{
     ReplicaSet,
 };
 use parking_lot::Mutex;
-use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -87,6 +87,9 @@ pub(crate) struct Primary {
     answered: Mutex<Answered>,
     /// How many copies the proclet was made with.
     copies: u32,
+    /// A call of this proclet had effects: calls go to the backups after they ran here,
+    /// with theirs.
+    effectful: AtomicBool,
 }
 
 #[derive(Clone, Debug)]
@@ -101,6 +104,11 @@ pub(crate) struct Backup {
     progress: Mutex<Progress>,
     answered: Mutex<Answered>,
     copies: u32,
+    /// Effects of a call that follow it (`Msg::Effects`), or the news of a promotion,
+    /// for a re-run of the call waiting for them.
+    late: tokio::sync::watch::Sender<Late>,
+    /// A call applied here had effects (carried over when this copy is promoted).
+    effectful: AtomicBool,
 }
 
 struct Progress {
@@ -157,40 +165,6 @@ struct ArrivingBackup {
     epoch: Epoch,
     copies: u32,
     seq: u64,
-}
-
-thread_local! {
-    /// Set while a backup re-runs a closure: what it would do outside its state must
-    /// not happen a second time.
-    static REPLAYING: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Whether this thread is re-running a call on a backup copy.
-pub(crate) fn replaying() -> bool {
-    REPLAYING.with(|r| r.get())
-}
-
-/// The error a closure re-run on a backup gets when it calls out of its state.
-pub(crate) fn replay_refusal() -> crate::error::CallError {
-    crate::error::CallError::Refused(
-        "a backup copy re-running a call does not repeat its calls to other proclets \
-         (recording them is not built yet): keep closures on replicated proclets to their \
-         own state"
-            .into(),
-    )
-}
-
-struct ReplayScope;
-impl ReplayScope {
-    fn enter() -> ReplayScope {
-        REPLAYING.with(|r| r.set(true));
-        ReplayScope
-    }
-}
-impl Drop for ReplayScope {
-    fn drop(&mut self) {
-        REPLAYING.with(|r| r.set(false));
-    }
 }
 
 /// The digest backups and primary compare: of the encoded result, or of the error.
@@ -322,6 +296,7 @@ impl NodeInner {
                         seq: Mutex::new(0),
                         answered: Mutex::new(Answered::default()),
                         copies,
+                        effectful: AtomicBool::new(false),
                     }),
                 );
             }
@@ -390,38 +365,62 @@ impl NodeInner {
             *s
         };
         let config = primary.config.borrow().clone();
-        let apply = Msg::Apply {
+        let mut apply = Msg::Apply {
             proclet: id,
             epoch: config.epoch,
             seq,
             call,
             code,
             chain,
+            effects: 0,
         };
-        // Sent before the closure runs here: the backups run it at the same time.
+        // Sent before the closure runs here, so the backups run it at the same time —
+        // unless the proclet's calls have effects, which the backups need first.
+        let early = !primary.effectful.load(Ordering::Relaxed);
         let mut pending = Vec::with_capacity(config.backups.len());
-        for b in &config.backups {
-            pending.push((b.clone(), self.send_apply(b, &apply, arg.clone()).await));
-            if let Err(f) = granule_failpoints::hit("replicate.after_send").await {
-                // Crash: some backups have the call and some do not.
-                return Err(RemoteError::Internal(f.to_string()));
-            }
+        if early {
+            self.send_to_backups(&config, &apply, &arg, &mut pending)
+                .await?;
         }
+        let recorder = Recorder::new(call);
         let result: Result<Bytes, RemoteError> = {
             let _scope = context::ChainScope::enter(chain);
+            let _effects = effects::enter(Scope::Record(recorder.clone()));
             let _busy = self.hosting.busy.enter();
             let mut out = Vec::new();
             guard
                 .with_mut(|s| f(s, &arg, &mut out))
                 .map(|()| Bytes::from(out))
         };
+        let recorded = recorder.finish();
+        let mut tail = arg.clone();
+        if !recorded.is_empty() {
+            let fx = effects::encode(&recorded);
+            if let Msg::Apply { effects, .. } = &mut apply {
+                *effects = fx.len() as u32;
+            }
+            let mut t = Vec::with_capacity(arg.len() + fx.len());
+            t.extend_from_slice(&arg);
+            t.extend_from_slice(&fx);
+            tail = Bytes::from(t);
+            if early {
+                // The backups got the call without them and wait at its first effect.
+                primary.effectful.store(true, Ordering::Relaxed);
+                self.send_late_effects(&config, id, seq, Bytes::from(fx))
+                    .await;
+            }
+        }
+        if !early {
+            self.send_to_backups(&config, &apply, &tail, &mut pending)
+                .await?;
+        }
         let mine = digest(&result);
         let ctx = Pending {
             slot,
             guard: &guard,
             primary: &primary,
             apply: &apply,
-            arg: &arg,
+            tail: &tail,
             epoch: config.epoch,
             seq,
             mine,
@@ -441,6 +440,44 @@ impl NodeInner {
             return Err(RemoteError::Internal(f.to_string()));
         }
         result
+    }
+
+    /// Start sending call `apply` (with `tail`) to every backup of `config`.
+    async fn send_to_backups(
+        &self,
+        config: &Config,
+        apply: &Msg,
+        tail: &Bytes,
+        pending: &mut Vec<(Location, Result<ApplyReply, RemoteError>)>,
+    ) -> Result<(), RemoteError> {
+        for b in &config.backups {
+            pending.push((b.clone(), self.send_apply(b, apply, tail.clone()).await));
+            if let Err(f) = granule_failpoints::hit("replicate.after_send").await {
+                // Crash: some backups have the call and some do not.
+                return Err(RemoteError::Internal(f.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Send the effects of call `seq`, sent before it ran here, to the backups waiting
+    /// for them. Not waited for: a backup that misses them is sent the call again with
+    /// them (`await_applied`), or gives up and is sent the whole state.
+    async fn send_late_effects(&self, config: &Config, id: ProcletId, seq: u64, fx: Bytes) {
+        let msg = Msg::Effects {
+            proclet: id,
+            epoch: config.epoch,
+            seq,
+        };
+        for b in &config.backups {
+            if let Ok(conn) = self.peers.connect(b.node, &b.addr).await {
+                if let Ok(fut) = conn.start_request_bytes(&msg, fx.clone()) {
+                    self.handle.spawn(async move {
+                        let _ = fut.await;
+                    });
+                }
+            }
+        }
     }
 
     /// Start sending call `apply` to backup `b`.
@@ -473,11 +510,11 @@ impl NodeInner {
         b: &Location,
         mut sent: Result<ApplyReply, RemoteError>,
     ) -> Result<(), RemoteError> {
-        let (id, primary, apply, arg, seq, mine) = (
+        let (id, primary, apply, tail, seq, mine) = (
             ctx.slot.id,
             ctx.primary,
             ctx.apply,
-            ctx.arg,
+            ctx.tail,
             ctx.seq,
             ctx.mine,
         );
@@ -563,7 +600,7 @@ impl NodeInner {
             if let Msg::Apply { epoch, .. } = &mut again {
                 *epoch = (*epoch).max(changes.borrow().epoch);
             }
-            sent = self.send_apply(b, &again, arg.clone()).await;
+            sent = self.send_apply(b, &again, tail.clone()).await;
         }
     }
 
@@ -607,9 +644,25 @@ impl NodeInner {
             call,
             code,
             chain,
+            effects: fx_len,
         } = frame.msg
         else {
             return;
+        };
+        let Some(split) = frame.tail.len().checked_sub(fx_len as usize) else {
+            return reply.error(RemoteError::Protocol(format!(
+                "call {seq} of proclet {proclet} says {fx_len} bytes of effects in a tail of {}",
+                frame.tail.len()
+            )));
+        };
+        let arg = frame.tail.slice(..split);
+        let recorded = if fx_len == 0 {
+            None
+        } else {
+            match effects::decode(&frame.tail[split..]) {
+                Ok(fx) => Some(Arc::new(fx)),
+                Err(e) => return reply.error(e),
+            }
         };
         if let Err(f) = granule_failpoints::hit("replicate.before_apply").await {
             return reply.error(RemoteError::Refused(f.to_string()));
@@ -639,6 +692,13 @@ impl NodeInner {
             return reply.error(RemoteError::CodeMismatch(format!(
                 "the closure expects another state type than proclet {proclet} holds"
             )));
+        }
+        if let Some(fx) = &recorded {
+            // A re-sent call carrying the effects an earlier copy of it waits for.
+            backup.late.send_replace(Late::Effects {
+                seq,
+                effects: fx.clone(),
+            });
         }
         let guard = match self
             .lock_slot(&backup.slot, chain, CallMode::Exclusive)
@@ -692,16 +752,33 @@ impl NodeInner {
                 )));
             }
         }
+        let replayer = Replayer::new(call, seq, recorded, backup.late.subscribe());
         let result: Result<Bytes, RemoteError> = {
             let _scope = context::ChainScope::enter(chain);
-            let _replay = ReplayScope::enter();
+            let _effects = effects::enter(Scope::Replay(replayer.clone()));
             let _busy = self.hosting.busy.enter();
             let mut out = Vec::new();
             guard
-                .with_mut(|s| f(s, &frame.tail, &mut out))
+                .with_mut(|s| f(s, &arg, &mut out))
                 .map(|()| Bytes::from(out))
         };
-        let digest = digest(&result);
+        if replayer.abandoned() {
+            // Part of the call ran without what it did on the primary: this copy is no
+            // longer the primary's. Dropped; the primary sends the whole state again.
+            drop(guard);
+            self.replication.backups.remove(&proclet);
+            return reply.error(RemoteError::Refused(format!(
+                "call {seq} of proclet {proclet} could not be re-run here: {BEHIND}"
+            )));
+        }
+        if replayer.used() {
+            backup.effectful.store(true, Ordering::Relaxed);
+        }
+        let mut digest = digest(&result);
+        if replayer.mismatched() {
+            // Logged where it was found; the primary counts it.
+            digest = !digest;
+        }
         {
             let mut p = backup.progress.lock();
             p.applied = seq;
@@ -711,6 +788,31 @@ impl NodeInner {
         backup.answered.lock().record(call, &result);
         drop(guard);
         let _ = reply.send(&Msg::Applied { seq, digest }, &[]);
+    }
+
+    /// The effects of a call sent before it ran on the primary (on the connection's
+    /// reader): for the backup's re-run of it, which waits for them.
+    pub(super) fn receive_effects(&self, frame: Frame, reply: Responder) {
+        let Msg::Effects { proclet, seq, .. } = frame.msg else {
+            return;
+        };
+        let fx = match effects::decode(&frame.tail) {
+            Ok(fx) => fx,
+            Err(e) => return reply.error(e),
+        };
+        match self.replication.backups.get(&proclet) {
+            Some(b) => {
+                b.late.send_replace(Late::Effects {
+                    seq,
+                    effects: Arc::new(fx),
+                });
+                let _ = reply.send(&Msg::Done, &[]);
+            }
+            None => reply.error(RemoteError::Refused(format!(
+                "node {} keeps no backup of proclet {proclet}",
+                self.id
+            ))),
+        }
     }
 
     /// One chunk of a backup's state (on the connection's reader, in order); the last
@@ -810,6 +912,8 @@ impl NodeInner {
                     }),
                     answered: Mutex::new(Answered::default()),
                     copies: a.copies,
+                    late: tokio::sync::watch::channel(Late::Nothing).0,
+                    effectful: AtomicBool::new(false),
                 }),
             );
             let _ = reply.send(&Msg::Done, &[]);
@@ -856,6 +960,9 @@ impl NodeInner {
             let mut p = backup.progress.lock();
             p.epoch = p.epoch.max(set.epoch);
         }
+        // A call re-running here that waits for its effects from the replaced primary
+        // performs them itself now.
+        backup.late.send_replace(Late::Promoted);
         let node = self.clone();
         self.handle.spawn(async move {
             // Whatever the copy is applying finishes first.
@@ -880,6 +987,7 @@ impl NodeInner {
                     seq: Mutex::new(applied),
                     answered: Mutex::new(answered),
                     copies: backup.copies,
+                    effectful: AtomicBool::new(backup.effectful.load(Ordering::Relaxed)),
                 }),
             );
             node.install(
@@ -959,7 +1067,8 @@ struct Pending<'a> {
     guard: &'a crate::slot::Guard,
     primary: &'a Primary,
     apply: &'a Msg,
-    arg: &'a Bytes,
+    /// The call's argument, then its effects (as `apply` says).
+    tail: &'a Bytes,
     epoch: Epoch,
     seq: u64,
     /// The digest of the primary's result.

@@ -42,6 +42,7 @@ impl Handler for NodeHandler {
         match &frame.msg {
             Msg::Call { .. }
             | Msg::Apply { .. }
+            | Msg::Effects { .. }
             | Msg::AddBackups(_)
             | Msg::BackupChunk { .. }
             | Msg::Push { .. }
@@ -82,6 +83,8 @@ impl Handler for NodeHandler {
             Msg::Apply { .. } => {
                 tokio::spawn(async move { node.serve_apply(frame, reply).await });
             }
+            // On the reader: a backup re-running the call may be waiting for them.
+            Msg::Effects { .. } => node.receive_effects(frame, reply),
             Msg::Resolve { proclet, epoch } => {
                 let committed = node.resolve_departure(proclet, epoch);
                 let _ = reply.send(&Msg::Resolved { committed }, &[]);
