@@ -286,6 +286,14 @@ impl ControllerClient {
         }
     }
 
+    /// Move a replicated proclet's primary (see `Msg::HandOver`).
+    pub async fn hand_over(&self, set: ReplicaSet) -> Result<(), ControllerError> {
+        match self.call(&Msg::HandOver(set)).await? {
+            Msg::Done => Ok(()),
+            m => Err(Self::unexpected(m)),
+        }
+    }
+
     pub async fn forget(&self, proclet: ProcletId) -> Result<(), ControllerError> {
         match self.call(&Msg::Forget { proclet }).await? {
             Msg::Done => Ok(()),

@@ -6,7 +6,7 @@ use crate::ControllerError;
 use granule_transport::{
     serve, Connection, Handler, Identity, Listener, Responder, TransportConfig,
 };
-use granule_wire::{Frame, Msg, NodeId, RemoteError, Role};
+use granule_wire::{Frame, Msg, NodeId, RemoteError, ReplicaSet, Role};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -63,6 +63,20 @@ impl Inner {
         self.by_conn.lock().get(&conn_key(c)).copied()
     }
 
+    /// Tell a replicated proclet's primary and backups its new configuration.
+    fn tell_replicas(&self, set: &ReplicaSet) {
+        let hosts: Vec<Arc<Connection>> = {
+            let h = self.hosts.lock();
+            std::iter::once(&set.primary)
+                .chain(&set.backups)
+                .filter_map(|l| h.get(&l.node).cloned())
+                .collect()
+        };
+        for c in hosts {
+            let _ = c.notify(&Msg::Replicas(set.clone()), &[]);
+        }
+    }
+
     /// Declare nodes dead and tell every live host.
     fn declare_dead(&self, dead: &[NodeId], why: &str) {
         let mut newly = Vec::new();
@@ -87,16 +101,7 @@ impl Inner {
         for set in reconfigured {
             tracing::info!(proclet = %set.proclet, primary = %set.primary.node, epoch = set.epoch,
                 backups = set.backups.len(), "replicated proclet reconfigured after a node died");
-            let hosts: Vec<Arc<Connection>> = {
-                let h = self.hosts.lock();
-                std::iter::once(&set.primary)
-                    .chain(&set.backups)
-                    .filter_map(|l| h.get(&l.node).cloned())
-                    .collect()
-            };
-            for c in hosts {
-                let _ = c.notify(&Msg::Replicas(set.clone()), &[]);
-            }
+            self.tell_replicas(&set);
         }
         let hosts: Vec<(NodeId, Arc<Connection>)> = self
             .hosts
@@ -274,6 +279,19 @@ impl Inner {
                     Err(RemoteError::Refused(format!(
                         "the configuration of proclet {} at epoch {} is not the current one",
                         set.proclet, set.epoch
+                    )))
+                }
+            }
+            Msg::HandOver(set) => {
+                let node = need_host()?;
+                if self.state.lock().hand_over(node, &set) {
+                    self.tell_replicas(&set);
+                    Ok(Msg::Done)
+                } else {
+                    Err(RemoteError::Refused(format!(
+                        "proclet {} cannot be handed over to {} at epoch {}: the sender is not \
+                         its primary, the epoch is not the next one, or a copy's node is not live",
+                        set.proclet, set.primary.node, set.epoch
                     )))
                 }
             }

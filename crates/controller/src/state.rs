@@ -663,6 +663,47 @@ impl State {
         changed
     }
 
+    /// A replicated proclet moved by its primary `from`: `set.primary` is the primary now,
+    /// under `set.epoch`, with `set.backups`. Refused (`false`) unless `from` is the
+    /// current primary, the epoch is the next one, and every copy is on a distinct live
+    /// node.
+    pub fn hand_over(&mut self, from: NodeId, set: &ReplicaSet) -> bool {
+        let Some(&(primary, epoch, kind)) = self.locations.get(&set.proclet) else {
+            return false;
+        };
+        let alive = |st: &State, n: NodeId| {
+            st.nodes
+                .get(&n)
+                .is_some_and(|e| e.info.state == NodeState::Alive)
+        };
+        let mut nodes: Vec<NodeId> = set.backups.iter().map(|b| b.node).collect();
+        nodes.push(set.primary.node);
+        let distinct = {
+            let mut n = nodes.clone();
+            n.sort();
+            n.dedup();
+            n.len() == nodes.len()
+        };
+        if primary != from
+            || set.epoch != epoch + 1
+            || !self.backups.contains_key(&set.proclet)
+            || !distinct
+            || !nodes.iter().all(|n| alive(self, *n))
+        {
+            return false;
+        }
+        self.locations
+            .insert(set.proclet, (set.primary.node, set.epoch, kind));
+        self.unplace(from, kind);
+        if let Some(n) = self.nodes.get_mut(&set.primary.node) {
+            n.placed[kind.index()] += 1;
+        }
+        self.backups
+            .insert(set.proclet, set.backups.iter().map(|b| b.node).collect());
+        // The move's event comes from the node that made it, as for any move.
+        true
+    }
+
     /// A proclet of `kind` no longer counts as located on `node`.
     fn unplace(&mut self, node: NodeId, kind: Kind) {
         if let Some(n) = self.nodes.get_mut(&node) {

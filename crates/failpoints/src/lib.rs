@@ -93,6 +93,14 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "a backup of a replicated proclet: a call arrived from the primary, before it runs here (crash: the primary holds the call until the controller drops this backup)",
     ),
     (
+        "replicate.move.streamed",
+        "the primary of a replicated proclet moving to a node with no copy: the state was streamed there, before the controller is asked to make it the primary (crash: a backup takes over; the copy sent is never used)",
+    ),
+    (
+        "replicate.move.handed_over",
+        "the primary of a replicated proclet moving: the controller made the destination the primary, before this node lets go of its copy (crash: the new primary goes on, at one copy fewer until it restores them)",
+    ),
+    (
         "sharded.merge.before_record",
         "left shard of a sharded structure's merge: the right shard's data taken, before the map records the merge (error: the map keeps naming the merged-away shard)",
     ),

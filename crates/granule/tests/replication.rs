@@ -111,9 +111,6 @@ fn copies_go_to_distinct_nodes_and_too_few_nodes_is_refused() {
             .unwrap();
         assert_eq!(append(&p, 7).unwrap(), 1);
         assert_eq!(p.location().unwrap(), nodes[1]);
-        // A replicated proclet does not move (yet): refused, not half-done.
-        let moved = _cluster.move_proclet(p.id(), nodes[0]);
-        assert!(moved.is_err(), "{moved:?}");
         assert_eq!(seen(&p), vec![7]);
         p.destroy().unwrap();
     });
@@ -593,5 +590,216 @@ fn a_retried_call_does_not_repeat_its_call_to_a_replicated_proclet() {
         assert_eq!(seen(&sink), vec![0, 1]);
         assert_eq!(reach_out(&front, 2).unwrap().0, 3);
         assert_eq!(seen(&sink), vec![0, 1, 2]);
+    });
+}
+
+/// The node holding the one backup copy of a proclet with two copies (from `/metrics`),
+/// if exactly one node other than `primary` reports one.
+fn backup_node_now(cluster: &granule::Cluster, primary: NodeId) -> Option<NodeId> {
+    let kept: Vec<NodeId> = backup_copies(cluster)
+        .into_iter()
+        .filter(|(id, n)| *n == 1 && *id != primary)
+        .map(|(id, _)| id)
+        .collect();
+    (kept.len() == 1).then(|| kept[0])
+}
+
+/// The node holding the one backup copy of a proclet with two copies (from `/metrics`),
+/// once exactly one node other than `primary` reports one.
+fn backup_node(cluster: &granule::Cluster, primary: NodeId) -> NodeId {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let kept: Vec<NodeId> = backup_copies(cluster)
+            .into_iter()
+            .filter(|(id, n)| *n == 1 && *id != primary)
+            .map(|(id, _)| id)
+            .collect();
+        if kept.len() == 1 {
+            return kept[0];
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no single backup: {:?}",
+            backup_copies(cluster)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_replicated_proclet_moves_with_its_copies_while_it_is_called() {
+    bounded(LIMIT, || {
+        let (cluster, nodes) = cluster(3, "cpu=1,mem=256MiB");
+        let p = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .replicas(2)
+            .create((), |()| Log::default())
+            .unwrap();
+        for x in 0..10 {
+            append(&p, x).unwrap();
+        }
+        let backup = backup_node(&cluster, nodes[0]);
+        let other = *nodes
+            .iter()
+            .find(|n| **n != nodes[0] && **n != backup)
+            .unwrap();
+        // To a node with no copy: the state streams there, the old primary lets go.
+        cluster.move_proclet(p.id(), other).unwrap();
+        assert_eq!(p.location().unwrap(), other);
+        assert_eq!(backup_node(&cluster, other), backup);
+        // To the backup's node: the two swap roles, nothing streams.
+        let stats = cluster.move_proclet(p.id(), backup).unwrap();
+        assert_eq!(stats.bytes, 0);
+        assert_eq!(p.location().unwrap(), backup);
+        assert_eq!(backup_node(&cluster, backup), other);
+        // Moves while a thread calls: every call applied once, in order.
+        let caller = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                for x in 10..400 {
+                    assert_eq!(append(&p, x).unwrap(), x as usize + 1, "call {x}");
+                }
+            })
+        };
+        for to in [nodes[0], other, backup, nodes[0]] {
+            cluster.move_proclet(p.id(), to).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        caller.join().unwrap();
+        assert_eq!(seen(&p), (0..400).collect::<Vec<u64>>());
+        // Still two copies: killing the primary's node loses nothing.
+        let primary = p.location().unwrap();
+        let backup = backup_node(&cluster, primary);
+        kill(
+            Pid::from_raw(pid_of(&cluster, primary) as i32),
+            Signal::SIGKILL,
+        )
+        .unwrap();
+        assert_eq!(append(&p, 400).unwrap(), 401);
+        assert_eq!(p.location().unwrap(), backup);
+        assert_eq!(seen(&p), (0..401).collect::<Vec<u64>>());
+    });
+}
+
+#[test]
+fn a_primary_killed_in_the_middle_of_a_move_loses_no_call() {
+    for point in ["replicate.move.streamed", "replicate.move.handed_over"] {
+        bounded(LIMIT, move || {
+            let (cluster, nodes) = cluster(3, "cpu=1,mem=256MiB");
+            let p = Proclet::builder(Kind::Memory)
+                .on(nodes[0])
+                .replicas(2)
+                .create((), |()| Log::default())
+                .unwrap();
+            for x in 0..10 {
+                append(&p, x).unwrap();
+            }
+            let backup = backup_node(&cluster, nodes[0]);
+            let other = *nodes
+                .iter()
+                .find(|n| **n != nodes[0] && **n != backup)
+                .unwrap();
+            cluster
+                .faults()
+                .failpoints(nodes[0], &format!("{point}=crash"))
+                .unwrap();
+            // The move fails or succeeds, but the proclet goes on with every call.
+            let moved = cluster.move_proclet(p.id(), other);
+            for x in 10..20 {
+                assert_eq!(
+                    append(&p, x).unwrap(),
+                    x as usize + 1,
+                    "{point}: call {x} ({moved:?})"
+                );
+            }
+            let now = p.location().unwrap();
+            assert_ne!(now, nodes[0], "{point}");
+            if point == "replicate.move.handed_over" {
+                assert_eq!(now, other, "{point}");
+            }
+            assert_eq!(seen(&p), (0..20).collect::<Vec<u64>>(), "{point}");
+        });
+    }
+}
+
+#[test]
+fn a_backup_moves_on_request_and_off_a_node_under_memory_pressure() {
+    bounded(LIMIT, || {
+        let (cluster, nodes) = cluster(3, "cpu=1,mem=256MiB");
+        let p = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .replicas(2)
+            .create((), |()| Log::default())
+            .unwrap();
+        for x in 0..10 {
+            append(&p, x).unwrap();
+        }
+        let backup = backup_node(&cluster, nodes[0]);
+        let other = *nodes
+            .iter()
+            .find(|n| **n != nodes[0] && **n != backup)
+            .unwrap();
+        // On request: the backup goes to the third node, the old copy is dropped.
+        cluster.move_backup(p.id(), backup, other).unwrap();
+        assert_eq!(backup_node(&cluster, nodes[0]), other);
+        for x in 10..20 {
+            append(&p, x).unwrap();
+        }
+        // A node that keeps a copy already is not taken: the controller picks one.
+        cluster.move_backup(p.id(), other, nodes[0]).unwrap();
+        assert_eq!(backup_node(&cluster, nodes[0]), backup);
+        // The new backup has every call: it takes over when the primary dies.
+        kill(
+            Pid::from_raw(pid_of(&cluster, nodes[0]) as i32),
+            Signal::SIGKILL,
+        )
+        .unwrap();
+        assert_eq!(append(&p, 20).unwrap(), 21);
+        assert_eq!(p.location().unwrap(), backup);
+        assert_eq!(seen(&p), (0..21).collect::<Vec<u64>>());
+        cluster.shutdown();
+    });
+    bounded(LIMIT, || {
+        // Under memory pressure the node's policy moves the backup it keeps.
+        let c = granule::Cluster::builder()
+            .nodes("cpu=1,mem=256MiB;cpu=1,mem=256MiB;cpu=1,mem=256MiB")
+            .expect("node specs")
+            .shed(true)
+            .failure_timeout(Duration::from_millis(1000))
+            .start()
+            .expect("cluster starts");
+        let nodes = c.worker_nodes().unwrap();
+        let p = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .replicas(2)
+            .create(8192usize, |n: usize| Log {
+                seen: (0..n as u64).collect(),
+            })
+            .unwrap();
+        let backup = backup_node(&c, nodes[0]);
+        // Ballast that cannot move fills the backup's node.
+        let _ballast = Proclet::builder(Kind::Memory)
+            .on(backup)
+            .pinned()
+            .create(210usize << 20, |n: usize| vec![1u8; n])
+            .unwrap();
+        // The node sheds the backup it keeps: its primary streams a new one to the third
+        // node (the only one keeping no copy), and stays where it is.
+        let third = *nodes
+            .iter()
+            .find(|n| **n != nodes[0] && **n != backup)
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while backup_node_now(&c, nodes[0]) != Some(third) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the backup did not leave node {backup}: {:?}",
+                backup_copies(&c)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(p.location().unwrap(), nodes[0]);
+        assert_eq!(append(&p, 1).unwrap(), 8193);
+        c.shutdown();
     });
 }

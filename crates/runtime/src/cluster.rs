@@ -475,6 +475,41 @@ impl Cluster {
             })
     }
 
+    /// Move the backup copy of replicated proclet `proclet` kept on node `from` to node
+    /// `to`: its primary streams the state to `to`, and `from` drops its copy. A `to`
+    /// that already keeps a copy is replaced by a node the controller picks. (Moving the
+    /// primary is [`Cluster::move_proclet`]; the pressure policy moves both.)
+    pub fn move_backup(
+        &self,
+        proclet: ProcletId,
+        from: NodeId,
+        to: NodeId,
+    ) -> Result<MoveStats, CallError> {
+        let inner = self.inner()?;
+        let n = inner.clone();
+        inner
+            .block(
+                async move {
+                    let nodes = n.controller.list_nodes().await?;
+                    let addr = nodes
+                        .iter()
+                        .find(|i| i.id == to)
+                        .map(|i| i.addr.clone())
+                        .ok_or_else(|| CallError::Refused(format!("no node {to}")))?;
+                    let at = granule_wire::Location {
+                        node: to,
+                        addr,
+                        epoch: 0,
+                    };
+                    n.ask_backup_move(proclet, from, &at)
+                        .await
+                        .map_err(|e| CallError::from_remote(e, proclet))
+                },
+                None,
+            )
+            .ok_or_else(|| CallError::Internal("interrupted".into()))?
+    }
+
     /// The node a proclet lives on, as the controller knows it.
     pub fn locate(&self, proclet: ProcletId) -> Result<NodeId, CallError> {
         let inner = self.inner()?;

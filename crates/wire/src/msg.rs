@@ -345,6 +345,20 @@ pub enum Msg {
         epoch: Epoch,
         seq: u64,
     },
+    /// A replicated proclet's primary → controller, moving it: make `set.primary` the
+    /// primary under `set.epoch` (the current epoch + 1) with `set.backups`. The sender
+    /// holds the proclet's lock, and the new primary holds a copy with every call
+    /// applied. Answered with `Done` (the controller then tells the new primary and the
+    /// backups, as after a failover) or `Refused`.
+    HandOver(ReplicaSet),
+    /// → a replicated proclet's primary: move its backup copy on `from` to `to` (a node
+    /// with no copy): the state streams to `to`, the configuration names `to` instead of
+    /// `from`, and `from` drops its copy. Answered with `Moved`.
+    MoveBackup {
+        proclet: ProcletId,
+        from: NodeId,
+        to: Location,
+    },
 }
 
 /// Where the copies of a replicated proclet are (see `Msg::Replicas`).
@@ -412,6 +426,8 @@ impl Msg {
             Msg::Applied { .. } => "Applied",
             Msg::Failover { .. } => "Failover",
             Msg::Effects { .. } => "Effects",
+            Msg::HandOver(_) => "HandOver",
+            Msg::MoveBackup { .. } => "MoveBackup",
         }
     }
 }

@@ -227,24 +227,35 @@ impl NodeInner {
         new: &NewProclet,
         copies: u32,
     ) -> Result<(), CallError> {
-        let set = self.controller.place_backups(new.id, copies - 1).await?;
-        if new.loc.node == self.id {
-            return self
-                .add_backups(set, copies)
-                .await
-                .map_err(|e| CallError::from_remote(e, new.id));
-        }
-        let conn = self.peers.connect(new.loc.node, &new.loc.addr).await?;
-        match conn.request(&Msg::AddBackups(set), &[]).await {
-            Ok(Frame { msg: Msg::Done, .. }) => Ok(()),
-            Ok(Frame {
-                msg: Msg::Error(e), ..
-            }) => Err(CallError::from_remote(e, new.id)),
-            Ok(f) => Err(CallError::Internal(format!(
-                "unexpected answer {} to adding backups",
-                f.msg.name()
-            ))),
-            Err(e) => Err(self.peers.transport_error(new.loc.node, e)),
+        // The pressure policy may move the new proclet before it has its backups: then
+        // the backups are placed again around where it went, and asked of it there.
+        let mut moved = 0;
+        loop {
+            let set = self.controller.place_backups(new.id, copies - 1).await?;
+            let at = set.primary.clone();
+            let outcome = if at.node == self.id {
+                self.add_backups(set, copies).await.map(|_| ())
+            } else {
+                let conn = self.peers.connect(at.node, &at.addr).await?;
+                match conn.request(&Msg::AddBackups(set), &[]).await {
+                    Ok(Frame { msg: Msg::Done, .. }) => Ok(()),
+                    Ok(Frame {
+                        msg: Msg::Error(e), ..
+                    }) => Err(e),
+                    Ok(f) => Err(RemoteError::Internal(format!(
+                        "unexpected answer {} to adding backups",
+                        f.msg.name()
+                    ))),
+                    Err(e) => return Err(self.peers.transport_error(at.node, e)),
+                }
+            };
+            match outcome {
+                Err(RemoteError::NotHere { .. }) if moved < 8 => {
+                    moved += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                other => return other.map_err(|e| CallError::from_remote(e, new.id)),
+            }
         }
     }
 

@@ -167,6 +167,10 @@ impl NodeInner {
         duty: Option<f64>,
     ) -> Result<MoveStats, RemoteError> {
         let Some(slot) = self.hosting.get(proclet) else {
+            if self.replication.has_backup(proclet) && to.node != self.id {
+                // A backup copy kept here (the pressure policy sheds those too).
+                return self.move_backup_away(proclet, &to).await;
+            }
             return Err(self.not_here(proclet));
         };
         if to.node == self.id {
@@ -179,9 +183,8 @@ impl NodeInner {
             )));
         }
         if slot.replicated.load(Ordering::Acquire) {
-            return Err(RemoteError::Refused(format!(
-                "proclet {proclet} is replicated: moving replicated proclets is not built yet"
-            )));
+            // Its backups come along in the move: see `move_replicated`.
+            return self.move_replicated(&slot, &to).await;
         }
         // One move at a time: a second one waits for the first, then moves the proclet
         // on if it is still here, or says where it went.
@@ -245,6 +248,12 @@ impl NodeInner {
             }
         };
         crate::accounting::clear_yield(slot.serial);
+        if slot.replicated.load(Ordering::Acquire) {
+            // It got its backups while this move waited for the lock: they come along.
+            drop(guard);
+            drop(_mark);
+            return self.move_replicated(&slot, &to).await;
+        }
         let drain = t0.elapsed();
         let conn = match self.peers.connect(to.node, &to.addr).await {
             Ok(c) => c,

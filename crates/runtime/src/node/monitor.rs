@@ -605,8 +605,6 @@ impl NodeView for LiveView<'_> {
             .slots()
             .into_iter()
             .filter(|s| !s.pinned.load(Ordering::Relaxed) && !s.moving.load(Ordering::Relaxed))
-            // Replicated proclets do not move (yet).
-            .filter(|s| !s.replicated.load(Ordering::Relaxed))
             // Placed by their creator (batch workers): not the policy's to move.
             .filter(|s| s.state_desc.state_ops().is_none_or(|o| !o.owner_placed()))
             .map(|s| Candidate {
@@ -615,6 +613,19 @@ impl NodeView for LiveView<'_> {
                 mem_bytes: s.stats.footprint.load(Ordering::Relaxed),
                 cores: s.stats.cores(),
             })
+            // Backup copies kept here weigh on its memory too (their primary moves them).
+            .chain(
+                self.node
+                    .replication
+                    .backup_sizes()
+                    .into_iter()
+                    .map(|(id, bytes)| Candidate {
+                        id,
+                        kind: Kind::Memory,
+                        mem_bytes: bytes,
+                        cores: 0.0,
+                    }),
+            )
             .collect()
     }
 

@@ -41,7 +41,7 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use granule_transport::{Connection, Responder};
 use granule_wire::{
-    CallMode, ChainId, CodeRef, Epoch, Frame, Kind, Location, Msg, ProcletId, RemoteError,
+    CallMode, ChainId, CodeRef, Epoch, Frame, Kind, Location, Msg, NodeId, ProcletId, RemoteError,
     ReplicaSet,
 };
 use parking_lot::Mutex;
@@ -109,6 +109,8 @@ pub(crate) struct Backup {
     late: tokio::sync::watch::Sender<Late>,
     /// A call applied here had effects (carried over when this copy is promoted).
     effectful: AtomicBool,
+    /// The state's size when it arrived (encoded bytes).
+    bytes: u64,
 }
 
 struct Progress {
@@ -189,6 +191,12 @@ impl Replication {
         self.primaries.get(&id).map(|p| p.clone())
     }
 
+    /// The backup copies kept here, with their sizes (encoded bytes, as streamed): the
+    /// pressure policy moves them like proclets.
+    pub(crate) fn backup_sizes(&self) -> Vec<(ProcletId, u64)> {
+        self.backups.iter().map(|b| (*b.key(), b.bytes)).collect()
+    }
+
     /// Whether a backup copy of `id` is kept here.
     pub(crate) fn has_backup(&self, id: ProcletId) -> bool {
         self.backups.contains_key(&id)
@@ -210,22 +218,24 @@ impl NodeInner {
 
     /// Give proclet `set.proclet`, hosted here, the backups in `set`: stream its state to
     /// each (under its exclusive lock, so no call changes it meanwhile), then replicate
-    /// every mutating call to them.
+    /// every mutating call to them. Backups not in `set` are no longer sent calls.
+    /// Returns the bytes streamed.
     pub(crate) async fn add_backups(
         &self,
         set: ReplicaSet,
         copies: u32,
-    ) -> Result<(), RemoteError> {
+    ) -> Result<u64, RemoteError> {
         let id = set.proclet;
+        if set.backups.iter().any(|b| b.node == self.id) {
+            return Err(RemoteError::Refused(format!(
+                "node {} would keep both the primary and a backup of proclet {id}",
+                self.id
+            )));
+        }
         let slot = self.hosting.get(id).ok_or_else(|| self.not_here(id))?;
         let guard = self
             .lock_slot(&slot, context::new_chain(), CallMode::Exclusive)
             .await?;
-        let ops = slot
-            .state_desc
-            .state_ops()
-            .ok_or_else(|| RemoteError::Internal("slot without a state descriptor".into()))?;
-        let settings = Settings::of(&self.migration.config, None);
         let existing = self.replication.primary(id);
         let have: Vec<Location> = existing
             .as_ref()
@@ -241,21 +251,12 @@ impl NodeInner {
         let streaming = std::time::Instant::now();
         let mut sent_bytes = Vec::with_capacity(new.len());
         for b in &new {
-            let conn = self.peers.connect(b.node, &b.addr).await.map_err(|e| {
-                RemoteError::Internal(format!("cannot reach the backup {}: {e}", b.node))
-            })?;
-            let header = |p: ChunkPos| Msg::BackupChunk {
-                proclet: id,
-                kind: slot.kind(),
-                state: shipping::code_ref(slot.state_desc),
+            let copy = Copy {
                 epoch: set.epoch,
-                offset: p.offset,
-                total: p.total,
-                last: p.last,
                 copies,
                 seq,
             };
-            match stream::send_encoded(&conn, &slot, &guard, ops, &header, settings).await {
+            match self.stream_copy(&slot, &guard, b, copy).await {
                 Ok(bytes) => sent_bytes.push((b.node, bytes)),
                 Err(e) => {
                     self.drop_new_backups(id, &new).await;
@@ -304,6 +305,7 @@ impl NodeInner {
         slot.replicated.store(true, Ordering::Release);
         drop(guard);
         let held = streaming.elapsed();
+        let total = sent_bytes.iter().map(|(_, b)| b).sum();
         for (to, bytes) in sent_bytes {
             let mut e = granule_wire::ClusterEvent::now(
                 granule_wire::EventKind::BackupMade,
@@ -315,7 +317,142 @@ impl NodeInner {
             e.micros = held.as_micros() as u64;
             crate::telemetry::report_event(e);
         }
-        Ok(())
+        Ok(total)
+    }
+
+    /// Move the backup copy of proclet `id` (a primary here) on node `from` to `to`
+    /// (`Msg::MoveBackup`): the state streams to `to`, the controller records `to` in
+    /// `from`'s place, and `from` drops its copy.
+    pub(super) async fn serve_move_backup(
+        &self,
+        id: ProcletId,
+        from: NodeId,
+        to: &Location,
+    ) -> Result<granule_wire::MoveStats, RemoteError> {
+        let t0 = std::time::Instant::now();
+        let primary = self
+            .replication
+            .primary(id)
+            .ok_or_else(|| self.not_here(id))?;
+        let config = primary.config.borrow().clone();
+        let Some(old) = config.backups.iter().find(|b| b.node == from).cloned() else {
+            return Err(RemoteError::Refused(format!(
+                "node {from} keeps no backup of proclet {id}"
+            )));
+        };
+        let mut to = to.clone();
+        if to.node == self.id || config.backups.iter().any(|b| b.node == to.node) {
+            // The pressure policy's destination is chosen for room, not for copies:
+            // the controller picks a node with room that keeps no copy instead.
+            let placed = self.controller.place_backups(id, 1).await.map_err(|e| {
+                RemoteError::Refused(format!(
+                    "node {} already keeps a copy of proclet {id}, and no other node can: {e}",
+                    to.node
+                ))
+            })?;
+            match placed
+                .backups
+                .iter()
+                .find(|b| b.node != self.id && !config.backups.iter().any(|h| h.node == b.node))
+            {
+                Some(b) => to = b.clone(),
+                None => {
+                    return Err(RemoteError::Refused(format!(
+                        "no node without a copy of proclet {id} to move its backup to"
+                    )))
+                }
+            }
+        }
+        let to = &to;
+        let mut backups: Vec<Location> = config
+            .backups
+            .iter()
+            .filter(|b| b.node != from)
+            .cloned()
+            .collect();
+        backups.push(Location {
+            node: to.node,
+            addr: to.addr.clone(),
+            epoch: 0,
+        });
+        let set = ReplicaSet {
+            proclet: id,
+            epoch: config.epoch,
+            primary: Location {
+                node: self.id,
+                addr: self.addr.clone(),
+                epoch: config.epoch,
+            },
+            backups,
+        };
+        let bytes = self.add_backups(set, primary.copies).await?;
+        // No call goes to the old copy any more: it can go.
+        self.drop_new_backups(id, &[&old]).await;
+        let took = t0.elapsed();
+        tracing::info!(proclet = %id, from = %from, to = %to.node, bytes,
+            micros = took.as_micros() as u64, "a backup copy moved");
+        let mut e = granule_wire::ClusterEvent::now(
+            granule_wire::EventKind::Migration,
+            from,
+            format!("{id} (backup)"),
+        );
+        e.to = Some(to.node);
+        e.bytes = bytes;
+        e.micros = took.as_micros() as u64;
+        crate::telemetry::record_move(self, e);
+        Ok(granule_wire::MoveStats {
+            bytes,
+            micros: took.as_micros() as u64,
+            drain_micros: 0,
+        })
+    }
+
+    /// Move the backup copy of `id` kept here to `to`: asked of its primary.
+    pub(super) async fn move_backup_away(
+        &self,
+        id: ProcletId,
+        to: &Location,
+    ) -> Result<granule_wire::MoveStats, RemoteError> {
+        self.ask_backup_move(id, self.id, to).await
+    }
+
+    /// Ask the primary of `id` to move its backup copy on `from` to `to`.
+    pub(crate) async fn ask_backup_move(
+        &self,
+        id: ProcletId,
+        from: NodeId,
+        to: &Location,
+    ) -> Result<granule_wire::MoveStats, RemoteError> {
+        let (primary, _) = self
+            .controller
+            .locate(id)
+            .await
+            .map_err(|e| RemoteError::Internal(format!("cannot locate {id}'s primary: {e}")))?
+            .ok_or(RemoteError::Gone)?;
+        let conn = self
+            .peers
+            .connect(primary.node, &primary.addr)
+            .await
+            .map_err(|e| RemoteError::Internal(e.to_string()))?;
+        let ask = Msg::MoveBackup {
+            proclet: id,
+            from,
+            to: to.clone(),
+        };
+        match conn.request(&ask, &[]).await {
+            Ok(Frame {
+                msg: Msg::Moved(stats),
+                ..
+            }) => Ok(stats),
+            Ok(Frame {
+                msg: Msg::Error(e), ..
+            }) => Err(e),
+            Ok(f) => Err(RemoteError::Protocol(format!(
+                "unexpected answer {} to MoveBackup",
+                f.msg.name()
+            ))),
+            Err(e) => Err(RemoteError::Internal(e.to_string())),
+        }
     }
 
     /// Drop the copies streamed to new backups that will not be used (the stream or
@@ -607,32 +744,179 @@ impl NodeInner {
     /// Send backup `b`, which is behind, the whole state as it is after call
     /// `ctx.seq` (the call's lock is held: nothing changes it meanwhile).
     async fn resync(&self, ctx: &Pending<'_>, b: &Location) -> Result<(), RemoteError> {
-        let slot = ctx.slot;
+        let copy = Copy {
+            epoch: ctx.epoch,
+            copies: ctx.primary.copies,
+            seq: ctx.seq,
+        };
+        let bytes = self.stream_copy(ctx.slot, ctx.guard, b, copy).await?;
+        tracing::info!(proclet = %ctx.slot.id, seq = ctx.seq, backup = %b.node, bytes,
+            "a backup that was behind was sent the whole state");
+        Ok(())
+    }
+
+    /// Stream the state of `slot` (its exclusive lock `guard` held) to node `to` as a
+    /// backup copy: encoded bytes sent.
+    async fn stream_copy(
+        &self,
+        slot: &Arc<Slot>,
+        guard: &crate::slot::Guard,
+        to: &Location,
+        copy: Copy,
+    ) -> Result<u64, RemoteError> {
         let ops = slot
             .state_desc
             .state_ops()
             .ok_or_else(|| RemoteError::Internal("slot without a state descriptor".into()))?;
-        let conn = self
-            .peers
-            .connect(b.node, &b.addr)
-            .await
-            .map_err(|e| RemoteError::Internal(e.to_string()))?;
+        let conn = self.peers.connect(to.node, &to.addr).await.map_err(|e| {
+            RemoteError::Internal(format!("cannot reach node {} for a copy: {e}", to.node))
+        })?;
         let header = |p: ChunkPos| Msg::BackupChunk {
             proclet: slot.id,
             kind: slot.kind(),
             state: shipping::code_ref(slot.state_desc),
-            epoch: ctx.epoch,
+            epoch: copy.epoch,
             offset: p.offset,
             total: p.total,
             last: p.last,
-            copies: ctx.primary.copies,
-            seq: ctx.seq,
+            copies: copy.copies,
+            seq: copy.seq,
         };
         let settings = Settings::of(&self.migration.config, None);
-        let bytes = stream::send_encoded(&conn, slot, ctx.guard, ops, &header, settings).await?;
-        tracing::info!(proclet = %slot.id, seq = ctx.seq, backup = %b.node, bytes,
-            "a backup that was behind was sent the whole state");
-        Ok(())
+        stream::send_encoded(&conn, slot, guard, ops, &header, settings).await
+    }
+
+    /// Move replicated proclet `id`, whose primary is here, to node `to` (the pressure
+    /// policy's moves and explicit ones), keeping its number of copies. Under the
+    /// proclet's exclusive lock (every call so far applied on every backup): a node with
+    /// no copy is streamed one; the controller then makes `to` the primary under a new
+    /// epoch (`Msg::HandOver`) and tells it and the backups. If `to` was a backup, this
+    /// node keeps the state as a backup in its place; otherwise it drops its copy.
+    pub(super) async fn move_replicated(
+        &self,
+        slot: &Arc<Slot>,
+        to: &Location,
+    ) -> Result<granule_wire::MoveStats, RemoteError> {
+        let id = slot.id;
+        let t0 = std::time::Instant::now();
+        let primary = self.replication.primary(id).ok_or_else(|| {
+            RemoteError::Internal(format!("replicated proclet {id} has no configuration here"))
+        })?;
+        let guard = self
+            .lock_slot(slot, context::new_chain(), CallMode::Exclusive)
+            .await?;
+        let drained = t0.elapsed();
+        let config = primary.config.borrow().clone();
+        let seq = *primary.seq.lock();
+        let swap = config.backups.iter().any(|b| b.node == to.node);
+        let mut bytes = 0;
+        if !swap {
+            let copy = Copy {
+                epoch: config.epoch,
+                copies: primary.copies,
+                seq,
+            };
+            bytes = self.stream_copy(slot, &guard, to, copy).await?;
+            if let Err(f) = granule_failpoints::hit("replicate.move.streamed").await {
+                self.drop_new_backups(id, &[to]).await;
+                return Err(RemoteError::Refused(f.to_string()));
+            }
+        }
+        let mut backups: Vec<Location> = config
+            .backups
+            .iter()
+            .filter(|b| b.node != to.node)
+            .cloned()
+            .collect();
+        if swap {
+            backups.push(Location {
+                node: self.id,
+                addr: self.addr.clone(),
+                epoch: 0,
+            });
+        }
+        let epoch = config.epoch + 1;
+        let at = Location {
+            node: to.node,
+            addr: to.addr.clone(),
+            epoch,
+        };
+        let set = ReplicaSet {
+            proclet: id,
+            epoch,
+            primary: at.clone(),
+            backups,
+        };
+        if let Err(e) = self.controller.hand_over(set.clone()).await {
+            // The answer may be lost after the controller recorded it: ask.
+            let recorded = matches!(self.controller.locate(id).await,
+                Ok(Some((l, _))) if l.node == to.node && l.epoch == epoch);
+            if !recorded {
+                if !swap {
+                    self.drop_new_backups(id, &[to]).await;
+                }
+                return Err(RemoteError::Refused(format!(
+                    "the controller did not hand proclet {id} over to {}: {e}",
+                    to.node
+                )));
+            }
+        }
+        if let Err(f) = granule_failpoints::hit("replicate.move.handed_over").await {
+            // Only `crash` means anything here: the hand-over stands either way.
+            tracing::warn!(proclet = %id, "{f}");
+        }
+        // `to` is the primary now: nothing more is granted here, and callers waiting
+        // for the lock go there.
+        self.locations.forward(id, at.clone());
+        guard.set_status(crate::slot::SlotStatus::Moved(at));
+        let state = guard.take_state();
+        self.hosting.remove(slot);
+        self.replication.primaries.remove(&id);
+        if swap {
+            let answered = std::mem::take(&mut *primary.answered.lock());
+            let copy = Slot::new(id, slot.kind(), slot.state_desc, epoch, state, None);
+            self.replication.backups.insert(
+                id,
+                Arc::new(Backup {
+                    slot: copy,
+                    progress: Mutex::new(Progress {
+                        epoch,
+                        applied: seq,
+                        last_call: 0,
+                        last_digest: 0,
+                    }),
+                    answered: Mutex::new(answered),
+                    copies: primary.copies,
+                    late: tokio::sync::watch::channel(Late::Nothing).0,
+                    effectful: AtomicBool::new(primary.effectful.load(Ordering::Relaxed)),
+                    bytes: slot.stats.footprint.load(Ordering::Relaxed),
+                }),
+            );
+        } else {
+            drop(state);
+            self.migration.departed_bytes.fetch_add(
+                slot.stats.footprint.load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+        }
+        drop(guard);
+        let took = t0.elapsed();
+        let mut e = granule_wire::ClusterEvent::now(
+            granule_wire::EventKind::Migration,
+            self.id,
+            id.to_string(),
+        );
+        e.to = Some(to.node);
+        e.bytes = bytes;
+        e.micros = took.as_micros() as u64;
+        crate::telemetry::record_move(self, e);
+        tracing::info!(proclet = %id, to = %to.node, epoch, swap, bytes,
+            micros = took.as_micros() as u64, "replicated proclet's primary moved");
+        Ok(granule_wire::MoveStats {
+            bytes,
+            micros: took.as_micros() as u64,
+            drain_micros: drained.as_micros() as u64,
+        })
     }
 
     /// A backup applies call `seq` (see the module doc).
@@ -890,6 +1174,12 @@ impl NodeInner {
         };
         let node = self.clone();
         let nice = self.migration.config.nice;
+        let size = buf.len() as u64;
+        // An arrival, not growth of the node's own: the pressure monitor counts it out
+        // (as it does a moved proclet), or it would shed what just came.
+        self.migration
+            .received_bytes
+            .fetch_add(size, Ordering::Relaxed);
         self.handle.spawn(async move {
             let decoded = stream::in_background(nice, move || (a.ops.decode)(&buf)).await;
             let state = match decoded {
@@ -914,6 +1204,7 @@ impl NodeInner {
                     copies: a.copies,
                     late: tokio::sync::watch::channel(Late::Nothing).0,
                     effectful: AtomicBool::new(false),
+                    bytes: size,
                 }),
             );
             let _ = reply.send(&Msg::Done, &[]);
@@ -1033,7 +1324,7 @@ impl NodeInner {
                 }
             };
             match node.add_backups(set, copies).await {
-                Ok(()) => tracing::info!(proclet = %id, copies,
+                Ok(_) => tracing::info!(proclet = %id, copies,
                     micros = started.elapsed().as_micros() as u64, "copies restored"),
                 Err(e) => {
                     tracing::warn!(proclet = %id, copies, "could not restore the copies: {e}")
@@ -1055,10 +1346,27 @@ impl NodeInner {
         }
     }
 
-    /// Drop a backup copy kept here (its proclet was destroyed); whether there was one.
+    /// Drop a backup copy kept here (its proclet was destroyed, or the copy moved);
+    /// whether there was one.
     pub(super) fn drop_backup(&self, id: ProcletId) -> bool {
-        self.replication.backups.remove(&id).is_some()
+        match self.replication.backups.remove(&id) {
+            Some((_, b)) => {
+                self.migration
+                    .departed_bytes
+                    .fetch_add(b.bytes, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
     }
+}
+
+/// Which copy of the state a stream makes (see `Msg::BackupChunk`).
+#[derive(Clone, Copy)]
+struct Copy {
+    epoch: Epoch,
+    copies: u32,
+    seq: u64,
 }
 
 /// A replicated call waiting for its backups: what `await_applied` needs.

@@ -43,6 +43,7 @@ impl Handler for NodeHandler {
             Msg::Call { .. }
             | Msg::Apply { .. }
             | Msg::Effects { .. }
+            | Msg::MoveBackup { .. }
             | Msg::AddBackups(_)
             | Msg::BackupChunk { .. }
             | Msg::Push { .. }
@@ -172,8 +173,12 @@ impl NodeInner {
             Msg::AddBackups(set) => {
                 let set = set.clone();
                 let copies = set.backups.len() as u32 + 1;
-                self.add_backups(set, copies).await.map(|()| Msg::Done)
+                self.add_backups(set, copies).await.map(|_| Msg::Done)
             }
+            Msg::MoveBackup { proclet, from, to } => self
+                .serve_move_backup(*proclet, *from, to)
+                .await
+                .map(Msg::Moved),
             Msg::MoveOut { proclet, to } => {
                 let (p, t) = (*proclet, to.clone());
                 self.move_out_on_workers(p, t, None).await.map(Msg::Moved)
