@@ -62,7 +62,7 @@ pub const CATALOGUE: &[(&str, &str)] = &[
     ),
     (
         "stream.chunk_received",
-        "receiver of a state stream (the destination of a move): each arriving chunk, before it is kept (error or crash: it runs on the connection's reader)",
+        "receiver of a state stream (the destination of a move, or a new backup copy): each arriving chunk, before it is kept (error or crash: it runs on the connection's reader)",
     ),
     (
         "migrate.before_install",

@@ -263,6 +263,10 @@ enum Fault {
     Crash { k: u64 },
     /// SIGKILL between two calls, after `k` more calls.
     Kill { k: u64 },
+    /// The primary moved to another node while `k` + 3 calls are made, and ended by a
+    /// failpoint in the middle of the move: after the state streamed there (before the
+    /// controller hands it over), or after the hand-over (before it lets go).
+    MoveCrash { k: u64, handed_over: bool },
 }
 
 /// One seed: a proclet with three copies on a cluster of four nodes takes 40 calls while
@@ -280,8 +284,16 @@ fn run_seed(seed: u64) {
             Fault::Kill { k }
         }
     };
-    let schedule = [pick(&mut rng), pick(&mut rng)];
-    let (cluster, _nodes) = cluster(4, "cpu=1,mem=256MiB");
+    let first = if rng.random_bool(1.0 / 3.0) {
+        Fault::MoveCrash {
+            k: rng.random_range(0..8u64),
+            handed_over: rng.random_bool(0.5),
+        }
+    } else {
+        pick(&mut rng)
+    };
+    let schedule = [first, pick(&mut rng)];
+    let (cluster, nodes) = cluster(4, "cpu=1,mem=256MiB");
     let p = Proclet::builder(Kind::Memory)
         .replicas(3)
         .create((), |()| Log::default())
@@ -327,6 +339,28 @@ fn run_seed(seed: u64) {
                 for _ in 0..k + 3 {
                     call(&mut answered, &mut failed);
                 }
+            }
+            Fault::MoveCrash { k, handed_over } => {
+                let fp = if handed_over {
+                    "replicate.move.handed_over"
+                } else {
+                    "replicate.move.streamed"
+                };
+                cluster
+                    .faults()
+                    .failpoints(target, &format!("{fp}=crash"))
+                    .unwrap_or_else(|e| panic!("seed {seed}: arming {fp}: {e}"));
+                let to = *nodes.iter().find(|n| **n != target).unwrap();
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        // Fails when the crash comes before the hand-over: either way
+                        // the calls must go on.
+                        let _ = cluster.move_proclet(p.id(), to);
+                    });
+                    for _ in 0..k + 3 {
+                        call(&mut answered, &mut failed);
+                    }
+                });
             }
             Fault::Kill { k } => {
                 for _ in 0..k {
@@ -801,5 +835,68 @@ fn a_backup_moves_on_request_and_off_a_node_under_memory_pressure() {
         assert_eq!(p.location().unwrap(), nodes[0]);
         assert_eq!(append(&p, 1).unwrap(), 8193);
         c.shutdown();
+    });
+}
+
+#[test]
+fn a_node_that_dies_while_it_receives_a_new_copy_is_replaced_by_another() {
+    bounded(LIMIT, || {
+        let (cluster, nodes) = cluster(4, "cpu=1,mem=256MiB");
+        let p = Proclet::builder(Kind::Memory)
+            .on(nodes[0])
+            .replicas(2)
+            .create((), |()| Log::default())
+            .unwrap();
+        for x in 0..10 {
+            append(&p, x).unwrap();
+        }
+        let backup = backup_node(&cluster, nodes[0]);
+        // Every other node dies as the first chunk of a copy reaches it: the primary's
+        // first attempts to restore its backup fail, and it tries again until a node
+        // that lives (a replacement the cluster starts) takes the copy.
+        for n in &nodes[1..] {
+            if *n != backup {
+                cluster
+                    .faults()
+                    .failpoints(*n, "stream.chunk_received=crash")
+                    .unwrap();
+            }
+        }
+        kill(
+            Pid::from_raw(pid_of(&cluster, backup) as i32),
+            Signal::SIGKILL,
+        )
+        .unwrap();
+        // Calls go on at one copy meanwhile.
+        for x in 10..20 {
+            assert_eq!(append(&p, x).unwrap(), x as usize + 1);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(40);
+        let replacement = loop {
+            if let Some(b) = backup_node_now(&cluster, nodes[0]) {
+                break b;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no new backup: {:?}",
+                backup_copies(&cluster)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(
+            !nodes.contains(&replacement),
+            "{replacement} was armed to crash"
+        );
+        for x in 20..30 {
+            append(&p, x).unwrap();
+        }
+        kill(
+            Pid::from_raw(pid_of(&cluster, nodes[0]) as i32),
+            Signal::SIGKILL,
+        )
+        .unwrap();
+        assert_eq!(append(&p, 30).unwrap(), 31);
+        assert_eq!(p.location().unwrap(), replacement);
+        assert_eq!(seen(&p), (0..31).collect::<Vec<u64>>());
     });
 }

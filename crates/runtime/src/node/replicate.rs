@@ -90,6 +90,8 @@ pub(crate) struct Primary {
     /// A call of this proclet had effects: calls go to the backups after they ran here,
     /// with theirs.
     effectful: AtomicBool,
+    /// A task restoring its number of copies is running.
+    restoring: AtomicBool,
 }
 
 #[derive(Clone, Debug)]
@@ -298,6 +300,7 @@ impl NodeInner {
                         answered: Mutex::new(Answered::default()),
                         copies,
                         effectful: AtomicBool::new(false),
+                        restoring: AtomicBool::new(false),
                     }),
                 );
             }
@@ -1157,6 +1160,9 @@ impl NodeInner {
                 seq,
             })
         };
+        if let Err(f) = granule_failpoints::hit_blocking("stream.chunk_received") {
+            return reply.error(RemoteError::Internal(f.to_string()));
+        }
         let chunk = stream::Chunk {
             conn,
             proclet,
@@ -1279,6 +1285,7 @@ impl NodeInner {
                     answered: Mutex::new(answered),
                     copies: backup.copies,
                     effectful: AtomicBool::new(backup.effectful.load(Ordering::Relaxed)),
+                    restoring: AtomicBool::new(false),
                 }),
             );
             node.install(
@@ -1304,32 +1311,56 @@ impl NodeInner {
         });
     }
 
-    /// After a loss: give proclet `id` (a primary here with `backups` backups) new
-    /// backups until it has `copies` copies again, in the background. Calls are held only
-    /// while the state streams to them (under the proclet's exclusive lock). A cluster
-    /// with too few live nodes leaves it at fewer copies, and says so.
+    /// After a loss: give proclet `id` (a primary here) new backups until it has
+    /// `copies` copies again, in the background. Calls are held only while the state
+    /// streams to them (under the proclet's exclusive lock). An attempt that fails (too
+    /// few live nodes, or the node receiving the copy died) is tried again, less and less
+    /// often, for as long as this node is the primary and a copy is missing: a node that
+    /// joins later takes the copy. One such task per proclet.
     fn restore_copies(self: Arc<Self>, id: ProcletId, copies: u32, backups: usize) {
-        let missing = (copies as usize).saturating_sub(backups + 1) as u32;
-        if missing == 0 {
+        if (copies as usize) <= backups + 1 {
+            return;
+        }
+        let Some(primary) = self.replication.primary(id) else {
+            return;
+        };
+        if primary.restoring.swap(true, Ordering::AcqRel) {
             return;
         }
         let node = self.clone();
         self.handle.spawn(async move {
             let started = std::time::Instant::now();
-            let set = match node.controller.place_backups(id, missing).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(proclet = %id, copies, "running with fewer copies: {e}");
-                    return;
+            let mut wait = Duration::from_millis(100);
+            let mut said = false;
+            loop {
+                // Still the primary, still short of copies?
+                let current = node.replication.primary(id);
+                let missing = match &current {
+                    Some(p) if Arc::ptr_eq(p, &primary) => {
+                        (copies as usize).saturating_sub(p.config.borrow().backups.len() + 1) as u32
+                    }
+                    _ => 0,
+                };
+                if missing == 0 || node.is_stopped() {
+                    break;
                 }
-            };
-            match node.add_backups(set, copies).await {
-                Ok(_) => tracing::info!(proclet = %id, copies,
-                    micros = started.elapsed().as_micros() as u64, "copies restored"),
-                Err(e) => {
-                    tracing::warn!(proclet = %id, copies, "could not restore the copies: {e}")
+                let outcome = match node.controller.place_backups(id, missing).await {
+                    Ok(set) => node.add_backups(set, copies).await.map(|_| ()),
+                    Err(e) => Err(RemoteError::NoCapacity(e.to_string())),
+                };
+                match outcome {
+                    Ok(()) => tracing::info!(proclet = %id, copies,
+                        micros = started.elapsed().as_micros() as u64, "copies restored"),
+                    Err(e) if !std::mem::replace(&mut said, true) => {
+                        tracing::warn!(proclet = %id, copies,
+                            "running with fewer copies, trying again: {e}")
+                    }
+                    Err(e) => tracing::debug!(proclet = %id, "copies not restored yet: {e}"),
                 }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
             }
+            primary.restoring.store(false, Ordering::Release);
         });
     }
 
