@@ -254,7 +254,8 @@ impl<S: ProcletState> ProcletBuilder<S> {
     /// reported. What they do outside the state (calling, creating, destroying proclets,
     /// failpoints, questions to the runtime) happens on the primary only and is replayed
     /// on the backups. Creation fails with [`CallError::NoCapacity`] when fewer than `n` nodes
-    /// live. Replicated proclets do not move (an explicit move is refused).
+    /// live. Replicated proclets move with their copies (the primary hands over to the
+    /// destination; the pressure policy moves backups too).
     pub fn replicas(mut self, n: u32) -> Self {
         self.replicas = n.max(1);
         self

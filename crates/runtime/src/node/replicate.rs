@@ -26,8 +26,11 @@
 //!   calls go to the backups before they run on the primary until one of them turns out
 //!   to have effects; from then on each is sent after it ran, with its effects.
 //!
-//! After a loss the primary restores the number of copies (`restore_copies`). Not yet:
-//! moving replicated proclets (refused), pipelining several calls of one proclet to its
+//! After a loss the primary restores the number of copies (`restore_copies`), trying
+//! again until it has them. Moves keep the number of copies: a primary hands over to a
+//! node holding a copy it streamed (or to a backup, swapping roles) under a new epoch
+//! (`move_replicated`), and a backup is replaced by a copy streamed to another node
+//! (`serve_move_backup`). Not yet: pipelining several calls of one proclet to its
 //! backups (a call holds the proclet's lock until every backup applied it).
 
 use super::hosting::NewSlot;
