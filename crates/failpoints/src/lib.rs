@@ -437,45 +437,39 @@ fn crash(name: &'static str) -> ! {
 
 /// What a [`Hook`] decides for a hit.
 pub enum HookDecision {
+    /// Take the hit's step as usual; the hook is not told of it.
+    Pass,
     /// Answer the hit with this outcome; the registry is not consulted (a replay).
     Answer(Result<(), Fired>),
     /// Take the hit's step as usual, then tell the hook its outcome with this token.
     Take(u64),
 }
 
-/// Something that sees the failpoint hits made on one thread: the runtime records the
-/// outcomes of the hits a replicated proclet's closure makes on its primary and answers
-/// the same hits from that record on its backups, so a backup never takes a step again.
+/// Something that sees every failpoint hit of the process before it is taken: the
+/// runtime records the outcomes of the hits a replicated proclet's closure makes on its
+/// primary and answers the same hits from that record on its backups, so a backup never
+/// takes a step again (it passes every other hit).
 pub trait Hook: Send + Sync {
-    /// A hit of `name` on this thread, before its step is taken.
+    /// A hit of `name`, before its step is taken.
     fn before(&self, name: &'static str) -> HookDecision;
-    /// The outcome of a hit [`Hook::before`] let through.
+    /// The outcome of a hit [`Hook::before`] asked to hear of.
     fn after(&self, token: u64, name: &'static str, outcome: &Result<(), Fired>);
 }
 
-thread_local! {
-    static HOOK: std::cell::RefCell<Option<std::sync::Arc<dyn Hook>>> =
-        const { std::cell::RefCell::new(None) };
-}
+static HOOK: OnceLock<&'static dyn Hook> = OnceLock::new();
 
-/// Set this thread's hook (`None`: no hook); the previous one is returned, for the caller
-/// to put back.
-pub fn swap_thread_hook(
-    hook: Option<std::sync::Arc<dyn Hook>>,
-) -> Option<std::sync::Arc<dyn Hook>> {
-    HOOK.with(|h| std::mem::replace(&mut *h.borrow_mut(), hook))
-}
-
-fn thread_hook() -> Option<std::sync::Arc<dyn Hook>> {
-    HOOK.with(|h| h.borrow().clone())
+/// Install the process's hook (once; later calls change nothing).
+pub fn set_hook(hook: &'static dyn Hook) {
+    let _ = HOOK.set(hook);
 }
 
 /// Take failpoint `name`'s next step, in async code.
 pub async fn hit(name: &'static str) -> Result<(), Fired> {
-    let Some(hook) = thread_hook() else {
+    let Some(hook) = HOOK.get() else {
         return take_async(name).await;
     };
     match hook.before(name) {
+        HookDecision::Pass => take_async(name).await,
         HookDecision::Answer(outcome) => outcome,
         HookDecision::Take(token) => {
             let outcome = take_async(name).await;
@@ -488,10 +482,11 @@ pub async fn hit(name: &'static str) -> Result<(), Fired> {
 /// Take failpoint `name`'s next step, blocking the calling thread (for code that runs on
 /// threads of its own, not in async tasks).
 pub fn hit_blocking(name: &'static str) -> Result<(), Fired> {
-    let Some(hook) = thread_hook() else {
+    let Some(hook) = HOOK.get() else {
         return take_blocking(name);
     };
     match hook.before(name) {
+        HookDecision::Pass => take_blocking(name),
         HookDecision::Answer(outcome) => outcome,
         HookDecision::Take(token) => {
             let outcome = take_blocking(name);

@@ -291,18 +291,21 @@ fn current() -> Option<Scope> {
     SCOPE.with(|s| s.borrow().clone())
 }
 
-/// Put `scope` on this thread (and its failpoint hook), returning what was there.
+/// Put `scope` on this thread, returning what was there.
 fn swap(scope: Option<Scope>) -> Option<Scope> {
-    let hook: Option<Arc<dyn Hook>> = scope.clone().map(|s| Arc::new(s) as Arc<dyn Hook>);
-    granule_failpoints::swap_thread_hook(hook);
     SCOPE.with(|s| std::mem::replace(&mut *s.borrow_mut(), scope))
 }
+
+/// The process's failpoint hook: failpoints hit under a scope are effects.
+struct FailpointHook;
+static FAILPOINT_HOOK: FailpointHook = FailpointHook;
 
 /// A scope entered on this thread; dropping it puts back the one before.
 pub(crate) struct Entered(Option<Scope>);
 
 /// Run the closure that follows under `scope` until the guard drops.
 pub(crate) fn enter(scope: Scope) -> Entered {
+    granule_failpoints::set_hook(&FAILPOINT_HOOK);
     Entered(swap(Some(scope)))
 }
 
@@ -432,7 +435,22 @@ impl<F: Future> Future for Unscoped<F> {
     }
 }
 
-impl Hook for Scope {
+impl Hook for FailpointHook {
+    fn before(&self, name: &'static str) -> HookDecision {
+        match current() {
+            Some(scope) => scope.before(name),
+            None => HookDecision::Pass,
+        }
+    }
+
+    fn after(&self, token: u64, name: &'static str, outcome: &Result<(), Fired>) {
+        if let Some(scope) = current() {
+            scope.after(token, name, outcome);
+        }
+    }
+}
+
+impl Scope {
     fn before(&self, name: &'static str) -> HookDecision {
         match self {
             Scope::Record(rec) => HookDecision::Take(rec.reserve(What::Failpoint) as u64),

@@ -537,7 +537,9 @@ impl NodeInner {
         };
         let recorded = recorder.finish();
         let mut tail = arg.clone();
-        if !recorded.is_empty() {
+        // Sent after the run, the effects go along even when there are none: the backup
+        // then knows there are none, and does not wait for any.
+        if !recorded.is_empty() || !early {
             let fx = effects::encode(&recorded);
             if let Msg::Apply { effects, .. } = &mut apply {
                 *effects = fx.len() as u32;
@@ -546,7 +548,7 @@ impl NodeInner {
             t.extend_from_slice(&arg);
             t.extend_from_slice(&fx);
             tail = Bytes::from(t);
-            if early {
+            if early && !recorded.is_empty() {
                 // The backups got the call without them and wait at its first effect.
                 primary.effectful.store(true, Ordering::Relaxed);
                 self.send_late_effects(&config, id, seq, Bytes::from(fx))
