@@ -121,16 +121,7 @@ impl NodeInner {
         stale: &Location,
         asked: &mut bool,
     ) -> Option<Location> {
-        if std::mem::replace(asked, true) {
-            return None;
-        }
-        match self.controller.failover(id, stale.node).await {
-            Ok(Some((loc, true, true))) if loc.node != stale.node => {
-                self.locations.learn(id, &loc);
-                Some(loc)
-            }
-            _ => None,
-        }
+        self.ask_where_now(id, stale, asked, true).await
     }
 
     /// First step of creating a proclet: an id and a place (the named node, or where the
@@ -372,13 +363,29 @@ impl NodeInner {
         stale: &Location,
         asked: &mut bool,
     ) -> Option<Location> {
+        self.ask_where_now(id, stale, asked, false).await
+    }
+
+    /// Ask the controller (once per call: `asked`) where proclet `id` is now that
+    /// `stale` failed it: a live place elsewhere, if any — and only for a replicated
+    /// proclet when `replicated_only` (another proclet's call that got no answer may
+    /// have run, and is not sent again). For a replicated proclet the controller
+    /// answers once it knows whether the node is dead (and a backup took over); for
+    /// others at once.
+    async fn ask_where_now(
+        &self,
+        id: ProcletId,
+        stale: &Location,
+        asked: &mut bool,
+        replicated_only: bool,
+    ) -> Option<Location> {
         if std::mem::replace(asked, true) {
             return None;
         }
-        // For a replicated proclet, the controller answers once it knows whether the
-        // node is dead (and a backup took over); for others at once.
         match self.controller.failover(id, stale.node).await {
-            Ok(Some((loc, true, _))) if loc.node != stale.node => {
+            Ok(Some((loc, true, replicated)))
+                if loc.node != stale.node && (replicated || !replicated_only) =>
+            {
                 self.locations.learn(id, &loc);
                 Some(loc)
             }

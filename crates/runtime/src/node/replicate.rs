@@ -97,6 +97,20 @@ pub(crate) struct Primary {
     restoring: AtomicBool,
 }
 
+impl Primary {
+    /// Take configuration `config` unless a newer one is in place already (the
+    /// controller's notices and a primary's own records can arrive in either order).
+    fn adopt(&self, config: Config) {
+        self.config.send_if_modified(|c| {
+            let newer = config.epoch >= c.epoch;
+            if newer {
+                *c = config;
+            }
+            newer
+        });
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Config {
     epoch: Epoch,
@@ -285,13 +299,7 @@ impl NodeInner {
             Some(p) => {
                 // The controller may have sent a newer configuration meanwhile (one of
                 // these backups died after it was recorded): that one stands.
-                p.config.send_if_modified(|c| {
-                    let newer = config.epoch >= c.epoch;
-                    if newer {
-                        *c = config;
-                    }
-                    newer
-                });
+                p.adopt(config);
             }
             None => {
                 let (tx, _) = tokio::sync::watch::channel(config);
@@ -1241,13 +1249,7 @@ impl NodeInner {
             backups: set.backups.clone(),
         };
         if let Some(p) = self.replication.primary(id) {
-            p.config.send_if_modified(|c| {
-                let newer = config.epoch >= c.epoch;
-                if newer {
-                    *c = config;
-                }
-                newer
-            });
+            p.adopt(config);
             self.clone().restore_copies(id, p.copies, set.backups.len());
             return;
         }
