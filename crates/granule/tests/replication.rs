@@ -350,7 +350,15 @@ fn run_seed(seed: u64) {
                     .faults()
                     .failpoints(target, &format!("{fp}=crash"))
                     .unwrap_or_else(|e| panic!("seed {seed}: arming {fp}: {e}"));
-                let to = *nodes.iter().find(|n| **n != target).unwrap();
+                // Before the hand-over the state streams only to a node with no copy:
+                // the one node of the four that keeps none.
+                let copies = backup_copies(&cluster);
+                let keeps_none =
+                    |n: &NodeId| *n != target && copies.iter().any(|(id, c)| id == n && *c == 0);
+                let to = match nodes.iter().find(|n| keeps_none(n)) {
+                    Some(n) if !handed_over => *n,
+                    _ => *nodes.iter().find(|n| **n != target).unwrap(),
+                };
                 std::thread::scope(|s| {
                     s.spawn(|| {
                         // Fails when the crash comes before the hand-over: either way

@@ -283,16 +283,25 @@ pub(crate) enum Scope {
 
 thread_local! {
     static SCOPE: RefCell<Option<Scope>> = const { RefCell::new(None) };
+    /// Whether `SCOPE` holds one (read without borrowing it).
+    static IN_SCOPE: Cell<bool> = const { Cell::new(false) };
     /// The id the call being made as an effect must carry (0: none given).
     static PRESET_CALL: Cell<u64> = const { Cell::new(0) };
 }
 
+#[inline]
 fn current() -> Option<Scope> {
+    // Every call and failpoint hit asks: outside a replicated proclet's closure (nearly
+    // always) one flag read answers.
+    if !IN_SCOPE.with(|f| f.get()) {
+        return None;
+    }
     SCOPE.with(|s| s.borrow().clone())
 }
 
 /// Put `scope` on this thread, returning what was there.
 fn swap(scope: Option<Scope>) -> Option<Scope> {
+    IN_SCOPE.with(|f| f.set(scope.is_some()));
     SCOPE.with(|s| std::mem::replace(&mut *s.borrow_mut(), scope))
 }
 
@@ -326,6 +335,14 @@ pub(crate) fn preset_call_id() -> u64 {
     PRESET_CALL.with(|p| p.get())
 }
 
+/// [`preset_call_id`], or `make()` when none is given.
+pub(crate) fn preset_call_id_or(make: impl FnOnce() -> u64) -> u64 {
+    match preset_call_id() {
+        0 => make(),
+        id => id,
+    }
+}
+
 struct Preset(u64);
 fn preset(call: u64) -> Preset {
     Preset(PRESET_CALL.with(|p| p.replace(call)))
@@ -351,6 +368,7 @@ fn decode_outcome<R: Wire>(o: Outcome) -> Result<R, CallError> {
 
 /// Run effect `what` of the calling code: outside a replicated proclet's closure just
 /// `run()`; on its primary `run()` recorded; on its backup the recorded outcome.
+#[inline]
 pub(crate) fn sync_effect<R: Wire>(
     what: What,
     run: impl FnOnce() -> Result<R, CallError>,

@@ -964,14 +964,14 @@ impl<S: ProcletState> Proclet<S> {
         // The call's id, made when the call first leaves the local fast path (which
         // needs none, and must stay cheap) — unless it is a replicated call's effect,
         // whose id is derived from that call's (see `effects`).
-        let mut call = effects::preset_call_id();
+        let mut call = 0u64;
         let mut arg = ArgState::Value(arg);
         loop {
             if let Some(slot) = node.hosting.get(self.id) {
                 if mode == CallMode::Exclusive && slot.replicated.load(Ordering::Acquire) {
                     // A replicated proclet here: through its backups, never the fast path.
                     if call == 0 {
-                        call = node.new_call_id();
+                        call = effects::preset_call_id_or(|| node.new_call_id());
                     }
                     let bytes = bytes::Bytes::copy_from_slice(arg.bytes()?);
                     let (n, code) = (node.clone(), code());
@@ -1016,7 +1016,7 @@ impl<S: ProcletState> Proclet<S> {
                 }
             }
             if call == 0 {
-                call = node.new_call_id();
+                call = effects::preset_call_id_or(|| node.new_call_id());
             }
             let bytes = arg.bytes()?;
             let fut = node.call_remote(
