@@ -1202,4 +1202,54 @@ mod tests {
             [(b, NodeState::Alive)]
         );
     }
+
+    #[test]
+    fn a_replicated_proclet_is_handed_over_only_by_its_primary_and_fails_over_to_a_backup() {
+        let (mut s, now) = st();
+        let n: Vec<NodeId> = (0..4)
+            .map(|_| reg(&mut s, Role::Node, 1.0, GIB, now))
+            .collect();
+        let p = ProcletId(7);
+        s.set_location(p, n[0], 1, Kind::Memory);
+        let set = s.place_backups(p, 1).unwrap();
+        assert_eq!(set.backups.len(), 1);
+        assert_ne!(set.backups[0].node, n[0]);
+        assert!(s.record_backups(&set));
+        let backup = set.backups[0].node;
+        let other = *n.iter().find(|x| **x != n[0] && **x != backup).unwrap();
+        let to = |node: NodeId, epoch: u64, backups: Vec<NodeId>| ReplicaSet {
+            proclet: p,
+            epoch,
+            primary: Location {
+                node,
+                addr: "a:1".into(),
+                epoch,
+            },
+            backups: backups
+                .into_iter()
+                .map(|b| Location {
+                    node: b,
+                    addr: "a:1".into(),
+                    epoch: 0,
+                })
+                .collect(),
+        };
+        // Only the primary, only at the next epoch, only to distinct live nodes.
+        assert!(!s.hand_over(backup, &to(other, 2, vec![backup])));
+        assert!(!s.hand_over(n[0], &to(other, 3, vec![backup])));
+        assert!(!s.hand_over(n[0], &to(other, 2, vec![other])));
+        // A swap with the backup: the old primary becomes the backup.
+        assert!(s.hand_over(n[0], &to(backup, 2, vec![n[0]])));
+        assert_eq!(s.replica_set(p).unwrap().primary.node, backup);
+        assert_eq!(s.replica_set(p).unwrap().epoch, 2);
+        // The new primary dies: its backup (the old primary) takes over at epoch 3.
+        assert!(s.mark_dead(backup, now));
+        let changed = s.fail_over(backup);
+        assert_eq!(changed.len(), 1);
+        assert_eq!(changed[0].primary.node, n[0]);
+        assert_eq!(changed[0].epoch, 3);
+        assert!(changed[0].backups.is_empty());
+        // A hand-over to a dead node is refused.
+        assert!(!s.hand_over(n[0], &to(backup, 4, vec![])));
+    }
 }
