@@ -98,6 +98,24 @@ pub(crate) struct Primary {
 }
 
 impl Primary {
+    /// A primary at configuration `config` whose state has applied calls up to `seq`.
+    fn new(
+        config: Config,
+        seq: u64,
+        answered: Answered,
+        copies: u32,
+        effectful: bool,
+    ) -> Arc<Primary> {
+        Arc::new(Primary {
+            config: tokio::sync::watch::channel(config).0,
+            seq: Mutex::new(seq),
+            answered: Mutex::new(answered),
+            copies,
+            effectful: AtomicBool::new(effectful),
+            restoring: AtomicBool::new(false),
+        })
+    }
+
     /// Take configuration `config` unless a newer one is in place already (the
     /// controller's notices and a primary's own records can arrive in either order).
     fn adopt(&self, config: Config) {
@@ -130,6 +148,34 @@ pub(crate) struct Backup {
     effectful: AtomicBool,
     /// The state's size when it arrived (encoded bytes).
     bytes: u64,
+}
+
+impl Backup {
+    /// A copy (its state in `slot`) as `copy` says; `bytes`: the state's size, for the
+    /// pressure policy.
+    fn new(
+        slot: Arc<Slot>,
+        copy: Copy,
+        answered: Answered,
+        effectful: bool,
+        bytes: u64,
+    ) -> Arc<Backup> {
+        let Copy { epoch, copies, seq } = copy;
+        Arc::new(Backup {
+            slot,
+            progress: Mutex::new(Progress {
+                epoch,
+                applied: seq,
+                last_call: 0,
+                last_digest: 0,
+            }),
+            answered: Mutex::new(answered),
+            copies,
+            late: tokio::sync::watch::channel(Late::Nothing).0,
+            effectful: AtomicBool::new(effectful),
+            bytes,
+        })
+    }
 }
 
 struct Progress {
@@ -278,7 +324,7 @@ impl NodeInner {
             match self.stream_copy(&slot, &guard, b, copy).await {
                 Ok(bytes) => sent_bytes.push((b.node, bytes)),
                 Err(e) => {
-                    self.drop_new_backups(id, &new).await;
+                    self.drop_copies(id, &new).await;
                     return Err(e);
                 }
             }
@@ -286,7 +332,7 @@ impl NodeInner {
         // Recorded at the controller only now that they hold the state: a failover
         // before this cannot pick a backup that has nothing.
         if let Err(e) = self.controller.record_backups(set.clone()).await {
-            self.drop_new_backups(id, &new).await;
+            self.drop_copies(id, &new).await;
             return Err(RemoteError::Refused(format!(
                 "the controller did not record the new backups of {id}: {e}"
             )));
@@ -302,17 +348,9 @@ impl NodeInner {
                 p.adopt(config);
             }
             None => {
-                let (tx, _) = tokio::sync::watch::channel(config);
                 self.replication.primaries.insert(
                     id,
-                    Arc::new(Primary {
-                        config: tx,
-                        seq: Mutex::new(0),
-                        answered: Mutex::new(Answered::default()),
-                        copies,
-                        effectful: AtomicBool::new(false),
-                        restoring: AtomicBool::new(false),
-                    }),
+                    Primary::new(config, 0, Answered::default(), copies, false),
                 );
             }
         }
@@ -401,7 +439,7 @@ impl NodeInner {
         };
         let bytes = self.add_backups(set, primary.copies).await?;
         // No call goes to the old copy any more: it can go.
-        self.drop_new_backups(id, &[&old]).await;
+        self.drop_copies(id, &[&old]).await;
         let took = t0.elapsed();
         tracing::info!(proclet = %id, from = %from, to = %to.node, bytes,
             micros = took.as_micros() as u64, "a backup copy moved");
@@ -469,9 +507,10 @@ impl NodeInner {
         }
     }
 
-    /// Drop the copies streamed to new backups that will not be used (the stream or
-    /// the controller's record failed), so they do not stay in those nodes' memory.
-    async fn drop_new_backups(&self, id: ProcletId, new: &[&Location]) {
+    /// Drop the backup copies of `id` on these nodes: ones streamed that will not be
+    /// used (the stream, the controller's record or a hand-over failed), or one a move
+    /// replaced, so they do not stay in those nodes' memory.
+    async fn drop_copies(&self, id: ProcletId, new: &[&Location]) {
         for b in new {
             if let Ok(conn) = self.peers.connect(b.node, &b.addr).await {
                 let _ = conn.request(&Msg::Destroy { proclet: id }, &[]).await;
@@ -834,7 +873,7 @@ impl NodeInner {
             };
             bytes = self.stream_copy(slot, &guard, to, copy).await?;
             if let Err(f) = granule_failpoints::hit("replicate.move.streamed").await {
-                self.drop_new_backups(id, &[to]).await;
+                self.drop_copies(id, &[to]).await;
                 return Err(RemoteError::Refused(f.to_string()));
             }
         }
@@ -869,7 +908,7 @@ impl NodeInner {
                 Ok(Some((l, _))) if l.node == to.node && l.epoch == epoch);
             if !recorded {
                 if !swap {
-                    self.drop_new_backups(id, &[to]).await;
+                    self.drop_copies(id, &[to]).await;
                 }
                 return Err(RemoteError::Refused(format!(
                     "the controller did not hand proclet {id} over to {}: {e}",
@@ -893,20 +932,17 @@ impl NodeInner {
             let copy = Slot::new(id, slot.kind(), slot.state_desc, epoch, state, None);
             self.replication.backups.insert(
                 id,
-                Arc::new(Backup {
-                    slot: copy,
-                    progress: Mutex::new(Progress {
+                Backup::new(
+                    copy,
+                    Copy {
                         epoch,
-                        applied: seq,
-                        last_call: 0,
-                        last_digest: 0,
-                    }),
-                    answered: Mutex::new(answered),
-                    copies: primary.copies,
-                    late: tokio::sync::watch::channel(Late::Nothing).0,
-                    effectful: AtomicBool::new(primary.effectful.load(Ordering::Relaxed)),
-                    bytes: slot.stats.footprint.load(Ordering::Relaxed),
-                }),
+                        copies: primary.copies,
+                        seq,
+                    },
+                    answered,
+                    primary.effectful.load(Ordering::Relaxed),
+                    slot.stats.footprint.load(Ordering::Relaxed),
+                ),
             );
         } else {
             drop(state);
@@ -1211,20 +1247,17 @@ impl NodeInner {
             let slot = Slot::new(proclet, a.kind, a.desc, a.epoch, state, None);
             node.replication.backups.insert(
                 proclet,
-                Arc::new(Backup {
+                Backup::new(
                     slot,
-                    progress: Mutex::new(Progress {
+                    Copy {
                         epoch: a.epoch,
-                        applied: a.seq,
-                        last_call: 0,
-                        last_digest: 0,
-                    }),
-                    answered: Mutex::new(Answered::default()),
-                    copies: a.copies,
-                    late: tokio::sync::watch::channel(Late::Nothing).0,
-                    effectful: AtomicBool::new(false),
-                    bytes: size,
-                }),
+                        copies: a.copies,
+                        seq: a.seq,
+                    },
+                    Answered::default(),
+                    false,
+                    size,
+                ),
             );
             let _ = reply.send(&Msg::Done, &[]);
         });
@@ -1283,17 +1316,15 @@ impl NodeInner {
             let state = guard.take_state();
             let applied = backup.progress.lock().applied;
             let answered = std::mem::take(&mut *backup.answered.lock());
-            let (tx, _) = tokio::sync::watch::channel(config);
             node.replication.primaries.insert(
                 id,
-                Arc::new(Primary {
-                    config: tx,
-                    seq: Mutex::new(applied),
-                    answered: Mutex::new(answered),
-                    copies: backup.copies,
-                    effectful: AtomicBool::new(backup.effectful.load(Ordering::Relaxed)),
-                    restoring: AtomicBool::new(false),
-                }),
+                Primary::new(
+                    config,
+                    applied,
+                    answered,
+                    backup.copies,
+                    backup.effectful.load(Ordering::Relaxed),
+                ),
             );
             node.install(
                 NewSlot {
@@ -1399,7 +1430,7 @@ impl NodeInner {
     }
 }
 
-/// Which copy of the state a stream makes (see `Msg::BackupChunk`).
+/// Which copy of the state a stream makes (see `Msg::BackupChunk`), or a backup holds.
 #[derive(Clone, Copy)]
 struct Copy {
     epoch: Epoch,
