@@ -33,6 +33,11 @@ fn seen(p: &Proclet<Log>) -> Vec<u64> {
         .expect("read the log")
 }
 
+/// End node `node`'s process with SIGKILL, as a machine failure would.
+fn kill_node(cluster: &granule::Cluster, node: NodeId) {
+    kill(Pid::from_raw(pid_of(cluster, node) as i32), Signal::SIGKILL).unwrap();
+}
+
 fn pid_of(cluster: &granule::Cluster, node: NodeId) -> u32 {
     cluster
         .spawned_nodes()
@@ -54,11 +59,7 @@ fn a_killed_primarys_backup_takes_over_with_every_acknowledged_call() {
             assert_eq!(append(&p, x).unwrap(), x as usize + 1);
         }
         let primary = p.location().unwrap();
-        kill(
-            Pid::from_raw(pid_of(&cluster, primary) as i32),
-            Signal::SIGKILL,
-        )
-        .unwrap();
+        kill_node(&cluster, primary);
         // The next calls find the backup, now the primary, with all 50 calls.
         for x in 50..100 {
             assert_eq!(append(&p, x).unwrap(), x as usize + 1, "call {x}");
@@ -134,20 +135,25 @@ fn a_closure_that_is_not_deterministic_is_reported() {
             t
         })
         .unwrap();
-        let primary = p.location().unwrap();
-        let info = cluster
-            .nodes()
-            .unwrap()
-            .into_iter()
-            .find(|n| n.id == primary)
-            .unwrap();
-        let metrics = http_get(info.metrics_addr.as_deref().unwrap(), "/metrics");
-        let line = metrics
-            .lines()
-            .find(|l| l.starts_with("granule_replica_divergences_total"))
-            .unwrap_or_else(|| panic!("no divergence counter in\n{metrics}"));
+        let line = divergences(&cluster, p.location().unwrap());
         assert!(line.ends_with(" 1"), "{line}");
     });
+}
+
+/// Node `node`'s divergence counter: its line in the node's `/metrics`.
+fn divergences(cluster: &granule::Cluster, node: NodeId) -> String {
+    let info = cluster
+        .nodes()
+        .unwrap()
+        .into_iter()
+        .find(|n| n.id == node)
+        .unwrap();
+    let metrics = http_get(info.metrics_addr.as_deref().unwrap(), "/metrics");
+    metrics
+        .lines()
+        .find(|l| l.starts_with("granule_replica_divergences_total"))
+        .unwrap_or_else(|| panic!("no divergence counter in\n{metrics}"))
+        .to_string()
 }
 
 /// The copies kept as backups by each live node (from its `/metrics`).
@@ -189,11 +195,7 @@ fn a_lost_backup_is_replaced_and_the_new_one_can_take_over() {
             .map(|(id, _)| id)
             .expect("one node keeps the backup");
         assert_ne!(backup, primary);
-        kill(
-            Pid::from_raw(pid_of(&cluster, backup) as i32),
-            Signal::SIGKILL,
-        )
-        .unwrap();
+        kill_node(&cluster, backup);
         // Calls go on: the primary holds them until the controller drops the backup.
         for x in 10..20 {
             assert_eq!(append(&p, x).unwrap(), x as usize + 1);
@@ -219,11 +221,7 @@ fn a_lost_backup_is_replaced_and_the_new_one_can_take_over() {
             append(&p, x).unwrap();
         }
         // The new backup takes over from the primary, with every call.
-        kill(
-            Pid::from_raw(pid_of(&cluster, primary) as i32),
-            Signal::SIGKILL,
-        )
-        .unwrap();
+        kill_node(&cluster, primary);
         assert_eq!(append(&p, 30).unwrap(), 31);
         assert_eq!(p.location().unwrap(), replacement);
         assert_eq!(seen(&p), (0..31).collect::<Vec<u64>>());
@@ -374,11 +372,7 @@ fn run_seed(seed: u64) {
                 for _ in 0..k {
                     call(&mut answered, &mut failed);
                 }
-                kill(
-                    Pid::from_raw(pid_of(&cluster, target) as i32),
-                    Signal::SIGKILL,
-                )
-                .unwrap();
+                kill_node(&cluster, target);
                 for _ in 0..3 {
                     call(&mut answered, &mut failed);
                 }
@@ -470,11 +464,7 @@ fn a_primary_that_dies_between_its_backups_leaves_them_consistent() {
             std::thread::spawn(move || append(&p, 4))
         };
         std::thread::sleep(Duration::from_millis(300));
-        kill(
-            Pid::from_raw(pid_of(&cluster, primary) as i32),
-            Signal::SIGKILL,
-        )
-        .unwrap();
+        kill_node(&cluster, primary);
         let r = caller.join().unwrap();
         cluster
             .faults()
@@ -489,11 +479,7 @@ fn a_primary_that_dies_between_its_backups_leaves_them_consistent() {
         // them all.
         let second = p.location().unwrap();
         assert_ne!(second, primary);
-        kill(
-            Pid::from_raw(pid_of(&cluster, second) as i32),
-            Signal::SIGKILL,
-        )
-        .unwrap();
+        kill_node(&cluster, second);
         append(&p, 11).unwrap();
         let mut want = want;
         want.push(11);
@@ -558,17 +544,7 @@ fn what_a_replicated_call_does_outside_its_state_happens_once_and_survives_a_fai
         }
         // Each call reached the sink once: the backup replayed, it did not call again.
         assert_eq!(seen(&sink), (0..10).collect::<Vec<u64>>());
-        let info = cluster
-            .nodes()
-            .unwrap()
-            .into_iter()
-            .find(|n| n.id == nodes[0])
-            .unwrap();
-        let metrics = http_get(info.metrics_addr.as_deref().unwrap(), "/metrics");
-        let line = metrics
-            .lines()
-            .find(|l| l.starts_with("granule_replica_divergences_total"))
-            .unwrap_or_else(|| panic!("no divergence counter in\n{metrics}"));
+        let line = divergences(&cluster, nodes[0]);
         assert!(line.ends_with(" 0"), "{line}");
 
         // The primary dies in the middle of the next call, after it reached the sink and
@@ -668,23 +644,33 @@ fn backup_node(cluster: &granule::Cluster, primary: NodeId) -> NodeId {
     }
 }
 
+/// On a cluster of three nodes: a proclet with two copies, its primary on the first node,
+/// that took calls 0..10; the node keeping its backup, and the third node.
+fn two_copies_with_ten_calls(
+    cluster: &granule::Cluster,
+    nodes: &[NodeId],
+) -> (Proclet<Log>, NodeId, NodeId) {
+    let p = Proclet::builder(Kind::Memory)
+        .on(nodes[0])
+        .replicas(2)
+        .create((), |()| Log::default())
+        .unwrap();
+    for x in 0..10 {
+        append(&p, x).unwrap();
+    }
+    let backup = backup_node(cluster, nodes[0]);
+    let other = *nodes
+        .iter()
+        .find(|n| **n != nodes[0] && **n != backup)
+        .unwrap();
+    (p, backup, other)
+}
+
 #[test]
 fn a_replicated_proclet_moves_with_its_copies_while_it_is_called() {
     bounded(LIMIT, || {
         let (cluster, nodes) = cluster(3, "cpu=1,mem=256MiB");
-        let p = Proclet::builder(Kind::Memory)
-            .on(nodes[0])
-            .replicas(2)
-            .create((), |()| Log::default())
-            .unwrap();
-        for x in 0..10 {
-            append(&p, x).unwrap();
-        }
-        let backup = backup_node(&cluster, nodes[0]);
-        let other = *nodes
-            .iter()
-            .find(|n| **n != nodes[0] && **n != backup)
-            .unwrap();
+        let (p, backup, other) = two_copies_with_ten_calls(&cluster, &nodes);
         // To a node with no copy: the state streams there, the old primary lets go.
         cluster.move_proclet(p.id(), other).unwrap();
         assert_eq!(p.location().unwrap(), other);
@@ -712,11 +698,7 @@ fn a_replicated_proclet_moves_with_its_copies_while_it_is_called() {
         // Still two copies: killing the primary's node loses nothing.
         let primary = p.location().unwrap();
         let backup = backup_node(&cluster, primary);
-        kill(
-            Pid::from_raw(pid_of(&cluster, primary) as i32),
-            Signal::SIGKILL,
-        )
-        .unwrap();
+        kill_node(&cluster, primary);
         assert_eq!(append(&p, 400).unwrap(), 401);
         assert_eq!(p.location().unwrap(), backup);
         assert_eq!(seen(&p), (0..401).collect::<Vec<u64>>());
@@ -728,19 +710,7 @@ fn a_primary_killed_in_the_middle_of_a_move_loses_no_call() {
     for point in ["replicate.move.streamed", "replicate.move.handed_over"] {
         bounded(LIMIT, move || {
             let (cluster, nodes) = cluster(3, "cpu=1,mem=256MiB");
-            let p = Proclet::builder(Kind::Memory)
-                .on(nodes[0])
-                .replicas(2)
-                .create((), |()| Log::default())
-                .unwrap();
-            for x in 0..10 {
-                append(&p, x).unwrap();
-            }
-            let backup = backup_node(&cluster, nodes[0]);
-            let other = *nodes
-                .iter()
-                .find(|n| **n != nodes[0] && **n != backup)
-                .unwrap();
+            let (p, _, other) = two_copies_with_ten_calls(&cluster, &nodes);
             cluster
                 .faults()
                 .failpoints(nodes[0], &format!("{point}=crash"))
@@ -768,19 +738,7 @@ fn a_primary_killed_in_the_middle_of_a_move_loses_no_call() {
 fn a_backup_moves_on_request_and_off_a_node_under_memory_pressure() {
     bounded(LIMIT, || {
         let (cluster, nodes) = cluster(3, "cpu=1,mem=256MiB");
-        let p = Proclet::builder(Kind::Memory)
-            .on(nodes[0])
-            .replicas(2)
-            .create((), |()| Log::default())
-            .unwrap();
-        for x in 0..10 {
-            append(&p, x).unwrap();
-        }
-        let backup = backup_node(&cluster, nodes[0]);
-        let other = *nodes
-            .iter()
-            .find(|n| **n != nodes[0] && **n != backup)
-            .unwrap();
+        let (p, backup, other) = two_copies_with_ten_calls(&cluster, &nodes);
         // On request: the backup goes to the third node, the old copy is dropped.
         cluster.move_backup(p.id(), backup, other).unwrap();
         assert_eq!(backup_node(&cluster, nodes[0]), other);
@@ -791,11 +749,7 @@ fn a_backup_moves_on_request_and_off_a_node_under_memory_pressure() {
         cluster.move_backup(p.id(), other, nodes[0]).unwrap();
         assert_eq!(backup_node(&cluster, nodes[0]), backup);
         // The new backup has every call: it takes over when the primary dies.
-        kill(
-            Pid::from_raw(pid_of(&cluster, nodes[0]) as i32),
-            Signal::SIGKILL,
-        )
-        .unwrap();
+        kill_node(&cluster, nodes[0]);
         assert_eq!(append(&p, 20).unwrap(), 21);
         assert_eq!(p.location().unwrap(), backup);
         assert_eq!(seen(&p), (0..21).collect::<Vec<u64>>());
@@ -870,11 +824,7 @@ fn a_node_that_dies_while_it_receives_a_new_copy_is_replaced_by_another() {
                     .unwrap();
             }
         }
-        kill(
-            Pid::from_raw(pid_of(&cluster, backup) as i32),
-            Signal::SIGKILL,
-        )
-        .unwrap();
+        kill_node(&cluster, backup);
         // Calls go on at one copy meanwhile.
         for x in 10..20 {
             assert_eq!(append(&p, x).unwrap(), x as usize + 1);
@@ -898,11 +848,7 @@ fn a_node_that_dies_while_it_receives_a_new_copy_is_replaced_by_another() {
         for x in 20..30 {
             append(&p, x).unwrap();
         }
-        kill(
-            Pid::from_raw(pid_of(&cluster, nodes[0]) as i32),
-            Signal::SIGKILL,
-        )
-        .unwrap();
+        kill_node(&cluster, nodes[0]);
         assert_eq!(append(&p, 30).unwrap(), 31);
         assert_eq!(p.location().unwrap(), replacement);
         assert_eq!(seen(&p), (0..31).collect::<Vec<u64>>());
