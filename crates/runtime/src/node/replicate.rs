@@ -229,9 +229,7 @@ struct ArrivingBackup {
     desc: &'static shipping::Descriptor,
     ops: shipping::StateOps,
     kind: Kind,
-    epoch: Epoch,
-    copies: u32,
-    seq: u64,
+    copy: Copy,
 }
 
 /// The digest backups and primary compare: of the encoded result, or of the error.
@@ -1204,9 +1202,7 @@ impl NodeInner {
                 desc,
                 ops,
                 kind,
-                epoch,
-                copies,
-                seq,
+                copy: Copy { epoch, copies, seq },
             })
         };
         if let Err(f) = granule_failpoints::hit_blocking("stream.chunk_received") {
@@ -1244,20 +1240,10 @@ impl NodeInner {
                     return reply.error(RemoteError::Internal(format!("decoding failed: {e}")))
                 }
             };
-            let slot = Slot::new(proclet, a.kind, a.desc, a.epoch, state, None);
+            let slot = Slot::new(proclet, a.kind, a.desc, a.copy.epoch, state, None);
             node.replication.backups.insert(
                 proclet,
-                Backup::new(
-                    slot,
-                    Copy {
-                        epoch: a.epoch,
-                        copies: a.copies,
-                        seq: a.seq,
-                    },
-                    Answered::default(),
-                    false,
-                    size,
-                ),
+                Backup::new(slot, a.copy, Answered::default(), false, size),
             );
             let _ = reply.send(&Msg::Done, &[]);
         });
