@@ -240,6 +240,9 @@ fn a_frozen_primary_is_replaced_after_the_failure_timeout() {
         let primary = p.location().unwrap();
         let pid = Pid::from_raw(pid_of(&cluster, primary) as i32);
         kill(pid, Signal::SIGSTOP).unwrap();
+        // kill(2) returns before every thread has stopped: a call sent at once could
+        // still be served by the primary (seen once in CI, under load).
+        wait_until_stopped(pid.as_raw() as u32);
         // Sent to the frozen primary, the call waits until the controller declares it
         // dead (the failure timeout, 1 s here) and is then served by the backup.
         let started = std::time::Instant::now();
@@ -251,6 +254,29 @@ fn a_frozen_primary_is_replaced_after_the_failure_timeout() {
         assert_ne!(p.location().unwrap(), primary);
         assert_eq!(seen(&p), vec![0, 1]);
     });
+}
+
+/// Wait until every thread of process `pid` is stopped (state `T` in its `stat`).
+fn wait_until_stopped(pid: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stopped = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+            .all(|stat| {
+                // The state follows the command name's closing parenthesis.
+                stat.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+            });
+        if stopped {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// What the seeded test does to one copy.
