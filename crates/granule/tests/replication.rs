@@ -256,21 +256,10 @@ fn a_frozen_primary_is_replaced_after_the_failure_timeout() {
     });
 }
 
-/// Wait until every thread of process `pid` is stopped (state `T` in its `stat`).
+/// Wait until every thread of process `pid` is stopped.
 fn wait_until_stopped(pid: u32) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let stopped = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
-            .all(|stat| {
-                // The state follows the command name's closing parenthesis.
-                stat.rsplit_once(')')
-                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
-            });
-        if stopped {
-            return;
-        }
+    while !granule_host::proc::process_stopped(pid) {
         assert!(
             std::time::Instant::now() < deadline,
             "process {pid} did not stop"

@@ -185,6 +185,21 @@ pub fn process_state(pid: u32) -> Option<char> {
     stat_fields(&stat)?.first()?.chars().next()
 }
 
+/// One thread's state letter (field 3 of `/proc/PID/task/TID/stat`), or `None` if that
+/// thread is gone.
+pub fn task_state(pid: u32, tid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    stat_fields(&stat)?.first()?.chars().next()
+}
+
+/// Whether every thread of a live process is stopped (`T`, as after SIGSTOP). `kill(2)`
+/// returns before the signal has stopped all threads, so a test that freezes a process
+/// waits for this before it relies on the process being silent.
+pub fn process_stopped(pid: u32) -> bool {
+    let tasks = tasks_of(pid);
+    !tasks.is_empty() && tasks.iter().all(|&tid| task_state(pid, tid) == Some('T'))
+}
+
 /// Whether a process is gone: no such process, a zombie nobody reaped yet, or dead
 /// (`X`, seen only for an instant).
 pub fn process_gone(pid: u32) -> bool {
@@ -333,6 +348,31 @@ mod tests {
         assert_eq!(parse_schedstat("1 2").map(|s| s.slices), Some(0));
         assert_eq!(parse_schedstat("x y z"), None);
         assert_eq!(parse_schedstat(""), None);
+    }
+
+    #[test]
+    fn a_stopped_child_reads_as_stopped_and_a_running_one_does_not() {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(!process_stopped(pid));
+        kill(Pid::from_raw(pid as i32), Signal::SIGSTOP).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !process_stopped(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never read as stopped"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        kill(Pid::from_raw(pid as i32), Signal::SIGCONT).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!process_stopped(pid), "a reaped process is not stopped");
     }
 
     #[test]
