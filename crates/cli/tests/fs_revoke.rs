@@ -258,7 +258,11 @@ fn a_revoked_victim_lease_is_drained_and_released_under_io() {
             .env("GRANULE_MARKET_SWAP_SIZE", "256MiB")
             .env("GRANULE_MARKET_ZSWAP", "off")
             .env("GRANULE_MARKET_METRIC", "swapin")
-            .env("GRANULE_MARKET_OBSERVE", "1s")
+            // Watch long enough for the workload to finish allocating on a loaded machine
+            // (a step taken while it still grows refaults, and a drop's floor then holds
+            // the harvest for a baseline window: kept short so such a run recovers).
+            .env("GRANULE_MARKET_OBSERVE", "2s")
+            .env("GRANULE_MARKET_BASELINE_WINDOW", "3s")
             .env("GRANULE_MARKET_COOLING_PERIOD", "250ms")
             .env("GRANULE_MARKET_CHUNK", "32MiB")
             .env("GRANULE_MARKET_HEADROOM", "16MiB")
@@ -271,7 +275,7 @@ fn a_revoked_victim_lease_is_drained_and_released_under_io() {
     producer.wait_line("workload: allocated", left(Duration::from_secs(20)));
     let v = wait_until(
         "the producer to harvest the idle workload and offer it",
-        left(Duration::from_secs(20)),
+        left(Duration::from_secs(30)),
         || {
             let v = market(&rt, &addr);
             match v.producers.iter().find(|p| p.name == "revoker") {
