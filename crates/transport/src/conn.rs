@@ -471,13 +471,18 @@ impl Connection {
         })?;
         head[..4].copy_from_slice(&body.to_le_bytes());
         let (tx, rx) = oneshot::channel();
-        {
+        // The only request awaiting an answer here: nothing is about to follow it, so it
+        // leaves now rather than when the writer task next runs (on a node's one worker
+        // thread, that is only after the sender's task yields, which may be after it has
+        // run a whole closure).
+        let alone = {
             let mut p = self.pending.lock();
             if p.closed {
                 return Err(self.closed_error());
             }
             p.map.insert(id, tx);
-        }
+            p.map.len() == 1
+        };
         let guard = OwnedPending {
             conn: self.clone(),
             id,
@@ -497,9 +502,13 @@ impl Connection {
             ob.queue.push_back(Bytes::from(head));
             ob.queue.push_back(tail);
             if !ob.writing && !ob.scheduled {
-                ob.scheduled = true;
-                drop(ob);
-                self.write_wake.notify_one();
+                if alone {
+                    self.write_queue_now(ob)?;
+                } else {
+                    ob.scheduled = true;
+                    drop(ob);
+                    self.write_wake.notify_one();
+                }
             }
         }
         self.frames_sent.fetch_add(1, Ordering::Relaxed);
