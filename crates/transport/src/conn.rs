@@ -514,12 +514,10 @@ impl Connection {
         self.frames_sent.fetch_add(1, Ordering::Relaxed);
         Ok(async move {
             let out = rx.await;
-            let closed = guard.conn.closed_error();
+            // The error is built only when there is one: it formats the close reason.
+            let out = out.map_err(|_| guard.conn.closed_error());
             drop(guard);
-            match out {
-                Ok(r) => r,
-                Err(_) => Err(closed),
-            }
+            out.and_then(|r| r)
         })
     }
 

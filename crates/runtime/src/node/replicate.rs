@@ -151,7 +151,7 @@ impl Primary {
 #[derive(Clone, Debug)]
 struct Config {
     epoch: Epoch,
-    backups: Vec<Location>,
+    backups: Arc<[Location]>,
 }
 
 /// A backup copy.
@@ -208,7 +208,9 @@ struct Progress {
 /// Results of recent calls by call id, oldest first out.
 #[derive(Default)]
 struct Answered {
-    by_call: HashMap<u64, Result<Bytes, RemoteError>>,
+    /// Keyed by call ids, which no peer chooses to collide: a fast hash will do (every
+    /// replicated call looks one up and records one).
+    by_call: HashMap<u64, Result<Bytes, RemoteError>, foldhash::fast::FixedState>,
     order: VecDeque<u64>,
     /// Bytes of the results kept.
     bytes: usize,
@@ -321,7 +323,7 @@ impl NodeInner {
         let existing = self.replication.primary(id);
         let have: Vec<Location> = existing
             .as_ref()
-            .map(|p| p.config.borrow().backups.clone())
+            .map(|p| p.config.borrow().backups.to_vec())
             .unwrap_or_default();
         // Calls applied to the state being sent: the new backups go on from there.
         let seq = existing.as_ref().map_or(0, |p| *p.seq.lock());
@@ -356,7 +358,7 @@ impl NodeInner {
         }
         let config = Config {
             epoch: set.epoch,
-            backups: set.backups.clone(),
+            backups: set.backups.clone().into(),
         };
         match self.replication.primary(id) {
             Some(p) => {
@@ -618,8 +620,7 @@ impl NodeInner {
             if early && !recorded.is_empty() {
                 // The backups got the call without them and wait at its first effect.
                 primary.effectful.store(true, Ordering::Relaxed);
-                self.send_late_effects(&config, id, seq, Bytes::from(fx))
-                    .await;
+                Box::pin(self.send_late_effects(&config, id, seq, Bytes::from(fx))).await;
             }
         }
         if !early {
@@ -663,7 +664,7 @@ impl NodeInner {
         tail: &Bytes,
         pending: &mut Vec<(Location, Result<ApplyReply, RemoteError>)>,
     ) -> Result<(), RemoteError> {
-        for b in &config.backups {
+        for b in config.backups.iter() {
             pending.push((b.clone(), self.send_apply(b, apply, tail.clone()).await));
             if let Err(f) = granule_failpoints::hit("replicate.after_send").await {
                 // Crash: some backups have the call and some do not.
@@ -682,7 +683,7 @@ impl NodeInner {
             epoch: config.epoch,
             seq,
         };
-        for b in &config.backups {
+        for b in config.backups.iter() {
             if let Ok(conn) = self.peers.connect(b.node, &b.addr).await {
                 if let Ok(fut) = conn.start_request_bytes(&msg, fx.clone()) {
                     self.handle.spawn(async move {
@@ -772,7 +773,7 @@ impl NodeInner {
                 Some(Ok(Frame {
                     msg: Msg::Error(RemoteError::Refused(m)),
                     ..
-                })) if m.contains(BEHIND) => match self.resync(ctx, b).await {
+                })) if m.contains(BEHIND) => match Box::pin(self.resync(ctx, b)).await {
                     Ok(()) => return Ok(()),
                     Err(e) if !std::mem::replace(&mut said, true) => {
                         tracing::warn!(proclet = %id, seq, backup = %b.node,
@@ -1320,7 +1321,7 @@ impl NodeInner {
         let id = set.proclet;
         let config = Config {
             epoch: set.epoch,
-            backups: set.backups.clone(),
+            backups: set.backups.clone().into(),
         };
         if let Some(p) = self.replication.primary(id) {
             p.adopt(config);
@@ -1449,7 +1450,7 @@ impl NodeInner {
             return;
         };
         let backups = p.config.borrow().backups.clone();
-        for b in backups {
+        for b in backups.iter() {
             if let Ok(conn) = self.peers.connect(b.node, &b.addr).await {
                 let _ = conn.request(&Msg::Destroy { proclet: id }, &[]).await;
             }

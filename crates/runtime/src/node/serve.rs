@@ -156,14 +156,16 @@ impl Handler for NodeHandler {
 impl NodeInner {
     /// Serve one request (not a transfer chunk: those are handled in order on the reader).
     async fn serve(self: Arc<Self>, frame: Frame, reply: Responder) {
+        // Every request's task holds this future, copied into place when it is spawned
+        // and again when it ends: the rare requests' larger futures are boxed so that a
+        // call's task stays small.
         let out = match &frame.msg {
             Msg::Call { .. } => return self.serve_call(frame, reply).await,
-            Msg::Create { .. } => self.serve_create(frame).await,
+            Msg::Create { .. } => Box::pin(self.serve_create(frame)).await,
             Msg::Destroy { proclet } => {
                 let id = *proclet;
                 match self.hosting.get(id) {
-                    Some(slot) => self
-                        .destroy_local(&slot, context::new_chain())
+                    Some(slot) => Box::pin(self.destroy_local(&slot, context::new_chain()))
                         .await
                         .map(|()| Msg::Done),
                     None if self.drop_backup(id) => Ok(Msg::Done),
@@ -173,15 +175,20 @@ impl NodeInner {
             Msg::AddBackups(set) => {
                 let set = set.clone();
                 let copies = set.backups.len() as u32 + 1;
-                self.add_backups(set, copies).await.map(|_| Msg::Done)
+                Box::pin(self.add_backups(set, copies))
+                    .await
+                    .map(|_| Msg::Done)
             }
-            Msg::MoveBackup { proclet, from, to } => self
-                .serve_move_backup(*proclet, *from, to)
-                .await
-                .map(Msg::Moved),
+            Msg::MoveBackup { proclet, from, to } => {
+                Box::pin(self.serve_move_backup(*proclet, *from, to))
+                    .await
+                    .map(Msg::Moved)
+            }
             Msg::MoveOut { proclet, to } => {
                 let (p, t) = (*proclet, to.clone());
-                self.move_out_on_workers(p, t, None).await.map(Msg::Moved)
+                Box::pin(self.move_out_on_workers(p, t, None))
+                    .await
+                    .map(Msg::Moved)
             }
             other => Err(RemoteError::Protocol(format!(
                 "a node does not handle {}",
