@@ -399,7 +399,11 @@ impl Cluster {
     pub fn panel_publisher(&self) -> impl Fn(Panel) -> PanelFuture + Clone + Send + Sync + 'static {
         let node = self.node.as_ref().map(|n| Arc::downgrade(&n.inner));
         move |panel: Panel| -> PanelFuture {
-            let node = node.as_ref().and_then(std::sync::Weak::upgrade);
+            // A node that stopped may still be held for a moment by tasks being dropped.
+            let node = node
+                .as_ref()
+                .and_then(std::sync::Weak::upgrade)
+                .filter(|n| !n.is_stopped());
             Box::pin(async move {
                 let n = node.ok_or(CallError::NoCluster)?;
                 n.controller
