@@ -409,12 +409,6 @@ impl Node {
         lc.stopped.store(true, Ordering::Release);
         self.inner.pushdown.stop();
         self.inner.peers.close_all();
-        // Its reader task goes with the runtimes below: a request still made on it (by a
-        // task holding this node a moment longer) fails now rather than wait forever.
-        self.inner
-            .controller
-            .connection()
-            .close("this node stopped");
         self.inner.trigger_shutdown("stopped".into());
         if let Some(rt) = self.workers.take() {
             rt.shutdown_background();
