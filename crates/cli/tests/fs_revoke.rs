@@ -258,10 +258,12 @@ fn a_revoked_victim_lease_is_drained_and_released_under_io() {
             .env("GRANULE_MARKET_SWAP_SIZE", "256MiB")
             .env("GRANULE_MARKET_ZSWAP", "off")
             .env("GRANULE_MARKET_METRIC", "swapin")
-            // Watch long enough for the workload to finish allocating on a loaded machine
-            // (a step taken while it still grows refaults, and a drop's floor then holds
-            // the harvest for a baseline window: kept short so such a run recovers).
-            .env("GRANULE_MARKET_OBSERVE", "2s")
+            // Watch until the workload has surely finished allocating, even on a loaded
+            // machine (in CI it took over 2 s): the harvester measures the workload's
+            // size at its first step, and a size taken while it still grew leaves too
+            // little to harvest for the slabs this test needs. A drop's floor holds the
+            // harvest for a baseline window, kept short so such a run recovers.
+            .env("GRANULE_MARKET_OBSERVE", "6s")
             .env("GRANULE_MARKET_BASELINE_WINDOW", "3s")
             .env("GRANULE_MARKET_COOLING_PERIOD", "250ms")
             .env("GRANULE_MARKET_CHUNK", "32MiB")
@@ -275,7 +277,7 @@ fn a_revoked_victim_lease_is_drained_and_released_under_io() {
     producer.wait_line("workload: allocated", left(Duration::from_secs(20)));
     let v = wait_until(
         "the producer to harvest the idle workload and offer it",
-        left(Duration::from_secs(30)),
+        left(Duration::from_secs(35)),
         || {
             let v = market(&rt, &addr);
             match v.producers.iter().find(|p| p.name == "revoker") {
