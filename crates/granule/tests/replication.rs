@@ -659,8 +659,8 @@ fn backup_node(cluster: &granule::Cluster, primary: NodeId) -> NodeId {
     }
 }
 
-/// On a cluster of three nodes: a proclet with two copies, its primary on the first node,
-/// that took calls 0..10; the node keeping its backup, and the third node.
+/// On a cluster of three or more nodes: a proclet with two copies, its primary on the
+/// first node, that took calls 0..10; the node keeping its backup, and another node.
 fn two_copies_with_ten_calls(
     cluster: &granule::Cluster,
     nodes: &[NodeId],
@@ -819,15 +819,7 @@ fn a_backup_moves_on_request_and_off_a_node_under_memory_pressure() {
 fn a_node_that_dies_while_it_receives_a_new_copy_is_replaced_by_another() {
     bounded(LIMIT, || {
         let (cluster, nodes) = cluster(4, "cpu=1,mem=256MiB");
-        let p = Proclet::builder(Kind::Memory)
-            .on(nodes[0])
-            .replicas(2)
-            .create((), |()| Log::default())
-            .unwrap();
-        for x in 0..10 {
-            append(&p, x).unwrap();
-        }
-        let backup = backup_node(&cluster, nodes[0]);
+        let (p, backup, _) = two_copies_with_ten_calls(&cluster, &nodes);
         // Every other node dies as the first chunk of a copy reaches it: the primary's
         // first attempts to restore its backup fail, and it tries again until a node
         // that lives (a replacement the cluster starts) takes the copy.
